@@ -1,0 +1,33 @@
+# vcppo — the two commands a fresh machine needs:
+#   make demo   installs everything, then runs the CPU demo end to end (data -> SFT -> RM ->
+#               value pretraining -> VC-PPO -> eval -> report)
+#   make test   installs everything, then runs the whole test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast demo bench docs clean
+
+install: $(VENV)/.vcppo-installed
+
+$(VENV)/.vcppo-installed: setup.py scripts/install.sh
+	scripts/install.sh $(VENV)
+
+# pytest exits 5 when it collects no test: that is a failure here too (make stops on any non-zero).
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: install
+	$(VENV)/bin/vcppo demo
+
+bench: install
+	$(VENV)/bin/vcppo bench gae --json runs/bench_gae.json
+
+docs: install
+	$(PY) -m vcppo.config > docs/config.md
+
+clean:
+	rm -rf $(VENV) runs artifacts

@@ -1,0 +1,317 @@
+"""Generalized Advantage Estimation: the reference loop, the fused Decoupled-GAE, length-adaptive lambda.
+
+Notation (shared by every function in this module)
+---------------------------------------------------
+    B            number of sequences (responses) in the batch
+    T            padded response length (token positions 0..T-1)
+    r_t          reward at token t (usually 0 except the last valid token: +1 / -1)
+    V_t          critic value at token t
+    m_t          mask: 1 for tokens the policy generated, 0 for right padding and for interior
+                 positions the policy did not produce (e.g. tool-output tokens)
+    gamma        discount per *valid* step
+    lam          GAE lambda; lam_actor for the policy advantages, lam_critic for value targets
+    c            gamma * lam, the per-valid-step decay of the advantage sum
+
+Masked positions are *removed* before GAE, not treated as zero-reward steps: GAE runs over the
+compressed sequence of valid tokens t_1 < t_2 < ... < t_n, i.e.
+
+    delta_j = r_{t_j} + gamma * V_{t_{j+1}} - V_{t_j}          (V_{t_{n+1}} := 0, terminal)
+    A_j     = delta_j + gamma * lam * A_{j+1}                 (A_{n+1} := 0)
+    R_j     = A_j + V_{t_j}                                   (value target / "return")
+
+(GAE: Schulman et al. 2015, eq. 16; VC-PPO arXiv 2503.01491 eq. 5-7). Consequently values and
+rewards at masked positions never influence any output, masked positions do not decay the sum,
+and all outputs at masked positions are exactly 0.
+
+Decoupled-GAE (VC-PPO section 4.2): the actor's advantages use lam_actor (0.95 recommended, range
+[0.95, 1.0)) while the critic's regression targets use lam_critic = 1.0, so the terminal reward
+reaches every token's value target undecayed (with lam = 0.95 it reaches token T-100 with weight
+0.95^100 = 0.6%). Any value function is an unbiased baseline for the policy gradient, so
+decoupling adds no bias to the actor (VC-PPO section 4.2, eq. 9-10).
+"""
+from __future__ import annotations
+
+import math
+from typing import Union
+
+import torch
+
+LambdaLike = Union[float, torch.Tensor]
+
+__all__ = ["gae_reference", "decoupled_gae", "length_adaptive_lambda", "triton_available"]
+
+
+# --------------------------------------------------------------------------------------------
+# Reference: a plain reverse loop over T. Slow (T Python iterations), obviously correct; it is
+# the oracle for the tests and the "what the anchors do" baseline for `vcppo bench gae`.
+# --------------------------------------------------------------------------------------------
+def gae_reference(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: LambdaLike,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE by a reverse loop over positions, skipping masked positions.
+
+    Args:
+        rewards: (B, T) r_t.
+        values:  (B, T) V_t.
+        mask:    (B, T) bool / 0-1; True where the token is part of the response.
+        gamma:   discount per valid step.
+        lam:     float or (B,) tensor, GAE lambda (per sequence when a tensor).
+
+    Returns:
+        advantages (B, T) and returns = advantages + values, both 0 at masked positions.
+        dtype: float32, or float64 when the inputs are float64 (used as a high-precision oracle).
+
+    Notation: see the module docstring; this computes A_j and R_j of the compressed sequence.
+    """
+    out_dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
+    B, T = rewards.shape
+    valid = mask.bool()
+    lam_t = torch.as_tensor(lam, dtype=out_dtype, device=rewards.device).expand(B)
+
+    advantages = torch.zeros(B, T, dtype=out_dtype, device=rewards.device)
+    returns = torch.zeros(B, T, dtype=out_dtype, device=rewards.device)
+    next_value = torch.zeros(B, dtype=out_dtype, device=rewards.device)   # V of next VALID token
+    running_advantage = torch.zeros(B, dtype=out_dtype, device=rewards.device)  # A_{j+1}
+    for t in reversed(range(T)):
+        is_valid = valid[:, t]
+        r_t = rewards[:, t].to(out_dtype)
+        v_t = values[:, t].to(out_dtype)
+        delta = r_t + gamma * next_value - v_t
+        advantage_t = delta + gamma * lam_t * running_advantage
+        # Masked step: carry the recurrence state across it untouched (no decay, no reward).
+        running_advantage = torch.where(is_valid, advantage_t, running_advantage)
+        next_value = torch.where(is_valid, v_t, next_value)
+        advantages[:, t] = torch.where(is_valid, advantage_t, 0.0)
+        returns[:, t] = torch.where(is_valid, advantage_t + v_t, 0.0)
+    return advantages, returns
+
+
+# --------------------------------------------------------------------------------------------
+# Fused Decoupled-GAE
+# --------------------------------------------------------------------------------------------
+def triton_available() -> bool:
+    """True when `triton` imports (the kernel itself needs CUDA tensors or TRITON_INTERPRET=1)."""
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def decoupled_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam_actor: LambdaLike = 0.95,
+    lam_critic: LambdaLike = 1.0,
+    impl: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Actor advantages (lam_actor) and critic value targets (lam_critic) in one fused pass.
+
+    Args:
+        rewards:    (B, T) r_t, any float dtype (bf16/fp16 are accumulated in fp32).
+        values:     (B, T) V_t from the critic (rollout time, i.e. "old" values).
+        mask:       (B, T) bool / 0-1 response mask; may contain interior holes.
+        gamma:      discount per valid step (1.0 in VC-PPO / VAPO).
+        lam_actor:  float or (B,) tensor; per-sequence values come from `length_adaptive_lambda`
+                    (VAPO section 3.1).
+        lam_critic: float or (B,) tensor; 1.0 = Monte-Carlo value targets (VC-PPO section 4.2).
+        impl:       "auto" (Triton on CUDA when importable, else torch), "torch", "triton",
+                    "reference" (two calls of `gae_reference`; for debugging).
+
+    Returns:
+        advantages (B, T) float32: GAE with lam_actor, NOT whitened (whitening is the caller's
+            choice and applies to the actor's advantages only).
+        returns    (B, T) float32: A^{lam_critic}_t + V_t, the critic's regression targets.
+        Both are exactly 0 at masked positions.
+
+    Notation: module docstring. Equal (to fp32 rounding) to
+    `gae_reference(..., lam_actor)[0]` and `gae_reference(..., lam_critic)[1]`.
+    """
+    if rewards.dim() != 2 or rewards.shape != values.shape or rewards.shape != mask.shape:
+        raise ValueError(
+            f"rewards, values, mask must all be (B, T); got {tuple(rewards.shape)}, "
+            f"{tuple(values.shape)}, {tuple(mask.shape)}"
+        )
+    if impl == "auto":
+        impl = "triton" if rewards.is_cuda and triton_available() else "torch"
+    if impl == "reference":
+        advantages, _ = gae_reference(rewards, values, mask, gamma, lam_actor)
+        _, returns = gae_reference(rewards, values, mask, gamma, lam_critic)
+        return advantages.float(), returns.float()
+    if impl == "triton":
+        from vcppo.algos.gae_triton import decoupled_gae_triton
+
+        return decoupled_gae_triton(rewards, values, mask, gamma, lam_actor, lam_critic)
+    if impl == "torch":
+        return _decoupled_gae_torch(rewards, values, mask, gamma, lam_actor, lam_critic)
+    raise ValueError(f"impl must be one of auto, torch, triton, reference; got {impl!r}")
+
+
+# Chunk length of the torch scan. Within a chunk the discounted reverse sum is one GEMM with a
+# (C x C) decay matrix; between chunks a short loop over T / C chunks carries the state. 64 was
+# the fastest of {32, 64, 128} on the 2-core development CPU (docs/performance.md).
+_CHUNK = 64
+
+
+def _decay_matrix(decay: torch.Tensor, chunk: int) -> torch.Tensor:
+    """(..., C, C) matrix U with U[k, t] = decay^(k - t) for k >= t, else 0.
+
+    `x @ U` (x a row of C deltas) gives, for every t, sum_{k >= t} decay^(k-t) x_k: the in-chunk
+    discounted reverse sum. decay may be (), or (B,) for per-sequence lambdas. torch.pow gives
+    0^0 = 1 and 0^k = 0, so decay = 0 (lam = 0) is exact: A = delta.
+    """
+    idx = torch.arange(chunk, device=decay.device)
+    steps = (idx[:, None] - idx[None, :]).to(decay.dtype)          # k - t
+    upper = steps >= 0
+    powers = torch.pow(decay[..., None, None], steps.clamp(min=0))
+    return torch.where(upper, powers, torch.zeros((), dtype=decay.dtype, device=decay.device))
+
+
+def _as_row_decay(lam: LambdaLike, gamma: float, B: int, device) -> torch.Tensor:
+    """gamma * lam as a () tensor (scalar lambda) or a (B,) tensor (per-sequence lambda)."""
+    if isinstance(lam, torch.Tensor) and lam.dim() > 0:
+        if lam.shape != (B,):
+            raise ValueError(f"per-sequence lambda must have shape ({B},), got {tuple(lam.shape)}")
+        return (gamma * lam.to(device=device, dtype=torch.float32))
+    return torch.tensor(gamma * float(lam), dtype=torch.float32, device=device)
+
+
+def _discounted_reverse_sum(
+    delta: torch.Tensor, decay: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    """S_t = delta_t + decay * S_{t+1} along the last axis of delta (B, n_chunks * chunk).
+
+    Chunked scan: (1) inside each chunk, one GEMM with the decay matrix; (2) a reverse loop over
+    the n_chunks chunk boundaries carries S at the start of the following chunk; (3) one
+    broadcast multiply-add adds decay^(distance to chunk end) * carry to every position.
+    """
+    B, padded_T = delta.shape
+    n_chunks = padded_T // chunk
+    chunks = delta.view(B, n_chunks, chunk)
+    U = _decay_matrix(decay, chunk)
+    if decay.dim() == 0:
+        local = (chunks.reshape(B * n_chunks, chunk) @ U).view(B, n_chunks, chunk)
+    else:  # per-sequence decay: one (C x C) matrix per row
+        local = torch.bmm(chunks, U)
+
+    # carry[:, i] = true S at the first position of chunk i + 1 (0 after the last chunk).
+    # S_start(i) = local_start(i) + decay^C * S_start(i + 1).
+    decay_per_chunk = torch.pow(decay, chunk)
+    local_start = local[:, :, 0]
+    carry = torch.zeros(B, n_chunks, dtype=delta.dtype, device=delta.device)
+    running = torch.zeros(B, dtype=delta.dtype, device=delta.device)
+    for i in range(n_chunks - 1, 0, -1):
+        running = local_start[:, i] + decay_per_chunk * running
+        carry[:, i - 1] = running
+
+    # Position tau of a chunk is (chunk - tau) decaying steps away from the next chunk's start.
+    distance = torch.arange(chunk, 0, -1, device=delta.device, dtype=delta.dtype)
+    tail = torch.pow(decay[..., None], distance)                      # (C,) or (B, C)
+    if decay.dim() == 0:
+        local.addcmul_(carry[:, :, None], tail)
+    else:
+        local.addcmul_(carry[:, :, None], tail[:, None, :])
+    return local.view(B, padded_T)
+
+
+def _has_interior_holes(valid: torch.Tensor) -> bool:
+    """True when some row has a masked run between two valid tokens (e.g. tool output).
+
+    A row without holes is one contiguous block of valid tokens (left/right padding only); on
+    such rows the masked positions are outside the recurrence, so no compaction is needed.
+    """
+    block_starts = (valid[:, 1:] & ~valid[:, :-1]).sum(dim=1) + valid[:, 0].to(torch.long)
+    return bool((block_starts > 1).any())
+
+
+def _decoupled_gae_torch(rewards, values, mask, gamma, lam_actor, lam_critic, chunk=_CHUNK):
+    """Vectorised, exact-in-fp32 Decoupled-GAE (see `decoupled_gae`)."""
+    B, T = rewards.shape
+    device = rewards.device
+    valid = mask if mask.dtype == torch.bool else mask != 0
+    decay_actor = _as_row_decay(lam_actor, gamma, B, device)
+    decay_critic = _as_row_decay(lam_critic, gamma, B, device)
+
+    # torch.where (not multiplication) so NaN/inf at masked positions cannot leak into outputs.
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    r = torch.where(valid, rewards.float(), zero)
+    v = torch.where(valid, values.float(), zero)
+
+    holes = _has_interior_holes(valid)
+    if holes:
+        # Compact each row so its valid tokens are left-aligned (the "compressed sequence" of the
+        # module docstring); afterwards every row is one contiguous block and the constant
+        # per-step decay is exact. Masked entries are scattered into a dump column T.
+        slot = torch.cumsum(valid, dim=1) - 1
+        slot = torch.where(valid, slot, torch.full_like(slot, T))
+        r = torch.zeros(B, T + 1, dtype=torch.float32, device=device).scatter_(1, slot, r)[:, :T]
+        v_packed = torch.zeros(B, T + 1, dtype=torch.float32, device=device).scatter_(1, slot, v)
+        v_scan = v_packed[:, :T]
+    else:
+        v_scan = v
+
+    # delta_t = r_t + gamma * V_{t+1} - V_t, written straight into a zero buffer padded to a
+    # multiple of the chunk (zeros past T leave the reverse sums unchanged). On a contiguous
+    # block V_{t+1} is the next valid value, and 0 after the last valid token because v was
+    # zeroed at masked positions (the terminal V_{t_{n+1}} = 0 of the module docstring).
+    padded_T = -(-T // chunk) * chunk
+    delta = torch.zeros(B, padded_T, dtype=torch.float32, device=device)
+    d = delta[:, :T]
+    d.copy_(r)
+    d[:, : T - 1].add_(v_scan[:, 1:], alpha=gamma)
+    d.sub_(v_scan)
+
+    adv_scan = _discounted_reverse_sum(delta, decay_actor, chunk)[:, :T]
+    critic_scan = _discounted_reverse_sum(delta, decay_critic, chunk)[:, :T]
+
+    if holes:
+        # Scatter the compacted results back to their original positions.
+        gather_slot = slot.clamp(max=T - 1)
+        adv_scan = adv_scan.gather(1, gather_slot)
+        critic_scan = critic_scan.gather(1, gather_slot)
+    advantages = torch.where(valid, adv_scan, zero)
+    returns = torch.where(valid, critic_scan + v, zero)
+    return advantages, returns
+
+
+# --------------------------------------------------------------------------------------------
+# Length-adaptive lambda (VAPO)
+# --------------------------------------------------------------------------------------------
+def length_adaptive_lambda(
+    lengths: torch.Tensor,
+    alpha: float = 0.05,
+    min_lambda: float = 0.5,
+    max_lambda: float = 0.999,
+) -> torch.Tensor:
+    """Per-sequence lambda_actor = 1 - 1 / (alpha * length), clamped (VAPO arXiv 2504.05118, sec. 3.1).
+
+    Args:
+        lengths: (B,) number of valid response tokens per sequence (int or float).
+        alpha:   VAPO's alpha (0.05 in the paper): the effective GAE horizon 1 / (1 - lambda)
+                 equals alpha * length, so it grows in proportion to the response.
+        min_lambda, max_lambda: clamp range.
+
+    Returns:
+        (B,) float32 lambdas in [min_lambda, max_lambda].
+
+    Why clamp:
+        * Below: the raw formula is <= 0 for length <= 1 / alpha (20 tokens at alpha = 0.05) and
+          -inf for an empty response. min_lambda = 0.5 (horizon 2 tokens) leaves the formula
+          untouched for every length >= 2 / alpha = 40 tokens, i.e. any real chain of thought,
+          and keeps degenerate short responses at a sane positive value.
+        * Above: lambda = 1 is pure Monte Carlo, which VC-PPO measured as clearly worse for the
+          actor (29.4 vs 41.9 AIME24, table 2; recommended range [0.95, 1.0)). The raw formula
+          stays < 1 but approaches it; max_lambda = 0.999 (horizon 1000 tokens) only binds past
+          20k tokens at alpha = 0.05.
+    """
+    if not 0.0 < min_lambda <= max_lambda < 1.0:
+        raise ValueError(f"need 0 < min_lambda <= max_lambda < 1, got {min_lambda}, {max_lambda}")
+    lengths = torch.as_tensor(lengths).float().clamp(min=1.0)   # empty response -> length 1
+    raw = 1.0 - 1.0 / (alpha * lengths)
+    return raw.clamp(min=min_lambda, max=max_lambda)

@@ -1,0 +1,253 @@
+"""Synthetic long chain-of-thought tasks whose correct answer *needs* the whole trace.
+
+Task ``add``: add K numbers of D digits each (K = ``operands``, default 2; D = ``difficulty``).
+The target response works column by column from the least significant digit, one line per
+column, and every line consumes the carry written on the line before it::
+
+    prompt:   4821+3967=?
+    solution: <think>
+              1+7+0=8 d8 c0        <- column 1: digits, carry-in, column sum, digit, carry-out
+              2+6+0=8 d8 c0        <- carry-in (0) is the c of the previous line
+              8+9+0=17 d7 c1
+              4+3+1=8 d8 c0        <- carry-in (1) comes from the line above
+              </think>
+              \\boxed{8788}       <- the d digits read bottom-up (plus a final carry if > 0)
+
+Why this shape (the mechanism VC-PPO is about, arXiv 2503.01491 sec. 3): each line's output
+digit depends on state (the carry) written by the previous line, and the answer is assembled
+from every line's digit, so a response that skips or drops steps gets the answer wrong. A policy
+pushed toward shorter responses by a biased critic therefore loses accuracy, which is what the
+paper's PPO collapse looks like. Lines are very regular so a ~10M-parameter character-level model
+can learn them with a short SFT on CPU.
+
+Splits are disjoint by construction: a prompt's split is decided by a hash of its text
+(``split_of``), and each split's generator only keeps prompts whose hash falls in that split.
+Generation is deterministic in (task, difficulty, operands, split, seed).
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+SPLITS = ("train", "val", "test")
+# Hash buckets (out of 100) per split: train 90%, val 5%, test 5% of the prompt space.
+_SPLIT_BUCKETS = {"val": range(0, 5), "test": range(5, 10), "train": range(10, 100)}
+DEFAULT_DIFFICULTY = {"add": 7}
+DEFAULT_OPERANDS = {"add": 2}
+
+_LINE_RE = re.compile(r"^(\d(?:\+\d)+)\+(\d+)=(\d+) d(\d) c(\d+)$")
+_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def split_of(prompt: str) -> str:
+    """The split a prompt belongs to (stable hash of its text; independent of seed and n)."""
+    bucket = int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) % 100
+    for split, buckets in _SPLIT_BUCKETS.items():
+        if bucket in buckets:
+            return split
+    raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------------- add task
+
+
+def add_prompt(operands: Sequence[int]) -> str:
+    """Prompt text, e.g. ``4821+3967=?`` (short on purpose: characters are tokens)."""
+    return "+".join(str(x) for x in operands) + "=?"
+
+
+def add_trace_lines(operands: Sequence[int]) -> list[str]:
+    """One line per column, least significant first: ``a+b+carry_in=sum d<digit> c<carry_out>``."""
+    width = max(len(str(x)) for x in operands)
+    digits = [str(x).zfill(width)[::-1] for x in operands]  # least significant first
+    lines, carry = [], 0
+    for col in range(width):
+        column = [int(d[col]) for d in digits]
+        s = sum(column) + carry
+        lines.append("+".join(map(str, column)) + f"+{carry}={s} d{s % 10} c{s // 10}")
+        carry = s // 10
+    return lines
+
+
+def add_solution(operands: Sequence[int]) -> str:
+    """The full target response: ``<think>\\n<lines>\\n</think>\\n\\boxed{<sum>}``."""
+    lines = add_trace_lines(operands)
+    return f"{THINK_OPEN}\n" + "\n".join(lines) + f"\n{THINK_CLOSE}\n\\boxed{{{sum(operands)}}}"
+
+
+def answer_from_trace(solution: str) -> str | None:
+    """The answer the trace lines imply: their d digits read bottom-up, then the last carry.
+
+    This is how the trace is meant to be read, so dropping a line changes the implied answer.
+    Returns None when there is no think block or no well-formed line.
+    """
+    lines = _think_lines(solution)
+    if lines is None:
+        return None
+    parsed = [_LINE_RE.match(line) for line in lines]
+    if not parsed or any(m is None for m in parsed):
+        return None
+    digits = "".join(m.group(4) for m in reversed(parsed))
+    last_carry = int(parsed[-1].group(5))
+    value = int((str(last_carry) if last_carry else "") + digits)
+    return str(value)
+
+
+def check_add_trace(prompt: str, solution: str) -> list[str]:
+    """Verify a solution step by step against its prompt; returns a list of errors (empty: ok).
+
+    Checks every column: the digits are the right digits of the operands, the carry-in equals the
+    previous line's carry-out (0 on the first line), the sum, digit and carry-out are right, the
+    number of lines equals the number of columns, and the boxed answer equals the trace's answer
+    and the true sum.
+    """
+    errors: list[str] = []
+    m = re.fullmatch(r"(\d+(?:\+\d+)+)=\?", prompt)
+    if not m:
+        return [f"prompt not in the add format: {prompt!r}"]
+    operands = [int(x) for x in m.group(1).split("+")]
+    width = max(len(str(x)) for x in operands)
+    rev = [str(x).zfill(width)[::-1] for x in operands]
+    lines = _think_lines(solution)
+    if lines is None:
+        return ["no <think>...</think> block"]
+    if len(lines) != width:
+        errors.append(f"{len(lines)} lines for {width} columns")
+    carry = 0
+    for col, line in enumerate(lines):
+        lm = _LINE_RE.match(line)
+        if lm is None:
+            errors.append(f"line {col + 1} malformed: {line!r}")
+            break
+        column = [int(d) for d in lm.group(1).split("+")]
+        c_in, s, d, c_out = (int(lm.group(i)) for i in (2, 3, 4, 5))
+        if col < width and column != [int(r[col]) for r in rev]:
+            errors.append(f"line {col + 1}: digits {column} are not column {col + 1} of {operands}")
+        if c_in != carry:
+            errors.append(f"line {col + 1}: carry-in {c_in} != previous carry-out {carry}")
+        if s != sum(column) + c_in:
+            errors.append(f"line {col + 1}: {sum(column)}+{c_in} != {s}")
+        if d != s % 10 or c_out != s // 10:
+            errors.append(f"line {col + 1}: digit/carry d{d} c{c_out} wrong for sum {s}")
+        carry = c_out
+    boxed = _BOXED_RE.findall(solution.rsplit(THINK_CLOSE, 1)[-1])
+    truth = str(sum(operands))
+    if not boxed:
+        errors.append("no \\boxed{} answer after </think>")
+    elif boxed[-1] != truth:
+        errors.append(f"boxed answer {boxed[-1]} != {truth}")
+    implied = answer_from_trace(solution)
+    if implied != truth:
+        errors.append(f"trace implies {implied}, true sum is {truth}")
+    return errors
+
+
+def _think_lines(solution: str) -> list[str] | None:
+    if THINK_OPEN not in solution or THINK_CLOSE not in solution:
+        return None
+    body = solution.split(THINK_OPEN, 1)[1].split(THINK_CLOSE, 1)[0]
+    return [line for line in body.split("\n") if line.strip()]
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    difficulty: int  # add: digits per operand
+    operands: int = 2
+
+    def sample_prompt_operands(self, rng: random.Random) -> list[int]:
+        lo, hi = 10 ** (self.difficulty - 1), 10 ** self.difficulty - 1
+        if self.difficulty == 1:
+            lo = 0
+        return [rng.randint(lo, hi) for _ in range(self.operands)]
+
+
+TASKS = ("add",)
+
+
+def make_spec(task: str = "add", difficulty: int | None = None, operands: int | None = None) -> TaskSpec:
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
+    difficulty = DEFAULT_DIFFICULTY[task] if difficulty is None else int(difficulty)
+    operands = DEFAULT_OPERANDS[task] if operands is None else int(operands)
+    if difficulty < 1:
+        raise ValueError(f"difficulty must be >= 1 (digits per operand), got {difficulty}")
+    if operands < 2:
+        raise ValueError(f"operands must be >= 2, got {operands}")
+    return TaskSpec(task, difficulty, operands)
+
+
+def generate(
+    task: str = "add",
+    split: str = "train",
+    n: int = 1000,
+    difficulty: int | None = None,
+    seed: int = 0,
+    operands: int | None = None,
+) -> list[dict]:
+    """``n`` distinct rows of one split: dicts with prompt, answer, solution, task, difficulty.
+
+    Deterministic in (task, difficulty, operands, split, seed); rows of different splits never
+    share a prompt (see ``split_of``). Raises ValueError if the split's prompt space is too
+    small for ``n`` distinct prompts.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    spec = make_spec(task, difficulty, operands)
+    rng = random.Random(f"{spec.name}|{spec.difficulty}|{spec.operands}|{split}|{seed}")
+    rows: list[dict] = []
+    seen: set[str] = set()
+    attempts, max_attempts = 0, 200 * n + 10_000
+    while len(rows) < n:
+        attempts += 1
+        if attempts > max_attempts:
+            raise ValueError(
+                f"could only find {len(rows)} distinct {split} prompts for task={spec.name} "
+                f"difficulty={spec.difficulty} operands={spec.operands}; lower n or raise difficulty")
+        ops = spec.sample_prompt_operands(rng)
+        prompt = add_prompt(ops)
+        if prompt in seen or split_of(prompt) != split:
+            continue
+        seen.add(prompt)
+        rows.append({
+            "prompt": prompt,
+            "answer": str(sum(ops)),
+            "solution": add_solution(ops),
+            "task": spec.name,
+            "difficulty": spec.difficulty,
+        })
+    return rows
+
+
+# ----------------------------------------------------------------------------- lengths
+
+
+def count_tokens(text: str, tokenizer=None) -> int:
+    """Token count of a response: with ``tokenizer`` its encoding; else the character-level
+    count of vcppo's own tokenizer (one token per character, ``<think>``/``</think>`` one each)."""
+    if tokenizer is not None:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+    n_open, n_close = text.count(THINK_OPEN), text.count(THINK_CLOSE)
+    return len(text) - n_open * (len(THINK_OPEN) - 1) - n_close * (len(THINK_CLOSE) - 1)
+
+
+def trace_length_stats(rows_or_texts: Iterable, tokenizer=None, field: str = "solution") -> dict:
+    """min / median / mean / max token length of the solutions (rows as dicts, or strings)."""
+    lengths = [count_tokens(r[field] if isinstance(r, dict) else r, tokenizer) for r in rows_or_texts]
+    if not lengths:
+        raise ValueError("no rows to measure")
+    return {
+        "n": len(lengths),
+        "min": min(lengths),
+        "median": statistics.median(lengths),
+        "mean": round(statistics.fmean(lengths), 2),
+        "max": max(lengths),
+    }

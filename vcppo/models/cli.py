@@ -1,0 +1,51 @@
+"""`vcppo model ...`: build local tokenizers and models (no hub downloads).
+
+    vcppo model make --size tiny --out runs/models/tiny [--tokenizer DIR] [--seed 0] [--max-pos N]
+    vcppo model tokenizer --out DIR
+    vcppo model info DIR
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vcppo.models.factory import SIZES
+
+    p = argparse.ArgumentParser(prog="vcppo model", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    mk = sub.add_parser("make", help="random-init Qwen2 model of a named size + tokenizer")
+    mk.add_argument("--size", required=True, choices=sorted(SIZES))
+    mk.add_argument("--out", required=True, help="output checkpoint dir")
+    mk.add_argument("--tokenizer", default=None, help="saved tokenizer dir (default: build the char tokenizer)")
+    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--max-pos", type=int, default=None, help="max_position_embeddings (default 4096)")
+    tk = sub.add_parser("tokenizer", help="build and save the char-level tokenizer")
+    tk.add_argument("--out", required=True)
+    inf = sub.add_parser("info", help="print a checkpoint's size and special tokens")
+    inf.add_argument("path")
+    args = p.parse_args(argv)
+
+    if args.cmd == "make":
+        from vcppo.models.factory import count_params, make_model
+
+        model = make_model(args.size, args.tokenizer, args.out, seed=args.seed,
+                           max_position_embeddings=args.max_pos)
+        print(f"wrote {args.size} Qwen2 model ({count_params(model) / 1e6:.2f}M params) to {args.out}")
+    elif args.cmd == "tokenizer":
+        from vcppo.models.tokenizer import build_tokenizer
+
+        tok = build_tokenizer(args.out)
+        print(f"wrote char-level tokenizer ({len(tok)} tokens) to {args.out}")
+    else:
+        from transformers import AutoConfig, AutoTokenizer
+
+        cfg = AutoConfig.from_pretrained(args.path)
+        tok = AutoTokenizer.from_pretrained(args.path)
+        print(f"{args.path}: {cfg.model_type} hidden={cfg.hidden_size} layers={cfg.num_hidden_layers} "
+              f"heads={cfg.num_attention_heads}/{cfg.num_key_value_heads} vocab={cfg.vocab_size} "
+              f"max_pos={cfg.max_position_embeddings}")
+        print(f"tokenizer: {len(tok)} tokens, eos={tok.eos_token!r} pad={tok.pad_token!r} "
+              f"chat_template={'yes' if tok.chat_template else 'no'}")
+    return 0
