@@ -138,8 +138,8 @@ class AlgorithmConfig:
 
 @dataclass
 class RewardConfig:
-    function: str = _f("vcppo.rewards:score", "Reward function as 'module:function' "
-                       "(fn(response_text, ground_truth, **info) -> float).")
+    function: Optional[str] = _f(None, "Custom reward function 'module:function' (fn(response_text, "
+                                 "ground_truth, **info) -> float); null = the built-in verifier.")
     correct_score: float = _f(1.0, "Reward of a correct final answer (paper: +1).")
     wrong_score: float = _f(-1.0, "Reward of a wrong / missing / truncated answer (paper: -1).")
 

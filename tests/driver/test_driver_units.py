@@ -1,0 +1,152 @@
+"""Fast tests of the driver's own logic (no engines): checkpoints, stopping rule, experience
+layout, whitening, metrics files. The real-engine runs are in test_train_e2e.py."""
+import json
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vcppo.config import load_config
+from vcppo.driver import checkpoint as ckpt
+from vcppo.driver.experience import PhaseTimer, collect_experience, rank_slice, verifier_scorer
+from vcppo.driver.value_pretrain import cache_key, settled
+from vcppo.rewards.verifier import RewardScorer
+from vcppo.tracking import MetricsLogger, read_metrics
+
+
+def test_checkpoints_are_atomic_and_pruned(tmp_path):
+    root = ckpt.checkpoint_root(tmp_path)
+    for step in (1, 2, 3):
+        stage = ckpt.staging_dir(tmp_path, step)
+        ckpt.write_rank_files(stage, rank=0)
+        ckpt.commit(stage, {"step": step, "phase": "ppo"}, keep_last=2)
+    # A crash mid-write leaves only a .tmp dir: it is never a resume point.
+    ckpt.write_rank_files(ckpt.staging_dir(tmp_path, 4), rank=0)
+    assert [p.name for p in ckpt.list_complete(root)] == ["step_000002", "step_000003"]
+    assert ckpt.find_resume_point(tmp_path, "auto").name == "step_000003"
+    assert ckpt.find_resume_point(tmp_path, "never") is None
+    ckpt.clean_partial(root)
+    assert not list(root.glob("*.tmp"))
+    with pytest.raises(FileNotFoundError, match="trainer.resume"):
+        ckpt.find_resume_point(tmp_path, str(tmp_path / "nope"))
+
+
+def test_checkpoint_restores_rng(tmp_path):
+    torch.manual_seed(123)
+    stage = ckpt.staging_dir(tmp_path, 1)
+    ckpt.write_rank_files(stage, rank=0)
+    final = ckpt.commit(stage, {"step": 1}, keep_last=1)
+    expected = torch.rand(3)
+    torch.manual_seed(999)
+    state = ckpt.load_state(final, rank=0)
+    assert state["step"] == 1 and torch.equal(torch.rand(3), expected)
+
+
+def test_settling_rule():
+    vp = SimpleNamespace(window=3, min_steps=4, ev_tolerance=0.02, loss_tolerance=0.05)
+    rising_ev = [0.1, 0.3, 0.5, 0.6, 0.7, 0.8]
+    assert not settled(rising_ev, [1.0] * 6, vp)
+    flat = [0.80, 0.81, 0.80, 0.81, 0.80, 0.81]
+    assert settled(flat, [0.50, 0.49, 0.50, 0.50, 0.49, 0.50], vp)
+    assert not settled(flat, [1.0, 1.0, 1.0, 0.5, 0.5, 0.5], vp)  # loss still falling
+    assert not settled(flat[:5], [0.5] * 5, vp)                    # too few steps
+
+
+def test_cache_key_ignores_algorithm_and_seed_but_not_critic(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "w.bin").write_bytes(b"x")
+    (tmp_path / "d.parquet").write_bytes(b"y")
+    base = [f"model.policy_path={tmp_path/'m'}", f"data.train_files={tmp_path/'d.parquet'}"]
+    a = cache_key(load_config("vcppo", base))
+    assert a == cache_key(load_config("vcppo_no_dgae", base + ["trainer.seed=3"]))
+    assert a != cache_key(load_config("vcppo", base + ["critic.lr=1e-3"]))
+    assert a != cache_key(load_config("vcppo", base + ["value_pretrain.steps=7"]))
+
+
+def test_rank_slice_keeps_whole_prompts():
+    items = list(range(10))
+    parts = [rank_slice(items, r, 3) for r in range(3)]
+    assert [p[0] for p in parts] == [0, 4, 8]
+    assert sum((p[1] for p in parts), []) == items
+
+
+@dataclass
+class _Sample:
+    prompt_index: int
+    prompt_ids: list
+    response_ids: list
+    logprobs: list
+    finish_reason: str
+    text: str
+
+
+class _FakeRollout:
+    """Stands in for vLLM in this unit test only (the real engine runs in the integration tests)."""
+
+    def generate(self, prompt_ids, n, **kw):
+        out = []
+        for i, p in enumerate(prompt_ids):
+            out.append(_Sample(i, p, [5, 6, 7], [-0.1, -0.2, -0.3], "stop", "<think>x</think>\\boxed{3}"))
+            out.append(_Sample(i, p, [5], [-0.5], "length", "<think>x"))
+        return out[: len(prompt_ids) * n]
+
+
+def test_collect_experience_places_outcome_reward_on_last_token():
+    rows = [{"prompt_ids": [1, 2], "answer": "3"}, {"prompt_ids": [4], "answer": "4"}]
+    batch = collect_experience(rows, first_index=10, rollout=_FakeRollout(),
+                               scorer=verifier_scorer(RewardScorer()), pad_id=0, device=torch.device("cpu"),
+                               n=2, temperature=1.0, top_p=1.0, max_tokens=3, stop=None, seed=0)
+    assert batch["scores"].tolist() == [1.0, -1.0, -1.0, -1.0]
+    assert batch["correct"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert batch["truncated"].tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert batch["group"].tolist() == [10, 10, 11, 11]
+    assert torch.equal(batch["token_rewards"][0], torch.tensor([0.0, 0.0, 1.0]))
+    assert torch.equal(batch["token_rewards"][1], torch.tensor([-1.0, 0.0, 0.0]))
+    assert torch.allclose(batch["sampler_logprobs"][0], torch.tensor([-0.1, -0.2, -0.3]))
+
+
+def test_phase_timer_sums_phases():
+    t = PhaseTimer()
+    with t("a"):
+        pass
+    with t("b"):
+        pass
+    m = t.metrics()
+    assert set(m) == {"time/a_s", "time/b_s", "time/step_s"}
+    assert m["time/step_s"] == pytest.approx(m["time/a_s"] + m["time/b_s"])
+
+
+def test_metrics_logger_writes_jsonl_and_resume_keeps_last(tmp_path):
+    log = MetricsLogger(tmp_path, {}, use_wandb=False, progress_bar=False)
+    log.log({"x": torch.tensor(1.5), "nan": float("nan"), "profile": [1.0, 2.0]}, step=1, phase="ppo")
+    log.log({"x": 2.0}, step=2, phase="ppo")
+    log.log({"x": 9.0}, step=2, phase="ppo")  # the same step again after a resume
+    log.close()
+    recs = read_metrics(tmp_path, "ppo")
+    assert [(r["step"], r["x"]) for r in recs] == [(1, 1.5), (2, 9.0)]
+    assert recs[0]["nan"] is None and recs[0]["profile"] == [1.0, 2.0]
+    json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+
+
+def test_metrics_logger_wandb_offline(tmp_path):
+    """Real wandb, offline: the run directory gets wandb's offline run files."""
+    log = MetricsLogger(tmp_path, {"a": 1}, use_wandb=True, wandb_mode="offline", progress_bar=False,
+                        run_name="unit")
+    log.log({"reward/mean": 0.5}, step=1, phase="ppo")
+    log.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs and any(p.suffix == ".wandb" for p in runs[0].iterdir())
+
+
+def test_global_whiten_single_rank_matches_masked_whiten():
+    from vcppo.algos.stats import masked_whiten
+    from vcppo.driver.common import global_whiten
+
+    torch.manual_seed(0)
+    adv = torch.randn(4, 6)
+    mask = (torch.rand(4, 6) > 0.3).float()
+    ours = global_whiten(adv, mask, ctx=None)
+    ref = masked_whiten(adv, mask) * mask
+    assert torch.allclose(ours, ref, atol=1e-5)
+    assert (ours[mask == 0] == 0).all()

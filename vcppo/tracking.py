@@ -1,0 +1,116 @@
+"""Where metrics go: ``metrics.jsonl`` in the run directory (always), Weights & Biases (offline by
+default, so nothing leaves the machine unless the user asks), and a console progress bar.
+
+Only the main rank writes; other ranks get a logger whose calls do nothing, so the driver can
+call it unconditionally.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Shown in the progress bar's postfix, in this order, when present.
+_POSTFIX_KEYS = [("reward/mean", "rew"), ("reward/accuracy", "acc"), ("response/length_mean", "len"),
+                 ("critic/explained_variance", "ev"), ("critic/value_loss", "vloss"),
+                 ("time/step_s", "s/step")]
+
+
+def _to_builtin(value: Any) -> Any:
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; null keeps the key visible
+    if isinstance(value, (list, tuple)):
+        return [_to_builtin(v) for v in value]
+    return value
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: str | os.PathLike, config: dict, *, enabled: bool = True,
+                 use_wandb: bool = True, wandb_mode: str = "offline", wandb_project: str = "vcppo",
+                 run_name: str | None = None, progress_bar: bool = True, resume: bool = False):
+        self.enabled = enabled
+        self.run_dir = Path(run_dir)
+        self._bar = None
+        self._wandb = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        self._progress = progress_bar
+        if use_wandb and wandb_mode != "disabled":
+            import wandb
+            # A stable id per run directory lets a resumed run continue the same W&B run.
+            run_id = "".join(c if c.isalnum() else "-" for c in (run_name or self.run_dir.name))[:64]
+            self._wandb = wandb.init(project=wandb_project, name=run_name or self.run_dir.name,
+                                     id=run_id, resume="allow" if resume else None,
+                                     dir=str(self.run_dir), mode=wandb_mode, config=config,
+                                     reinit="finish_previous")
+
+    # -- progress -----------------------------------------------------------------------------
+    def start_phase(self, name: str, total: int, initial: int = 0) -> None:
+        if not (self.enabled and self._progress):
+            return
+        from tqdm.auto import tqdm
+        if self._bar is not None:
+            self._bar.close()
+        self._bar = tqdm(total=total, initial=initial, desc=name, dynamic_ncols=True, file=sys.stderr)
+
+    def info(self, message: str) -> None:
+        if not self.enabled:
+            return
+        line = f"[vcppo {time.strftime('%H:%M:%S')}] {message}"
+        if self._bar is not None:
+            self._bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    # -- metrics ------------------------------------------------------------------------------
+    def log(self, metrics: dict[str, Any], *, step: int, phase: str) -> None:
+        """One record per step: ``{"phase": ..., "step": ..., **metrics}``."""
+        if not self.enabled:
+            return
+        record = {"phase": phase, "step": step, "time": time.time()}
+        record.update({k: _to_builtin(v) for k, v in metrics.items()})
+        self._jsonl.write(json.dumps(record) + "\n")
+        if self._wandb is not None:
+            scalars = {f"{phase}/{k}": v for k, v in record.items()
+                       if isinstance(v, (int, float)) and k not in ("step", "time")}
+            scalars["global_step"] = step
+            self._wandb.log(scalars)
+        if self._bar is not None:
+            post = {short: f"{record[k]:.3g}" for k, short in _POSTFIX_KEYS
+                    if isinstance(record.get(k), (int, float))}
+            self._bar.set_postfix(post, refresh=False)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self._jsonl.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def read_metrics(run_dir: str | os.PathLike, phase: str | None = None) -> list[dict]:
+    """The records of ``metrics.jsonl``; for a resumed run, a step logged twice keeps its last record."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    by_key: dict[tuple, dict] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if phase is None or rec.get("phase") == phase:
+            by_key[(rec.get("phase"), rec.get("step"))] = rec
+    return list(by_key.values())
