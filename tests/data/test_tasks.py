@@ -1,0 +1,92 @@
+"""Synthetic add task: determinism, disjoint splits, step-by-step correct traces, length."""
+import random
+import re
+
+import pytest
+
+from vcppo.data import tasks
+from vcppo.rewards.verifier import score
+
+
+def test_deterministic_same_seed_same_data():
+    a = tasks.generate("add", "train", 50, seed=7)
+    b = tasks.generate("add", "train", 50, seed=7)
+    c = tasks.generate("add", "train", 50, seed=8)
+    assert a == b
+    assert a != c
+
+
+def test_splits_disjoint_and_distinct():
+    prompts = {s: [r["prompt"] for r in tasks.generate("add", s, 300, difficulty=3, seed=0)]
+               for s in tasks.SPLITS}
+    for s, ps in prompts.items():
+        assert len(set(ps)) == len(ps), f"duplicates in {s}"
+        assert all(tasks.split_of(p) == s for p in ps)
+    assert not set(prompts["train"]) & set(prompts["val"])
+    assert not set(prompts["train"]) & set(prompts["test"])
+    assert not set(prompts["val"]) & set(prompts["test"])
+    # a different seed draws different rows but can never cross splits
+    other = [r["prompt"] for r in tasks.generate("add", "val", 300, difficulty=3, seed=1)]
+    assert not set(other) & set(prompts["train"])
+
+
+def test_too_small_prompt_space_raises():
+    with pytest.raises(ValueError, match="distinct"):
+        tasks.generate("add", "val", 100, difficulty=1)  # only ~100 prompts in all, 5% in val
+
+
+@pytest.mark.parametrize("difficulty,operands", [(None, None), (3, 2), (12, 2), (5, 3)])
+def test_every_trace_is_correct_step_by_step(difficulty, operands):
+    rows = tasks.generate("add", "train", 200, difficulty=difficulty, seed=11, operands=operands)
+    for r in rows:
+        assert tasks.check_add_trace(r["prompt"], r["solution"]) == [], r
+        ops = [int(x) for x in r["prompt"][:-2].split("+")]
+        assert r["answer"] == str(sum(ops))
+        assert tasks.answer_from_trace(r["solution"]) == r["answer"]
+        assert score(r["solution"], r["answer"]) == 1.0
+        assert score(r["solution"], str(int(r["answer"]) + 1)) == -1.0
+
+
+def test_check_trace_catches_a_wrong_step():
+    r = tasks.generate("add", "train", 1, seed=0)[0]
+    bad = re.sub(r"c(\d)\n", lambda m: f"c{1 - int(m.group(1))}\n", r["solution"], count=1)  # flip a carry
+    assert tasks.check_add_trace(r["prompt"], bad)
+    assert tasks.check_add_trace("1+2=?", r["solution"])
+
+
+def test_default_difficulty_trace_length():
+    stats = tasks.trace_length_stats(tasks.generate("add", "train", 500, seed=0))
+    assert stats["min"] >= 100
+    assert stats["max"] <= 300
+
+
+def test_dropping_steps_gives_wrong_answer():
+    """A shortened trace (steps dropped) implies a different answer in (nearly) every case."""
+    rng = random.Random(0)
+    rows = tasks.generate("add", "train", 300, seed=5)
+    wrong = 0
+    for r in rows:
+        body = r["solution"].split("<think>\n")[1].split("\n</think>")[0].split("\n")
+        k = rng.randint(1, len(body) - 1)
+        keep = sorted(rng.sample(range(len(body)), len(body) - k))
+        short = "<think>\n" + "\n".join(body[i] for i in keep) + "\n</think>\n"
+        implied = tasks.answer_from_trace(short)
+        short += f"\\boxed{{{implied}}}"
+        assert tasks.count_tokens(short) < tasks.count_tokens(r["solution"])
+        assert tasks.check_add_trace(r["prompt"], short)
+        wrong += score(short, r["answer"]) == -1.0
+    assert wrong / len(rows) > 0.98
+
+
+def test_count_tokens_matches_tokenizer():
+    from vcppo.models.tokenizer import build_tokenizer
+    tok = build_tokenizer()
+    rows = tasks.generate("add", "test", 20, seed=0)
+    assert tasks.trace_length_stats(rows) == tasks.trace_length_stats(rows, tokenizer=tok)
+
+
+def test_unknown_task_and_split():
+    with pytest.raises(ValueError, match="add"):
+        tasks.generate("sort", "train", 1)
+    with pytest.raises(ValueError, match="split"):
+        tasks.generate("add", "dev", 1)

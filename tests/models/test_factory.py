@@ -1,0 +1,54 @@
+"""Model factory: parameter counts per size, saved dir loads through the Auto classes."""
+import pytest
+import torch
+
+from vcppo.models.factory import SIZES, count_params, make_model, model_config
+from vcppo.models.tokenizer import build_tokenizer
+
+
+@pytest.mark.parametrize("size,lo,hi", [("tiny", 2e5, 2e6), ("small", 5e6, 3e7), ("base", 1e8, 3e8)])
+def test_param_counts_in_range(size, lo, hi):
+    from transformers import Qwen2ForCausalLM
+    cfg = model_config(size, build_tokenizer())
+    if size == "base":  # do not allocate 180M params in a unit test: count analytically
+        with torch.device("meta"):
+            model = Qwen2ForCausalLM(cfg)
+    else:
+        model = Qwen2ForCausalLM(cfg)
+    assert lo <= count_params(model) <= hi
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_vllm_shape_constraints(size):
+    s = SIZES[size]
+    assert s.hidden_size % s.num_attention_heads == 0
+    assert s.head_dim % 16 == 0 and s.head_dim in (32, 64, 128)
+    assert s.num_attention_heads % s.num_key_value_heads == 0
+
+
+def test_make_model_loads_with_auto_classes(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = make_model("tiny", None, tmp_path / "m", seed=1)
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"))
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "m"))
+    assert loaded.config.model_type == "qwen2" and loaded.dtype == torch.float32
+    assert loaded.config.vocab_size >= len(tok)
+    assert loaded.config.max_position_embeddings >= 2048
+    assert tok.eos_token_id in loaded.generation_config.eos_token_id
+    # the tokenizer picked by AutoTokenizer for a qwen2 dir must still be char-level
+    text = "<think>\n1+2+0=3 d3 c0\n</think>\n\\boxed{3}"
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    assert len(tok.encode(" \n", add_special_tokens=False)) == 2
+    ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
+    with torch.no_grad():
+        a = model(input_ids=ids).logits
+        b = loaded(input_ids=ids).logits
+    assert torch.allclose(a, b)
+    # same seed -> same weights
+    m2 = make_model("tiny", str(tmp_path / "m"), tmp_path / "m2", seed=1)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), m2.parameters()))
+
+
+def test_unknown_size():
+    with pytest.raises(ValueError, match="tiny"):
+        model_config("huge", build_tokenizer())

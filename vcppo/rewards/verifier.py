@@ -1,0 +1,227 @@
+"""Rule-based outcome reward: +1 if the final answer is right, -1 otherwise (VC-PPO sec. 5.1).
+
+Only the text after the LAST ``</think>`` is read; the reasoning itself is never scored. A
+response with no ``</think>`` (e.g. truncated mid-thought) or cut at the length limit
+(``finish_reason == "length"``) scores ``wrong``.
+
+Answer extraction (``extract_answer``), in the text after the last ``</think>``:
+  1. the LAST ``\\boxed{...}`` (nested braces allowed);
+  2. else the LAST ``answer: X`` / ``Answer: X`` (case-insensitive; X runs to the end of the line;
+     a trailing ``.`` is dropped).
+Unicode minus (U+2212) becomes ``-``; surrounding whitespace (and ``$``) is stripped.
+
+Comparison (``score``): if both sides are integers they are compared exactly as Python ints, of
+any size: a leading ``+``, leading zeros, and ``,``/``_``/space thousands separators in the
+standard 3-digit grouping are accepted (``+007`` == ``7``, ``1,234`` == ``1234``, ``-0`` == ``0``).
+Otherwise equivalence is decided by ``math-verify`` (``parse`` + ``verify``). math-verify's
+timeouts are signal-based and only work on the main thread, so off the main thread they are
+disabled and the answer length is capped instead (``MAX_MATH_VERIFY_CHARS``).
+
+Custom rewards: ``load_reward_fn("pkg.module:function")``; the function is called as
+``fn(response_text, ground_truth, **info) -> float`` with info = ``finish_reason`` and any extra
+per-sample fields. ``RewardScorer`` applies a reward function to a batch; a sample whose reward
+function raises (or returns a non-finite value) scores ``wrong``, is counted, and is logged
+(rate-limited), and the batch goes on.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+logger = logging.getLogger(__name__)
+
+THINK_CLOSE = "</think>"
+MAX_MATH_VERIFY_CHARS = 500
+_INT_RE = re.compile(r"[+-]?(?:\d+|\d{1,3}(?:([,_ ])\d{3})(?:\1\d{3})*)")
+_ANSWER_RE = re.compile(r"answer\s*[:：]\s*([^\n]*)", re.IGNORECASE)
+_BOXED = "\\boxed"
+
+RewardFn = Callable[..., float]
+
+
+def _normalise(text: str) -> str:
+    text = text.replace("\u2212", "-").replace("\u2013", "-")  # unicode minus / en dash
+    return text.strip().strip("$").strip()
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` with balanced (nested) braces, or None."""
+    start = text.rfind(_BOXED + "{")
+    while start != -1:
+        i, depth = start + len(_BOXED) + 1, 1
+        j = i
+        while j < len(text) and depth:
+            if text[j] == "{":
+                depth += 1
+            elif text[j] == "}":
+                depth -= 1
+            j += 1
+        if depth == 0:
+            return text[i:j - 1]
+        start = text.rfind(_BOXED + "{", 0, start)  # unbalanced: try an earlier one
+    return None
+
+
+def extract_answer(response_text: str | None) -> str | None:
+    """The final answer in ``response_text`` (see module docstring), or None if there is none."""
+    if not response_text or THINK_CLOSE not in response_text:
+        return None
+    tail = response_text.rsplit(THINK_CLOSE, 1)[1]
+    boxed = _last_boxed(tail)
+    if boxed is not None:
+        ans = _normalise(boxed)
+        return ans or None
+    matches = _ANSWER_RE.findall(tail)
+    if matches:
+        ans = _normalise(matches[-1])
+        ans = ans[:-1].rstrip() if ans.endswith(".") else ans
+        return ans or None
+    return None
+
+
+def parse_int(text: str) -> int | None:
+    """An integer written as in the module docstring, or None."""
+    t = _normalise(text)
+    if not _INT_RE.fullmatch(t):
+        return None
+    return int(re.sub(r"[,_ ]", "", t))
+
+
+def _math_verify_equal(pred: str, truth: str) -> bool:
+    if len(pred) > MAX_MATH_VERIFY_CHARS or len(truth) > MAX_MATH_VERIFY_CHARS:
+        return False
+    from math_verify import parse, verify
+
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    try:
+        gold = parse(f"${truth}$", parsing_timeout=timeout)
+        guess = parse(f"${pred}$", parsing_timeout=timeout)
+        if not gold or not guess:
+            return False
+        return bool(verify(gold, guess, timeout_seconds=timeout))
+    except Exception as e:  # math-verify / sympy errors on odd input: not equal
+        logger.debug("math-verify failed on %r vs %r: %r", pred, truth, e)
+        return False
+
+
+def is_equivalent(pred: str, truth: str) -> bool:
+    """Exact integer comparison when both are integers, else math-verify equivalence."""
+    a, b = parse_int(pred), parse_int(str(truth))
+    if a is not None and b is not None:
+        return a == b
+    if _normalise(pred) == _normalise(str(truth)):
+        return True
+    return _math_verify_equal(_normalise(pred), _normalise(str(truth)))
+
+
+def score(response_text: str | None, ground_truth: Any, correct: float = 1.0, wrong: float = -1.0,
+          finish_reason: str | None = None, **_: Any) -> float:
+    """``correct`` if the answer after the last ``</think>`` equals ``ground_truth``, else ``wrong``.
+
+    Truncated responses (``finish_reason == "length"``) and responses without ``</think>`` or
+    without an answer score ``wrong``.
+    """
+    if finish_reason == "length":
+        return wrong
+    pred = extract_answer(response_text)
+    if pred is None or ground_truth is None:
+        return wrong
+    return correct if is_equivalent(pred, str(ground_truth)) else wrong
+
+
+def load_reward_fn(path: str) -> RewardFn:
+    """Import a reward function from ``"pkg.module:function"`` (``"pkg.module.function"`` also works)."""
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"reward function path must be 'module:function', got {path!r}")
+    if ":" in path:
+        mod_name, attr = path.split(":", 1)
+    elif "." in path:
+        mod_name, attr = path.rsplit(".", 1)
+    else:
+        raise ValueError(f"reward function path must be 'module:function', got {path!r}")
+    try:
+        module = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        raise ImportError(f"cannot import module {mod_name!r} for reward function {path!r}: {e}") from e
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise AttributeError(f"module {mod_name!r} has no attribute {attr!r} (reward function {path!r})")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise TypeError(f"reward function {path!r} is not callable ({type(fn).__name__})")
+    return fn
+
+
+@dataclass
+class RewardScorer:
+    """Score batches with a reward function; failures score ``wrong`` and are counted.
+
+    ``reward_fn``: a callable ``fn(response_text, ground_truth, **info) -> float``, a dotted
+    path for ``load_reward_fn``, or None for the built-in ``score`` (which is given
+    ``correct``/``wrong``). ``num_failures`` accumulates over the scorer's life; each call's
+    metrics give that batch's count.
+    """
+
+    reward_fn: RewardFn | str | None = None
+    correct: float = 1.0
+    wrong: float = -1.0
+    max_warnings: int = 5  # then one warning per 100 failures
+    num_failures: int = field(default=0, init=False)
+    num_scored: int = field(default=0, init=False)
+
+    def __post_init__(self):
+        if isinstance(self.reward_fn, str):
+            self.reward_fn = load_reward_fn(self.reward_fn)
+        self._builtin = self.reward_fn is None
+        if self._builtin:
+            self.reward_fn = score
+
+    def __call__(self, texts: Sequence[str], truths: Sequence[Any],
+                 finish_reasons: Sequence[str | None] | None = None,
+                 infos: Sequence[dict] | None = None) -> tuple[list[float], dict[str, float]]:
+        """Rewards for a batch and metrics: reward/mean, reward/accuracy, reward/num_failures,
+        reward/truncated_frac. ``accuracy`` is the fraction scoring ``correct``."""
+        if len(texts) != len(truths):
+            raise ValueError(f"{len(texts)} texts but {len(truths)} ground truths")
+        finish_reasons = list(finish_reasons) if finish_reasons is not None else [None] * len(texts)
+        infos = list(infos) if infos is not None else [{}] * len(texts)
+        rewards, failures = [], 0
+        for text, truth, fr, info in zip(texts, truths, finish_reasons, infos):
+            kwargs = dict(info, finish_reason=fr)
+            if self._builtin:
+                kwargs.update(correct=self.correct, wrong=self.wrong)
+            try:
+                r = float(self.reward_fn(text, truth, **kwargs))
+                if not math.isfinite(r):
+                    raise ValueError(f"reward function returned {r}")
+            except Exception as e:
+                failures += 1
+                self.num_failures += 1
+                r = self.wrong
+                n = self.num_failures
+                if n <= self.max_warnings or n % 100 == 0:
+                    logger.warning("reward function failed (%d so far; sample scored %s): %r",
+                                   n, self.wrong, e)
+            rewards.append(r)
+        self.num_scored += len(texts)
+        n = max(len(rewards), 1)
+        metrics = {
+            "reward/mean": sum(rewards) / n,
+            "reward/accuracy": sum(r == self.correct for r in rewards) / n,
+            "reward/num_failures": float(failures),
+            "reward/truncated_frac": sum(fr == "length" for fr in finish_reasons) / n,
+        }
+        return rewards, metrics
+
+
+def score_batch(texts: Sequence[str], truths: Sequence[Any],
+                finish_reasons: Sequence[str | None] | None = None,
+                reward_fn: RewardFn | str | None = None) -> tuple[list[float], dict[str, float]]:
+    """One-shot ``RewardScorer(reward_fn)(texts, truths, finish_reasons)``."""
+    return RewardScorer(reward_fn)(texts, truths, finish_reasons)
