@@ -1,0 +1,158 @@
+"""`vcppo report RUN_DIR... [--out DIR]`: a markdown page + PNG plots for one run or several.
+
+Reads each run's ``metrics.jsonl`` (and ``final_metrics.json``) and draws, one line per run:
+  * response length over PPO steps          (the collapse signature: it shrinks under plain PPO)
+  * accuracy and reward over PPO steps
+  * value-pretraining loss and explained variance (VC-PPO Fig. 4: range alignment, then
+    knowledge injection)
+  * the advantage-vs-token-position profile at the start and end of value pretraining (or of PPO
+    for runs without it) — VC-PPO Fig. 2: a critic biased low on early tokens gives them
+    inflated advantages.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from vcppo.tracking import read_metrics
+
+
+def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = sorted((r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float)))
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _profile_points(rec: dict) -> tuple[list[float], list[float]] | None:
+    prof, edges = rec.get("adv/position_profile"), rec.get("adv/position_edges")
+    if not prof or not edges:
+        return None
+    centres = [(edges[i] + edges[i + 1]) / 2 for i in range(len(prof))]
+    keep = [(c, v) for c, v in zip(centres, prof) if v is not None]
+    return [c for c, _ in keep], [v for _, v in keep]
+
+
+def run_summary(run_dir: Path) -> dict:
+    """The figures a results table needs from one run."""
+    ppo = sorted(read_metrics(run_dir, "ppo"), key=lambda r: r["step"])
+    pre = sorted(read_metrics(run_dir, "value_pretrain"), key=lambda r: r["step"])
+    val = sorted(read_metrics(run_dir, "val"), key=lambda r: r["step"])
+    out: dict = {"run": run_dir.name, "ppo_steps": len(ppo), "pretrain_steps": len(pre)}
+    if ppo:
+        k = max(1, len(ppo) // 5)  # average the first / last fifth: single steps are noisy
+        mean = lambda rs, key: sum(r.get(key) or 0.0 for r in rs) / len(rs)  # noqa: E731
+        out["length_start"] = mean(ppo[:k], "response/length_mean")
+        out["length_end"] = mean(ppo[-k:], "response/length_mean")
+        out["train_acc_start"] = mean(ppo[:k], "reward/accuracy")
+        out["train_acc_end"] = mean(ppo[-k:], "reward/accuracy")
+        evs = [r.get("critic/explained_variance") for r in ppo[-k:] if r.get("critic/explained_variance") is not None]
+        out["explained_variance_end"] = sum(evs) / len(evs) if evs else math.nan
+        corr = [r.get("adv/position_corr") for r in ppo[:k] if r.get("adv/position_corr") is not None]
+        out["adv_position_corr_start"] = sum(corr) / len(corr) if corr else math.nan
+    if val:
+        out.update({k.replace("val/", "start_"): v for k, v in val[0].items() if k.startswith("val/pass")})
+        out.update({k.replace("val/", "final_"): v for k, v in val[-1].items() if k.startswith("val/")})
+    return out
+
+
+def make_report(run_dirs: list[Path], out_dir: Path, title: str = "vcppo report") -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = {d.name: d for d in run_dirs}
+    data = {name: {ph: sorted(read_metrics(d, ph), key=lambda r: r["step"])
+                   for ph in ("ppo", "value_pretrain", "val")} for name, d in runs.items()}
+    plots = []
+
+    def line_plot(fname: str, phase: str, keys: list[tuple[str, str]], ylabel: str, title_: str) -> None:
+        fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 3.8), squeeze=False)
+        drew = False
+        for ax, (key, label) in zip(axes[0], keys):
+            for name, d in data.items():
+                xs, ys = _series(d[phase], key)
+                if xs:
+                    ax.plot(xs, ys, label=name, marker="." if len(xs) < 30 else None)
+                    drew = True
+            ax.set_xlabel(f"{phase} step")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        if not drew:
+            plt.close(fig)
+            return
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(title_)
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=110)
+        plt.close(fig)
+        plots.append((fname, title_))
+
+    line_plot("response_length.png", "ppo", [("response/length_mean", "mean response length (tokens)")],
+              "tokens", "Response length over PPO steps")
+    line_plot("accuracy.png", "ppo", [("reward/accuracy", "train accuracy"), ("reward/mean", "mean reward")],
+              "", "Accuracy and reward over PPO steps")
+    line_plot("validation.png", "val", [("val/pass@1_greedy", "val greedy pass@1")], "",
+              "Validation accuracy")
+    line_plot("value_pretraining.png", "value_pretrain",
+              [("critic/value_loss", "value loss"), ("critic/explained_variance", "explained variance")],
+              "", "Value pretraining (range alignment, then knowledge injection)")
+    line_plot("critic_ppo.png", "ppo",
+              [("critic/explained_variance", "explained variance"), ("adv/position_corr", "corr(position, advantage)")],
+              "", "Critic quality during PPO")
+
+    # Advantage vs position: first and last record of value pretraining (or of PPO without it).
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    drew = False
+    for name, d in data.items():
+        recs = d["value_pretrain"] or d["ppo"]
+        phase = "value pretraining" if d["value_pretrain"] else "PPO"
+        for rec, style, when in ((recs[0], "--", "start"), (recs[-1], "-", "end")) if recs else ():
+            pts = _profile_points(rec)
+            if pts:
+                ax.plot(*pts, style, marker=".", label=f"{name}: {phase} {when} (step {rec['step']})")
+                drew = True
+    if drew:
+        ax.axhline(0, color="gray", lw=0.8)
+        ax.set_xlabel("token position in response")
+        ax.set_ylabel("mean raw advantage (lambda_actor)")
+        ax.set_title("Advantage vs token position (VC-PPO Fig. 2 diagnostic)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / "advantage_profile.png", dpi=110)
+        plots.append(("advantage_profile.png", "Advantage vs token position"))
+    plt.close(fig)
+
+    summaries = [run_summary(d) for d in run_dirs]
+    keys = [k for k in ("run", "pretrain_steps", "ppo_steps", "start_pass@1_greedy", "final_pass@1_greedy",
+                        "final_pass@4", "length_start", "length_end", "explained_variance_end",
+                        "adv_position_corr_start") if any(k in s for s in summaries)]
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = [f"# {title}", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(fmt(s.get(k, "")) for k in keys) + " |" for s in summaries]
+    lines += ["", "`start_*` is validation before the first PPO step, `final_*` after the last; lengths are "
+              "means over the first / last fifth of PPO steps (tokens).", ""]
+    for fname, t in plots:
+        lines += [f"## {t}", "", f"![{t}]({fname})", ""]
+    page = out_dir / "report.md"
+    page.write_text("\n".join(lines))
+    (out_dir / "summary.json").write_text(json.dumps(summaries, indent=1))
+    return page
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="vcppo report", description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
+    p.add_argument("--out", help="output dir (default: <run>/report for one run, ./report otherwise)")
+    p.add_argument("--title", default="vcppo report")
+    args = p.parse_args(argv)
+    dirs = [Path(r) for r in args.runs]
+    for d in dirs:
+        if not (d / "metrics.jsonl").exists():
+            print(f"vcppo report: {d} has no metrics.jsonl")
+            return 2
+    out = Path(args.out) if args.out else (dirs[0] / "report" if len(dirs) == 1 else Path("report"))
+    page = make_report(dirs, out, args.title)
+    print(f"wrote {page}")
+    return 0

@@ -1,0 +1,153 @@
+"""`vcppo sweep SWEEP.yaml [--dry-run] [--collect-only]`: config-driven experiment sweeps.
+
+A sweep file::
+
+    name: lambda_sweep
+    output_root: runs/lambda_sweep       # every run directory goes under here
+    launcher: python -m vcppo.cli        # or: deepspeed --num_gpus 8 -m vcppo.cli
+    preset: vcppo                        # default preset of every run
+    overrides: [trainer.total_steps=40]  # applied to every run
+    grid:                                # cartesian product over keys ('preset' is a key too)
+      algorithm.lambda_actor: [0.9, 0.95, 0.99, 1.0]
+      trainer.seed: [0, 1, 2]
+    runs:                                # and/or an explicit list; each may set name / preset
+      - {name: ppo-baseline, preset: ppo}
+
+Runs execute one after another here (each its own process), or ``--dry-run`` prints the launch
+commands for a cluster scheduler. Finished runs (``final_metrics.json`` present) are skipped, so a
+sweep is re-runnable; an interrupted run resumes from its last checkpoint. At the end the final
+metrics of every run are collected into ``<output_root>/sweep_results.{md,csv}``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from vcppo.config import ConfigError, load_config
+
+_TOP_KEYS = {"name", "output_root", "launcher", "preset", "overrides", "grid", "runs"}
+
+
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1].replace("lambda_", "lam").replace("_", "")
+
+
+def _fmt_override(key: str, value) -> str:
+    return f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+
+
+def expand(sweep: dict) -> list[dict]:
+    """Sweep spec -> [{"name", "preset", "overrides": [...]}], validated against the config schema."""
+    unknown = set(sweep) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"unknown sweep key(s) {sorted(unknown)}; valid: {sorted(_TOP_KEYS)}")
+    common = list(sweep.get("overrides") or [])
+    default_preset = sweep.get("preset", "vcppo")
+    runs = []
+    grid = sweep.get("grid") or {}
+    if grid:
+        keys = list(grid)
+        for combo in itertools.product(*(grid[k] if isinstance(grid[k], list) else [grid[k]] for k in keys)):
+            point = dict(zip(keys, combo))
+            preset = point.pop("preset", default_preset)
+            name = "-".join([preset] + [f"{_short(k)}{v}" for k, v in point.items()])
+            runs.append({"name": name, "preset": preset,
+                         "overrides": common + [_fmt_override(k, v) for k, v in point.items()]})
+    for item in sweep.get("runs") or []:
+        item = dict(item)
+        preset = item.pop("preset", default_preset)
+        name = item.pop("name", None) or "-".join([preset] + [f"{_short(k)}{v}" for k, v in item.items()])
+        runs.append({"name": name, "preset": preset,
+                     "overrides": common + [_fmt_override(k, v) for k, v in item.items()]})
+    if not runs:
+        raise ConfigError("sweep defines no runs: give 'grid' and/or 'runs'")
+    names = [r["name"] for r in runs]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ConfigError(f"sweep run names collide: {sorted(dupes)} (set explicit names)")
+    root = sweep.get("output_root", f"runs/{sweep.get('name', 'sweep')}")
+    for r in runs:
+        r["overrides"] += [f"trainer.output_root={root}", f"trainer.run_name={r['name']}"]
+        load_config(r["preset"], r["overrides"])  # a typo fails here, before any run starts
+        r["run_dir"] = str(Path(root) / r["name"])
+    return runs
+
+
+def launch_command(run: dict, launcher: str) -> list[str]:
+    return shlex.split(launcher) + ["train", run["preset"], *run["overrides"]]
+
+
+def collect(runs: list[dict], out_root: Path) -> tuple[Path, Path, list[dict]]:
+    from vcppo.report import run_summary
+
+    rows = []
+    for r in runs:
+        d = Path(r["run_dir"])
+        row = {"name": r["name"], "preset": r["preset"], "finished": (d / "final_metrics.json").exists()}
+        if (d / "metrics.jsonl").exists():
+            row.update({k: v for k, v in run_summary(d).items() if k != "run"})
+        rows.append(row)
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    out_root.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out_root / "sweep_results.csv", out_root / "sweep_results.md"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else ("" if v is None else str(v))  # noqa: E731
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(fmt(row.get(k)) for k in keys) + " |" for row in rows]
+    md_path.write_text("\n".join(lines) + "\n")
+    return md_path, csv_path, rows
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="vcppo sweep", description=__doc__.split("\n")[0])
+    p.add_argument("sweep", help="sweep YAML")
+    p.add_argument("--dry-run", action="store_true", help="print the launch commands, run nothing")
+    p.add_argument("--collect-only", action="store_true", help="only (re)build the results table")
+    p.add_argument("--launcher", help="override the sweep file's launcher")
+    p.add_argument("--keep-going", action="store_true", help="continue with the next run when one fails")
+    args = p.parse_args(argv)
+    path = Path(args.sweep)
+    if not path.exists():
+        print(f"vcppo sweep: no such file: {path}", file=sys.stderr)
+        return 2
+    sweep = yaml.safe_load(path.read_text()) or {}
+    try:
+        runs = expand(sweep)
+    except ConfigError as e:
+        print(f"vcppo sweep: {path}: {e}", file=sys.stderr)
+        return 2
+    launcher = args.launcher or sweep.get("launcher") or f"{shlex.quote(sys.executable)} -m vcppo.cli"
+    out_root = Path(sweep.get("output_root", f"runs/{sweep.get('name', 'sweep')}"))
+    failed = []
+    for i, r in enumerate(runs, 1):
+        cmd = launch_command(r, launcher)
+        if args.dry_run:
+            print(shlex.join(cmd))
+            continue
+        if args.collect_only:
+            continue
+        if (Path(r["run_dir"]) / "final_metrics.json").exists():
+            print(f"[sweep {i}/{len(runs)}] {r['name']}: finished, skipped", flush=True)
+            continue
+        print(f"[sweep {i}/{len(runs)}] {r['name']}: {shlex.join(cmd)}", flush=True)
+        rc = subprocess.run(cmd).returncode
+        if rc != 0:
+            failed.append(r["name"])
+            print(f"[sweep] {r['name']} failed with exit code {rc}", file=sys.stderr)
+            if not args.keep_going:
+                break
+    if args.dry_run:
+        return 0
+    md, csv_path, rows = collect(runs, out_root)
+    print(f"[sweep] {sum(r['finished'] for r in rows)}/{len(rows)} runs finished; table: {md} and {csv_path}")
+    return 1 if failed else 0
