@@ -339,6 +339,10 @@ def step_metrics(ctx: RunContext, batch: dict, timer) -> dict:
     m.update(timer.metrics())
     m["perf/response_tokens"] = mask.sum().item()
     m["perf/tokens_per_s"] = mask.sum().item() / max(m["time/step_s"], 1e-9)
+    if "time/rollout_s" in m:
+        m["perf/rollout_tokens_per_s"] = mask.sum().item() / max(m["time/rollout_s"], 1e-9)
+    if torch.cuda.is_available():
+        m["perf/gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated() / 2 ** 30
     return m
 
 
