@@ -1,0 +1,36 @@
+"""Pure tensor math for VC-PPO / VAPO: GAE, losses, statistics. No engines, no config objects.
+
+The Triton kernel (`vcppo.algos.gae_triton`) is imported lazily by `decoupled_gae(impl="triton")`
+so that importing this package never requires Triton.
+"""
+from vcppo.algos.gae import decoupled_gae, gae_reference, length_adaptive_lambda, triton_available
+from vcppo.algos.losses import (
+    AGGREGATIONS,
+    aggregate_loss,
+    entropy_from_logits,
+    kl_penalty,
+    policy_loss,
+    positive_example_nll,
+    value_loss,
+)
+from vcppo.algos.stats import (
+    PositionProfile,
+    advantage_position_correlation,
+    advantage_position_profile,
+    explained_variance,
+    grpo_advantages,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    pass_at_k,
+)
+
+__all__ = [
+    "decoupled_gae", "gae_reference", "length_adaptive_lambda", "triton_available",
+    "AGGREGATIONS", "aggregate_loss", "entropy_from_logits", "kl_penalty", "policy_loss",
+    "positive_example_nll", "value_loss",
+    "PositionProfile", "advantage_position_correlation", "advantage_position_profile",
+    "explained_variance", "grpo_advantages", "masked_mean", "masked_sum", "masked_var",
+    "masked_whiten", "pass_at_k",
+]

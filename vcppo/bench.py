@@ -1,0 +1,161 @@
+"""`vcppo bench gae`: time the fused Decoupled-GAE against the reference loop and a copy floor.
+
+    vcppo bench gae [--shapes 256x1024,1024x4096,512x16384] [--repeats 5] [--threads N]
+                    [--json PATH] [--ref-repeats 1] [--holes]
+
+What is timed, per (B, T) with random response lengths (right padding):
+  * ref x2   — two `gae_reference` loops (actor lambda + critic lambda): what the anchors do
+               (one Python loop over T per lambda; verl, OpenRLHF, TRL). Slow at large shapes,
+               so it is timed `--ref-repeats` times (default 1) after no warm-up beyond the first.
+  * fused    — one `decoupled_gae` call producing both outputs (torch path on CPU; on CUDA the
+               Triton kernel and the torch path are both reported).
+  * floor    — moving the same bytes: read 3 and write 2 fp32 (B, T) arrays with one
+               elementwise op each, into preallocated outputs: the memory-bandwidth floor for a
+               kernel that reads rewards, values, mask once and writes advantages and returns.
+Each figure is the median of `--repeats` runs after one warm-up (min is also recorded).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from vcppo.algos.gae import decoupled_gae, gae_reference, triton_available
+
+DEFAULT_SHAPES = "256x1024,1024x4096,512x16384"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(fn: Callable[[], object], repeats: int, device: torch.device, warmup: int = 1) -> dict:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "runs": len(times)}
+
+
+def _make_batch(B: int, T: int, device: torch.device, holes: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    if holes:  # a tool-output span inside every response (interior masked positions)
+        start = (lengths // 3)[:, None]
+        span = torch.arange(T)[None, :] - start
+        mask &= ~((span >= 0) & (span < 16))
+    rewards = torch.zeros(B, T)
+    rewards[torch.arange(B), lengths - 1] = torch.randint(0, 2, (B,), generator=g).float() * 2 - 1
+    values = torch.randn(B, T, generator=g) * 0.1
+    return rewards.to(device), values.to(device), mask.to(device)
+
+
+def bench_gae(B: int, T: int, repeats: int, ref_repeats: int, device: torch.device, holes: bool) -> dict:
+    rewards, values, mask = _make_batch(B, T, device, holes)
+    lam_actor, lam_critic, gamma = 0.95, 1.0, 1.0
+    row: dict = {"B": B, "T": T, "device": str(device), "interior_holes": holes}
+
+    def reference_pair():
+        gae_reference(rewards, values, mask, gamma, lam_actor)
+        gae_reference(rewards, values, mask, gamma, lam_critic)
+
+    row["ref_x2"] = _time(reference_pair, ref_repeats, device, warmup=0)
+    row["fused_torch"] = _time(
+        lambda: decoupled_gae(rewards, values, mask, gamma, lam_actor, lam_critic, impl="torch"),
+        repeats, device,
+    )
+    if device.type == "cuda" and triton_available():
+        row["fused_triton"] = _time(
+            lambda: decoupled_gae(rewards, values, mask, gamma, lam_actor, lam_critic, impl="triton"),
+            repeats, device,
+        )
+
+    # Memory floor: 3 fp32 (B, T) reads and 2 fp32 (B, T) writes, outputs preallocated.
+    mask_f32 = mask.float()
+    out_a, out_b = torch.empty_like(rewards), torch.empty_like(rewards)
+
+    def floor():
+        torch.add(rewards, values, out=out_a)
+        out_b.copy_(mask_f32)
+
+    row["floor"] = _time(floor, max(repeats, 5), device)
+    fused_key = "fused_triton" if "fused_triton" in row else "fused_torch"
+    fused = row[fused_key]["median_ms"]
+    row["fused_impl"] = fused_key.split("_")[1]
+    row["speedup_vs_ref_x2"] = row["ref_x2"]["median_ms"] / fused
+    row["fused_over_floor"] = fused / row["floor"]["median_ms"]
+    return row
+
+
+def _parse_shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for item in text.split(","):
+        b, t = item.lower().split("x")
+        shapes.append((int(b), int(t)))
+    return shapes
+
+
+def _machine() -> dict:
+    info = {"platform": platform.platform(), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+        info["cpu"] = names[0] if names else platform.processor()
+        info["cpu_count"] = len(names)
+    except OSError:
+        info["cpu"] = platform.processor()
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vcppo bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["gae"], help="benchmark to run")
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of BxT")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of fused / floor")
+    parser.add_argument("--ref-repeats", type=int, default=1, help="timed runs of the slow loop")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--holes", action="store_true", help="add an interior masked span per row")
+    parser.add_argument("--json", default=None, help="write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    rows = []
+    print("Decoupled-GAE: 'ref x2' = two reference loops (actor lam + critic lam), as the anchors "
+          "do;\n'fused' = ONE decoupled_gae call producing both; 'floor' = read 3 + write 2 fp32 "
+          f"(B, T) arrays.\nMedians in ms; device={device}, torch threads={torch.get_num_threads()}.")
+    header = f"{'B x T':>12} {'impl':>6} {'ref x2':>10} {'fused':>9} {'speedup':>8} {'floor':>8} {'fused/floor':>11}"
+    print(header)
+    for B, T in _parse_shapes(args.shapes):
+        row = bench_gae(B, T, args.repeats, args.ref_repeats, device, args.holes)
+        rows.append(row)
+        fused = row["fused_" + row["fused_impl"]]["median_ms"]
+        print(f"{f'{B}x{T}':>12} {row['fused_impl']:>6} {row['ref_x2']['median_ms']:>10.1f} "
+              f"{fused:>9.2f} {row['speedup_vs_ref_x2']:>7.1f}x {row['floor']['median_ms']:>8.2f} "
+              f"{row['fused_over_floor']:>10.1f}x", flush=True)
+        if "fused_triton" in row:
+            print(f"{'':>12} {'torch':>6} {'':>10} {row['fused_torch']['median_ms']:>9.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": _machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                       "args": vars(args), "results": rows}, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
