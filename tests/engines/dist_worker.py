@@ -1,0 +1,102 @@
+"""Run by tests/engines/test_distributed.py: 1 rank (plain python) or 2 ranks (deepspeed launcher).
+
+Every rank takes its contiguous share of one fixed GLOBAL batch, the loss functions normalise by
+the global token count, and one actor and one critic train_step run. Rank 0 writes the summed
+losses, grad norms and full updated weights, so the test can compare world sizes 1 and 2.
+With --vllm each rank also builds its own vLLM engine, samples, syncs the updated actor weights
+and checks logprobs; then everything is torn down with dist.shutdown() (exit code must be 0).
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+
+def main(argv):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--local_rank", type=int, default=None)  # passed by the deepspeed launcher
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--vllm", action="store_true")
+    args = ap.parse_args(argv)
+
+    from vcppo.config import ActorConfig, CriticConfig, RolloutConfig
+    from vcppo.engines import dist
+    from vcppo.engines.actor import ActorEngine
+    from vcppo.engines.batch import make_batch, slice_batch
+    from vcppo.engines.critic import CriticEngine
+
+    info = dist.init_distributed("cpu")
+    torch.manual_seed(0)
+    # A fixed global batch of 4 samples with ragged prompts and responses.
+    g = torch.Generator().manual_seed(1)
+    prompts = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (3, 5, 2, 4)]
+    responses = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (6, 2, 4, 5)]
+    full = make_batch(prompts, responses, pad_id=0)
+    full["returns"] = torch.linspace(-1, 1, full["responses"].numel()).view_as(full["response_mask"])
+    n_tokens = float(full["response_mask"].sum())  # global normaliser, as the driver computes it
+    B, W = 4, info.world_size
+    per = B // W
+    mine = slice_batch(full, slice(info.rank * per, (info.rank + 1) * per))
+
+    def actor_loss(out, micro):
+        loss = -(out["logprobs"] * micro["response_mask"]).sum() / n_tokens
+        return loss, {"loss_sum": loss.detach() * 1.0}
+
+    def critic_loss(out, micro):
+        loss = 0.5 * (((out["values"] - micro["returns"]) ** 2) * micro["response_mask"]).sum() / n_tokens
+        return loss, {"loss_sum": loss.detach()}
+
+    acfg = ActorConfig(lr=1e-3, micro_batch_size=1, grad_clip=0.0, warmup_steps=0)
+    ccfg = CriticConfig(lr=1e-3, micro_batch_size=1, grad_clip=0.0)
+    result = {}
+    rollout = None
+    if args.vllm:
+        from vcppo.engines.rollout import RolloutEngine
+        rollout = RolloutEngine(args.model, RolloutConfig(gpu_memory_utilization=0.02), info, seed=0,
+                                max_model_len=128)
+    actor = ActorEngine(args.model, acfg, info, total_optimizer_steps=10)
+    critic = CriticEngine("policy", args.model, ccfg, info, total_optimizer_steps=10)
+
+    am = actor.train_step(mine, actor_loss, micro_batch_size=1)
+    # loss_fn values summed over micro-batches and ranks = the global loss
+    a_loss = dist.all_reduce_sum(torch.tensor([am["loss_sum"] * per]))
+    cm = critic.train_step(mine, critic_loss, micro_batch_size=1)
+    cm2 = critic.train_step(mine, critic_loss, micro_batch_size=1)  # 2nd step: head non-zero -> backbone grads
+    c_loss = dist.all_reduce_sum(torch.tensor([cm["loss_sum"] * per]))
+    result.update(actor_loss=float(a_loss), actor_grad_norm=am["grad_norm"], critic_loss=float(c_loss),
+                  critic_grad_norm=cm["grad_norm"], critic_grad_norm2=cm2["grad_norm"])
+    actor_w = actor.full_state_dict()
+    critic_w = critic.full_state_dict()
+    values = critic.forward_values(full)
+
+    if rollout is not None:
+        prompts_r = [[5 + info.rank, 6, 7], [9, 10]]
+        samples = rollout.generate(prompts_r, n=2, temperature=1.0, top_p=1.0, max_tokens=8, seed=3)
+        b = make_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], 0)
+        before, _ = actor.forward_logprobs(b)
+        result["sync_s"] = rollout.sync_weights(actor.named_parameters_gathered())
+        samples = rollout.generate(prompts_r, n=2, temperature=1.0, top_p=1.0, max_tokens=8, seed=3)
+        b = make_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], 0)
+        lp, _ = actor.forward_logprobs(b)
+        vl = torch.zeros_like(lp)
+        for i, s in enumerate(samples):
+            vl[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+        diffs = dist.all_gather_object(float((lp - vl).abs().max()))
+        result["vllm_vs_actor_maxdiff_per_rank"] = diffs
+        dist.barrier()
+
+    if info.is_main:
+        os.makedirs(args.out, exist_ok=True)
+        torch.save({"actor": actor_w, "critic": critic_w, "values": values}, os.path.join(args.out, "weights.pt"))
+        with open(os.path.join(args.out, "result.json"), "w") as f:
+            json.dump(result, f)
+    dist.barrier()
+    dist.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

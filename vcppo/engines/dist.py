@@ -1,0 +1,172 @@
+"""Process-group set-up shared by every engine: launcher env, device (cuda / cpu), backend.
+
+One call, :func:`init_distributed`, works under the deepspeed launcher, torchrun and a plain
+``python`` (world size 1: a 1-rank gloo/nccl group is created because DeepSpeed needs one).
+On CPU it sets ``DS_ACCELERATOR=cpu`` *before* deepspeed is imported anywhere.
+
+Teardown (:func:`shutdown`) is ordered: registered closers (the vLLM engine) first, then vLLM's
+own process groups, then the default group. Without ``destroy_process_group`` ranks abort at
+exit ("terminate called without an active exception"); vLLM's groups share the default group,
+so destroying it twice raises "Invalid process group specified" -- that one error is swallowed.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    is_main: bool
+
+
+_INFO: DistInfo | None = None
+_CLOSERS: list[Callable[[], None]] = []
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _use_cuda(device: str) -> bool:
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device='cuda' requested but CUDA is not available")
+        return True
+    if device == "cpu":
+        return False
+    if device != "auto":
+        raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', got {device!r}")
+    return torch.cuda.is_available()
+
+
+def init_distributed(device: str = "auto") -> DistInfo:
+    """Initialise (once) the default process group and return this rank's :class:`DistInfo`."""
+    global _INFO
+    if _INFO is not None:
+        return _INFO
+    cuda = _use_cuda(device)
+    if not cuda:
+        os.environ["DS_ACCELERATOR"] = "cpu"  # must precede `import deepspeed`
+    # torchrun / deepspeed set these; a plain `python` run is rank 0 of 1.
+    rank = int(os.environ.setdefault("RANK", "0"))
+    world = int(os.environ.setdefault("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.setdefault("LOCAL_RANK", str(rank)))
+    os.environ.setdefault("LOCAL_WORLD_SIZE", str(world))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        if world > 1:
+            raise RuntimeError("WORLD_SIZE > 1 but MASTER_PORT is unset: use the deepspeed launcher or torchrun")
+        os.environ["MASTER_PORT"] = str(_free_port())
+    backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+    import deepspeed  # noqa: E402  (after DS_ACCELERATOR)
+
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
+                                   rank=rank, world_size=world, init_method="env://")
+    _INFO = DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
+                     backend=backend, is_main=(rank == 0))
+    return _INFO
+
+
+def get_info() -> DistInfo | None:
+    return _INFO
+
+
+def register_closer(fn: Callable[[], None]) -> None:
+    """Engines that must be torn down before the default group (vLLM) register here."""
+    _CLOSERS.append(fn)
+
+
+def unregister_closer(fn: Callable[[], None]) -> None:
+    if fn in _CLOSERS:
+        _CLOSERS.remove(fn)
+
+
+def _is_invalid_pg(e: BaseException) -> bool:
+    return "Invalid process group" in str(e)
+
+
+def shutdown() -> None:
+    """Close engines (vLLM first), then vLLM's groups, then the default group. Idempotent."""
+    global _INFO
+    while _CLOSERS:
+        _CLOSERS.pop()()
+    try:  # vLLM's TP/PP/world group wrappers (only present if an LLM was built)
+        import sys
+        if "vllm.distributed.parallel_state" in sys.modules:
+            from vllm.distributed.parallel_state import destroy_model_parallel
+            ps = sys.modules["vllm.distributed.parallel_state"]
+            destroy_model_parallel()
+            if getattr(ps, "_WORLD", None) is not None:
+                ps._WORLD.destroy()
+                ps._WORLD = None
+    except Exception as e:  # noqa: BLE001
+        if not _is_invalid_pg(e):
+            raise
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        try:
+            torch.distributed.destroy_process_group()
+        except Exception as e:  # noqa: BLE001
+            if not _is_invalid_pg(e):
+                raise
+    _INFO = None
+
+
+# --- collectives: no-ops at world size 1 ------------------------------------------------------
+
+def _active() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized() \
+        and torch.distributed.get_world_size() > 1
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """In-place sum over ranks; returns ``t``."""
+    if _active():
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    """In-place mean over ranks; returns ``t``."""
+    if _active():
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+        t.div_(torch.distributed.get_world_size())
+    return t
+
+
+def all_gather_object(obj: Any) -> list:
+    if not _active():
+        return [obj]
+    out: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    if not _active():
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    if _active():
+        torch.distributed.barrier()
