@@ -7,12 +7,14 @@ What is timed, per (B, T) with random response lengths (right padding):
   * ref x2   — two `gae_reference` loops (actor lambda + critic lambda): what the anchors do
                (one Python loop over T per lambda; verl, OpenRLHF, TRL). Slow at large shapes,
                so it is timed `--ref-repeats` times (default 1) after no warm-up beyond the first.
-  * fused    — one `decoupled_gae` call producing both outputs (torch path on CPU; on CUDA the
-               Triton kernel and the torch path are both reported).
+  * torch / numba / triton — one `decoupled_gae(impl=...)` call producing both outputs, per
+               implementation available on the device (torch always; numba on CPU when installed;
+               triton on CUDA when installed). "fused" = the one `impl="auto"` picks there.
   * floor    — moving the same bytes: read 3 and write 2 fp32 (B, T) arrays with one
                elementwise op each, into preallocated outputs: the memory-bandwidth floor for a
                kernel that reads rewards, values, mask once and writes advantages and returns.
-Each figure is the median of `--repeats` runs after one warm-up (min is also recorded).
+Each figure is the median of `--repeats` runs after one warm-up (min is also recorded); the
+warm-up also absorbs numba's one-off JIT compile / cache load.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from vcppo.algos.gae import decoupled_gae, gae_reference, triton_available
+from vcppo.algos.gae import decoupled_gae, gae_reference, numba_available, triton_available
 
 DEFAULT_SHAPES = "256x1024,1024x4096,512x16384"
 
@@ -72,13 +74,9 @@ def bench_gae(B: int, T: int, repeats: int, ref_repeats: int, device: torch.devi
         gae_reference(rewards, values, mask, gamma, lam_critic)
 
     row["ref_x2"] = _time(reference_pair, ref_repeats, device, warmup=0)
-    row["fused_torch"] = _time(
-        lambda: decoupled_gae(rewards, values, mask, gamma, lam_actor, lam_critic, impl="torch"),
-        repeats, device,
-    )
-    if device.type == "cuda" and triton_available():
-        row["fused_triton"] = _time(
-            lambda: decoupled_gae(rewards, values, mask, gamma, lam_actor, lam_critic, impl="triton"),
+    for impl in _impls(device):
+        row["fused_" + impl] = _time(
+            lambda impl=impl: decoupled_gae(rewards, values, mask, gamma, lam_actor, lam_critic, impl=impl),
             repeats, device,
         )
 
@@ -91,12 +89,32 @@ def bench_gae(B: int, T: int, repeats: int, ref_repeats: int, device: torch.devi
         out_b.copy_(mask_f32)
 
     row["floor"] = _time(floor, max(repeats, 5), device)
-    fused_key = "fused_triton" if "fused_triton" in row else "fused_torch"
-    fused = row[fused_key]["median_ms"]
-    row["fused_impl"] = fused_key.split("_")[1]
+    for impl in _impls(device):
+        t = row["fused_" + impl]["median_ms"]
+        row["fused_" + impl]["speedup_vs_ref_x2"] = row["ref_x2"]["median_ms"] / t
+        row["fused_" + impl]["over_floor"] = t / row["floor"]["median_ms"]
+    row["fused_impl"] = _auto_impl(device)
+    fused = row["fused_" + row["fused_impl"]]["median_ms"]
     row["speedup_vs_ref_x2"] = row["ref_x2"]["median_ms"] / fused
     row["fused_over_floor"] = fused / row["floor"]["median_ms"]
     return row
+
+
+def _auto_impl(device: torch.device) -> str:
+    """The implementation `decoupled_gae(impl="auto")` picks on this device."""
+    if device.type == "cuda":
+        return "triton" if triton_available() else "torch"
+    return "numba" if device.type == "cpu" and numba_available() else "torch"
+
+
+def _impls(device: torch.device) -> list[str]:
+    """Implementations timed on this device: torch always, plus the device's compiled kernel."""
+    impls = ["torch"]
+    if device.type == "cuda" and triton_available():
+        impls.append("triton")
+    if device.type == "cpu" and numba_available():
+        impls.append("numba")
+    return impls
 
 
 def _parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -140,19 +158,21 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     print("Decoupled-GAE: 'ref x2' = two reference loops (actor lam + critic lam), as the anchors "
-          "do;\n'fused' = ONE decoupled_gae call producing both; 'floor' = read 3 + write 2 fp32 "
-          f"(B, T) arrays.\nMedians in ms; device={device}, torch threads={torch.get_num_threads()}.")
-    header = f"{'B x T':>12} {'impl':>6} {'ref x2':>10} {'fused':>9} {'speedup':>8} {'floor':>8} {'fused/floor':>11}"
+          "do;\none decoupled_gae(impl=...) call per implementation produces both outputs "
+          "(* = what impl='auto' picks);\n'floor' = read 3 + write 2 fp32 (B, T) arrays into "
+          f"preallocated outputs.\nMedians in ms; device={device}, torch threads={torch.get_num_threads()}.")
+    header = f"{'B x T':>12} {'impl':>7} {'ref x2':>10} {'fused':>9} {'speedup':>8} {'floor':>8} {'fused/floor':>11}"
     print(header)
     for B, T in _parse_shapes(args.shapes):
         row = bench_gae(B, T, args.repeats, args.ref_repeats, device, args.holes)
         rows.append(row)
-        fused = row["fused_" + row["fused_impl"]]["median_ms"]
-        print(f"{f'{B}x{T}':>12} {row['fused_impl']:>6} {row['ref_x2']['median_ms']:>10.1f} "
-              f"{fused:>9.2f} {row['speedup_vs_ref_x2']:>7.1f}x {row['floor']['median_ms']:>8.2f} "
-              f"{row['fused_over_floor']:>10.1f}x", flush=True)
-        if "fused_triton" in row:
-            print(f"{'':>12} {'torch':>6} {'':>10} {row['fused_torch']['median_ms']:>9.2f}")
+        for i, impl in enumerate(_impls(device)):
+            fig = row["fused_" + impl]
+            name = impl + ("*" if impl == row["fused_impl"] else "")
+            ref = f"{row['ref_x2']['median_ms']:>10.1f}" if i == 0 else f"{'':>10}"
+            floor = f"{row['floor']['median_ms']:>8.2f}" if i == 0 else f"{'':>8}"
+            print(f"{f'{B}x{T}' if i == 0 else '':>12} {name:>7} {ref} {fig['median_ms']:>9.2f} "
+                  f"{fig['speedup_vs_ref_x2']:>7.1f}x {floor} {fig['over_floor']:>10.1f}x", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": _machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

@@ -37,6 +37,7 @@ class MetricsLogger:
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self._bar = None
+        self._bar_phase = None
         self._wandb = None
         if not enabled:
             return
@@ -53,13 +54,17 @@ class MetricsLogger:
                                      reinit="finish_previous")
 
     # -- progress -----------------------------------------------------------------------------
-    def start_phase(self, name: str, total: int, initial: int = 0) -> None:
+    def start_phase(self, phase: str, total: int, initial: int = 0) -> None:
+        """A progress bar advanced by each :meth:`log` of ``phase`` (other phases' records, e.g.
+        validation, only show in the postfix)."""
         if not (self.enabled and self._progress):
             return
         from tqdm.auto import tqdm
         if self._bar is not None:
             self._bar.close()
-        self._bar = tqdm(total=total, initial=initial, desc=name, dynamic_ncols=True, file=sys.stderr)
+        self._bar_phase = phase
+        self._bar = tqdm(total=total, initial=initial, desc=phase.replace("_", " "), dynamic_ncols=True,
+                         file=sys.stderr)
 
     def info(self, message: str) -> None:
         if not self.enabled:
@@ -86,8 +91,9 @@ class MetricsLogger:
         if self._bar is not None:
             post = {short: f"{record[k]:.3g}" for k, short in _POSTFIX_KEYS
                     if isinstance(record.get(k), (int, float))}
-            self._bar.set_postfix(post, refresh=False)
-            self._bar.update(1)
+            if phase == self._bar_phase:
+                self._bar.set_postfix(post, refresh=False)
+                self._bar.update(1)
 
     def close(self) -> None:
         if not self.enabled:

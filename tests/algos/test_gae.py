@@ -1,4 +1,4 @@
-"""GAE: hand-computed cases, fused (torch / Triton interpreter) == reference loop, invariances."""
+"""GAE: hand-computed cases, fused (torch / numba / Triton interpreter) == reference loop, invariances."""
 import os
 import subprocess
 import sys
@@ -7,7 +7,8 @@ import textwrap
 import pytest
 import torch
 
-from vcppo.algos.gae import decoupled_gae, gae_reference, length_adaptive_lambda
+from vcppo.algos import gae as gae_module
+from vcppo.algos.gae import decoupled_gae, gae_reference, length_adaptive_lambda, numba_available
 
 # fp32 tolerance against the float64 reference loop. The fused torch path sums the same terms
 # in a different order (blocked GEMMs + carries), so the difference is a few fp32 ulps of the
@@ -15,6 +16,12 @@ from vcppo.algos.gae import decoupled_gae, gae_reference, length_adaptive_lambda
 # i.e. <= ~5e-4 in the very worst case and ~5e-6 typically (measured); an indexing or masking
 # bug shows up as an O(0.1-1) error, so 1e-4 still fails on every real bug.
 ATOL, RTOL = 1e-4, 1e-5
+
+# CPU implementations of the fused pass; "numba" is skipped where numba is not installed.
+FUSED_IMPLS = [
+    "torch",
+    pytest.param("numba", marks=pytest.mark.skipif(not numba_available(), reason="numba not installed")),
+]
 
 
 # ---------------------------------------------------------------- hand-computed cases
@@ -26,7 +33,7 @@ def test_hand_computed_all_valid():
     r = torch.tensor([[0.0, 0.0, 1.0]])
     v = torch.tensor([[0.5, 0.6, 0.7]])
     m = torch.ones(1, 3, dtype=torch.bool)
-    for impl in ("reference", "torch"):
+    for impl in ("reference", "torch") + (("numba",) if numba_available() else ()):
         adv, ret = decoupled_gae(r, v, m, gamma=1.0, lam_actor=0.5, lam_critic=0.5, impl=impl)
         torch.testing.assert_close(adv, torch.tensor([[0.225, 0.25, 0.3]]))
         torch.testing.assert_close(ret, torch.tensor([[0.725, 0.85, 1.0]]))
@@ -45,18 +52,19 @@ def test_hand_computed_interior_mask_and_discount():
     r = torch.tensor([[0.0, 9.0, 0.0, 1.0, 5.0]])
     v = torch.tensor([[0.5, 100.0, 0.6, 0.7, 100.0]])
     m = torch.tensor([[1, 0, 1, 1, 0]])
-    for impl in ("reference", "torch"):
+    for impl in ("reference", "torch") + (("numba",) if numba_available() else ()):
         adv, ret = decoupled_gae(r, v, m, gamma=0.9, lam_actor=0.5, lam_critic=1.0, impl=impl)
         torch.testing.assert_close(adv, torch.tensor([[0.11425, 0.0, 0.165, 0.3, 0.0]]))
         torch.testing.assert_close(ret, torch.tensor([[0.81, 0.0, 0.9, 1.0, 0.0]]))
 
 
-def test_lambda_zero_is_one_step_td():
+@pytest.mark.parametrize("impl", FUSED_IMPLS)
+def test_lambda_zero_is_one_step_td(impl):
     # lam = 0: A_t = delta_t exactly (the torch path must not take log(0)).
     r = torch.tensor([[1.0, 2.0, 3.0]])
     v = torch.tensor([[0.5, 0.25, 2.0]])
     m = torch.ones(1, 3)
-    adv, _ = decoupled_gae(r, v, m, gamma=1.0, lam_actor=0.0, impl="torch")
+    adv, _ = decoupled_gae(r, v, m, gamma=1.0, lam_actor=0.0, impl=impl)
     torch.testing.assert_close(adv, torch.tensor([[1.0 + 0.25 - 0.5, 2.0 + 2.0 - 0.25, 3.0 - 2.0]]))
 
 
@@ -98,27 +106,48 @@ def _check_against_reference(r, v, m, gamma, lam_actor, lam_critic, impl):
 @pytest.mark.parametrize("B,T", [(5, 1), (6, 7), (9, 64), (8, 65), (4, 300), (3, 129)])
 @pytest.mark.parametrize("lengths_only", [True, False])
 @pytest.mark.parametrize("gamma", [1.0, 0.97])
-def test_torch_path_matches_reference(B, T, lengths_only, gamma):
+@pytest.mark.parametrize("impl", FUSED_IMPLS)
+def test_fused_matches_reference(impl, B, T, lengths_only, gamma):
     r, v, m = _random_case(B, T, seed=B * 1000 + T, lengths_only=lengths_only)
-    _check_against_reference(r, v, m, gamma, 0.95, 1.0, "torch")
-    _check_against_reference(r, v, m, gamma, 0.0, 0.5, "torch")
+    _check_against_reference(r, v, m, gamma, 0.95, 1.0, impl)
+    _check_against_reference(r, v, m, gamma, 0.0, 0.5, impl)
 
 
 @pytest.mark.parametrize("lengths_only", [True, False])
-def test_torch_path_per_sequence_lambda(lengths_only):
+@pytest.mark.parametrize("impl", FUSED_IMPLS)
+def test_fused_per_sequence_lambda(impl, lengths_only):
     B, T = 10, 150
     r, v, m = _random_case(B, T, seed=7, lengths_only=lengths_only)
     lam = torch.linspace(0.0, 1.0, B)                 # includes lam = 0 and lam = 1 rows
-    _check_against_reference(r, v, m, 1.0, lam, 1.0, "torch")
-    _check_against_reference(r, v, m, 0.9, lam, torch.full((B,), 0.99), "torch")
+    _check_against_reference(r, v, m, 1.0, lam, 1.0, impl)
+    _check_against_reference(r, v, m, 0.9, lam, torch.full((B,), 0.99), impl)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_torch_path_low_precision_inputs(dtype):
+@pytest.mark.parametrize("impl", FUSED_IMPLS)
+def test_fused_low_precision_inputs(impl, dtype):
     # bf16 / fp16 inputs are read once and accumulated in fp32: compared with the float64 loop on
     # the same (already rounded) inputs, the error budget is the fp32 one, not bf16's 4e-3.
     r, v, m = _random_case(6, 200, seed=3, dtype=dtype)
-    _check_against_reference(r, v, m, 1.0, 0.95, 1.0, "torch")
+    _check_against_reference(r, v, m, 1.0, 0.95, 1.0, impl)
+
+
+@pytest.mark.parametrize("impl", FUSED_IMPLS)
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.uint8, torch.int64, torch.float32, torch.bfloat16])
+def test_fused_mask_dtypes_strides_and_grad(impl, mask_dtype):
+    # Any 0/1 mask dtype; non-contiguous inputs (column slices, transposes); requires_grad inputs.
+    r, v, m = _random_case(7, 41, seed=17)
+    wide_r = torch.randn(7, 60, dtype=torch.float64)
+    wide_r[:, 5:46] = r
+    r_strided = wide_r.float()[:, 5:46]                          # row stride 60, not contiguous
+    v_t = v.float().t().contiguous().t().requires_grad_(True)   # column-major, needs grad
+    m_any = m.to(mask_dtype)
+    adv, ret = decoupled_gae(r_strided, v_t, m_any, 0.99, 0.9, 1.0, impl=impl)
+    assert not adv.requires_grad and not ret.requires_grad
+    adv_ref, _ = gae_reference(r.double(), v.double(), m, 0.99, 0.9)
+    _, ret_ref = gae_reference(r.double(), v.double(), m, 0.99, 1.0)
+    torch.testing.assert_close(adv.double(), adv_ref, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(ret.double(), ret_ref, atol=ATOL, rtol=RTOL)
 
 
 def test_lambda_one_gamma_one_returns_are_reward_to_go():
@@ -130,34 +159,74 @@ def test_lambda_one_gamma_one_returns_are_reward_to_go():
     torch.testing.assert_close(ret.double(), torch.where(m, reward_to_go, torch.zeros_like(reward_to_go)), atol=ATOL, rtol=RTOL)
 
 
-def test_changing_lam_actor_leaves_returns_unchanged():
+@pytest.mark.parametrize("impl", FUSED_IMPLS)
+def test_changing_lam_actor_leaves_returns_unchanged(impl):
     r, v, m = _random_case(6, 80, seed=5)
-    _, ret_a = decoupled_gae(r.float(), v.float(), m, 1.0, 0.9, 1.0, impl="torch")
-    _, ret_b = decoupled_gae(r.float(), v.float(), m, 1.0, 0.3, 1.0, impl="torch")
+    _, ret_a = decoupled_gae(r.float(), v.float(), m, 1.0, 0.9, 1.0, impl=impl)
+    _, ret_b = decoupled_gae(r.float(), v.float(), m, 1.0, 0.3, 1.0, impl=impl)
     assert torch.equal(ret_a, ret_b)
     # A per-sequence lam_actor takes the batched-GEMM route: same math, other summation order.
-    _, ret_c = decoupled_gae(r.float(), v.float(), m, 1.0, torch.rand(6), 1.0, impl="torch")
+    _, ret_c = decoupled_gae(r.float(), v.float(), m, 1.0, torch.rand(6), 1.0, impl=impl)
     torch.testing.assert_close(ret_c, ret_a, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("lengths_only", [True, False])
-def test_masked_positions_change_nothing(lengths_only):
+@pytest.mark.parametrize("impl", FUSED_IMPLS)
+def test_masked_positions_change_nothing(impl, lengths_only):
     r, v, m = _random_case(6, 90, seed=13, lengths_only=lengths_only)
     r, v = r.float(), v.float()
-    adv, ret = decoupled_gae(r, v, m, 0.99, 0.95, 1.0, impl="torch")
+    adv, ret = decoupled_gae(r, v, m, 0.99, 0.95, 1.0, impl=impl)
     junk_r = torch.where(m, r, torch.full_like(r, float("nan")))
     junk_v = torch.where(m, v, torch.full_like(v, 1e30))
-    adv2, ret2 = decoupled_gae(junk_r, junk_v, m, 0.99, 0.95, 1.0, impl="torch")
+    adv2, ret2 = decoupled_gae(junk_r, junk_v, m, 0.99, 0.95, 1.0, impl=impl)
     assert torch.equal(adv, adv2) and torch.equal(ret, ret2)
     adv3, ret3 = decoupled_gae(junk_r, junk_v, m, 0.99, 0.95, 1.0, impl="reference")
     assert not adv3.isnan().any() and not ret3.isnan().any()
 
 
-def test_auto_on_cpu_is_torch_and_bad_impl_raises():
+def test_auto_on_cpu_picks_numba_else_torch(monkeypatch):
     r, v, m = _random_case(3, 10, seed=1)
-    a1, _ = decoupled_gae(r.float(), v.float(), m, impl="auto")
-    a2, _ = decoupled_gae(r.float(), v.float(), m, impl="torch")
-    assert torch.equal(a1, a2)
+    r, v = r.float(), v.float()
+    calls = []
+    for name in ("_decoupled_gae_torch",):
+        real = getattr(gae_module, name)
+        monkeypatch.setattr(gae_module, name, lambda *a, _real=real, **k: calls.append("torch") or _real(*a, **k))
+    if numba_available():
+        import vcppo.algos.gae_numba as gae_numba
+
+        real_numba = gae_numba.decoupled_gae_numba
+        monkeypatch.setattr(gae_numba, "decoupled_gae_numba",
+                            lambda *a, **k: calls.append("numba") or real_numba(*a, **k))
+        a1, _ = decoupled_gae(r, v, m, impl="auto")
+        assert calls == ["numba"]
+        a_numba, _ = decoupled_gae(r, v, m, impl="numba")
+        assert torch.equal(a1, a_numba)
+        calls.clear()
+    # Without numba, auto falls back to the torch path.
+    monkeypatch.setattr(gae_module, "numba_available", lambda: False)
+    a2, _ = decoupled_gae(r, v, m, impl="auto")
+    assert calls == ["torch"]
+    a3, _ = decoupled_gae(r, v, m, impl="torch")
+    assert torch.equal(a2, a3)
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba not installed")
+def test_numba_keeps_torch_thread_setting():
+    # Run in a fresh interpreter: numba's OpenMP pool start (first call) resets libgomp's thread
+    # count, which torch shares; decoupled_gae_numba must put torch's setting back.
+    script = (
+        "import torch; torch.set_num_threads(1)\n"
+        "from vcppo.algos.gae import decoupled_gae\n"
+        "r = torch.randn(8, 16); m = torch.ones(8, 16, dtype=torch.bool)\n"
+        "decoupled_gae(r, r, m, impl='numba')\n"
+        "print('THREADS', torch.get_num_threads())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "THREADS 1" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_bad_impl_and_shapes_raise():
+    r, v, m = _random_case(3, 10, seed=1)
     with pytest.raises(ValueError):
         decoupled_gae(r, v, m, impl="cuda")
     with pytest.raises(ValueError):

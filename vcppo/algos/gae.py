@@ -37,7 +37,9 @@ import torch
 
 LambdaLike = Union[float, torch.Tensor]
 
-__all__ = ["gae_reference", "decoupled_gae", "length_adaptive_lambda", "triton_available"]
+__all__ = [
+    "gae_reference", "decoupled_gae", "length_adaptive_lambda", "triton_available", "numba_available",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,6 +103,15 @@ def triton_available() -> bool:
     return True
 
 
+def numba_available() -> bool:
+    """True when `numba` imports (the CPU single-pass kernel of `vcppo.algos.gae_numba`)."""
+    try:
+        import numba  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
 def decoupled_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -120,8 +131,11 @@ def decoupled_gae(
         lam_actor:  float or (B,) tensor; per-sequence values come from `length_adaptive_lambda`
                     (VAPO section 3.1).
         lam_critic: float or (B,) tensor; 1.0 = Monte-Carlo value targets (VC-PPO section 4.2).
-        impl:       "auto" (Triton on CUDA when importable, else torch), "torch", "triton",
-                    "reference" (two calls of `gae_reference`; for debugging).
+        impl:       "auto": CUDA tensors -> "triton" if importable, else "torch";
+                    CPU tensors -> "numba" if importable, else "torch".
+                    "torch" (vectorised blocked scan, any device), "triton" (CUDA kernel),
+                    "numba" (CPU single-pass kernel), "reference" (two calls of
+                    `gae_reference`; for debugging).
 
     Returns:
         advantages (B, T) float32: GAE with lam_actor, NOT whitened (whitening is the caller's
@@ -137,8 +151,13 @@ def decoupled_gae(
             f"rewards, values, mask must all be (B, T); got {tuple(rewards.shape)}, "
             f"{tuple(values.shape)}, {tuple(mask.shape)}"
         )
+    # GAE is not differentiated: drop autograd history (the numba path needs plain arrays).
+    rewards, values, mask = rewards.detach(), values.detach(), mask.detach()
     if impl == "auto":
-        impl = "triton" if rewards.is_cuda and triton_available() else "torch"
+        if rewards.is_cuda:
+            impl = "triton" if triton_available() else "torch"
+        else:
+            impl = "numba" if rewards.device.type == "cpu" and numba_available() else "torch"
     if impl == "reference":
         advantages, _ = gae_reference(rewards, values, mask, gamma, lam_actor)
         _, returns = gae_reference(rewards, values, mask, gamma, lam_critic)
@@ -147,9 +166,13 @@ def decoupled_gae(
         from vcppo.algos.gae_triton import decoupled_gae_triton
 
         return decoupled_gae_triton(rewards, values, mask, gamma, lam_actor, lam_critic)
+    if impl == "numba":
+        from vcppo.algos.gae_numba import decoupled_gae_numba
+
+        return decoupled_gae_numba(rewards, values, mask, gamma, lam_actor, lam_critic)
     if impl == "torch":
         return _decoupled_gae_torch(rewards, values, mask, gamma, lam_actor, lam_critic)
-    raise ValueError(f"impl must be one of auto, torch, triton, reference; got {impl!r}")
+    raise ValueError(f"impl must be one of auto, torch, triton, numba, reference; got {impl!r}")
 
 
 # Chunk length C of the torch scan. Within a chunk the discounted reverse sum is one GEMM with a

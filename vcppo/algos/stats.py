@@ -86,13 +86,15 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
     1 = perfect critic, 0 = no better than predicting the mean return, < 0 = worse than that.
     VC-PPO section 4.1 uses it (with the value loss) to decide when value pretraining has
-    converged. Returns NaN when Var(R) == 0 (e.g. all rewards equal): explained variance is
-    undefined there, and NaN shows as a gap in the logs instead of a misleading number.
+    converged. Returns NaN when Var(R) is zero up to fp32 round-off (e.g. all rewards equal, so
+    every Monte-Carlo return is the same number): explained variance is undefined there, and a
+    ratio of two round-off residues (seen: -7e8) would be a misleading number.
     """
     valid = _valid(mask).expand_as(values)
     var_returns = masked_var(returns.float(), valid)
     var_residual = masked_var((returns - values).float(), valid)
-    if var_returns == 0:
+    scale = masked_mean(returns.float().square(), valid)
+    if var_returns <= 1e-10 * (scale + 1e-30):  # relative to the returns' magnitude: fp32 round-off
         return torch.tensor(float("nan"), device=values.device)
     return 1.0 - var_residual / var_returns
 

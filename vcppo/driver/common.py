@@ -205,14 +205,21 @@ class _Normalised:
     """A loss over a mini-batch whose token / sequence normaliser counts every rank's share, so the
     summed gradient equals the gradient of the loss on the whole global mini-batch."""
 
-    def __init__(self, minibatch: dict):
+    def __init__(self, minibatch: dict, agg: str):
         self.global_tokens = global_sum(minibatch["response_mask"].sum())
         self.global_seqs = global_sum(minibatch["response_mask"].shape[0])
+        self.token_mean = agg == "token-mean"
+
+    def share(self, micro: dict) -> float:
+        """global count / this micro-batch's count: turns its share of the loss into its own mean."""
+        if self.token_mean:
+            return self.global_tokens / max(float(micro["response_mask"].sum()), 1.0)
+        return self.global_seqs / max(float(micro["response_mask"].shape[0]), 1.0)
 
 
 class PolicyLoss(_Normalised):
     def __init__(self, minibatch: dict, alg):
-        super().__init__(minibatch)
+        super().__init__(minibatch, alg.loss_agg)
         self.alg = alg
         self.needs_entropy = alg.entropy_coef > 0
         if alg.positive_lm_coef > 0:  # the positive-example NLL is normalised over positive samples
@@ -227,6 +234,8 @@ class PolicyLoss(_Normalised):
                                            micro["response_mask"], eps_low=a.eps_low, eps_high=a.eps_high,
                                            dual_clip_c=a.dual_clip_c, **norm)
         metrics = {f"actor/{k}": v for k, v in metrics.items()}
+        # The loss above is this micro-batch's share of the global mean; report its own mean.
+        metrics["actor/pg_loss"] = loss.detach() * self.share(micro)
         if a.entropy_coef > 0:
             ent = losses.aggregate_loss(outputs["entropy"], micro["response_mask"], **norm)
             loss = loss - a.entropy_coef * ent
@@ -245,7 +254,7 @@ class ValueLoss(_Normalised):
     needs_entropy = False
 
     def __init__(self, minibatch: dict, cfg):
-        super().__init__(minibatch)
+        super().__init__(minibatch, cfg.algorithm.loss_agg)
         self.clip, self.agg = cfg.critic.value_clip, cfg.algorithm.loss_agg
 
     def __call__(self, outputs: dict, micro: dict):
@@ -253,7 +262,9 @@ class ValueLoss(_Normalised):
                                           micro["response_mask"], clip_range=self.clip, agg=self.agg,
                                           global_token_count=self.global_tokens,
                                           global_seq_count=self.global_seqs)
-        return loss, {f"critic/{k}": v for k, v in metrics.items()}
+        metrics = {f"critic/{k}": v for k, v in metrics.items()}
+        metrics["critic/value_loss"] = loss.detach() * self.share(micro)
+        return loss, metrics
 
 
 def _epochs_of_minibatches(ctx: RunContext, batch: dict, optim_cfg, step: int, role: str):

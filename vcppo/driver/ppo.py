@@ -23,7 +23,7 @@ from vcppo.algos.losses import kl_penalty
 from vcppo.algos.stats import grpo_advantages
 from vcppo.config import Config, ConfigError, check_paths, load_config
 from vcppo.driver import checkpoint as ckpt
-from vcppo.driver.common import (RunContext, build_scorer, global_whiten, step_metrics,
+from vcppo.driver.common import (RunContext, global_whiten, step_metrics,
                                  train_actor, train_critic, validate)
 from vcppo.driver.experience import PhaseTimer, collect_experience, rank_slice
 

@@ -121,7 +121,7 @@ def train_rm(args: argparse.Namespace) -> dict:
                           CriticConfig(lr=args.lr, warmup_steps=10, lr_schedule="cosine",
                                        micro_batch_size=args.micro_batch_size, value_clip=None),
                           dist, total_optimizer_steps=steps_per_epoch * args.epochs)
-    log.start_phase("reward model", total=steps_per_epoch * args.epochs)
+    log.start_phase("rm", total=steps_per_epoch * args.epochs)
     step = 0
     for epoch in range(args.epochs):
         order = torch.randperm(B, generator=torch.Generator().manual_seed(args.seed + epoch))

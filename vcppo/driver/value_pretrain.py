@@ -85,7 +85,7 @@ def value_pretrain(ctx: RunContext, state: dict) -> None:
         return
     ev_hist = list(state.get("pretrain_ev", []))
     loss_hist = list(state.get("pretrain_loss", []))
-    ctx.log.start_phase("value pretraining", total=vp.steps, initial=state["pretrain_step"])
+    ctx.log.start_phase("value_pretrain", total=vp.steps, initial=state["pretrain_step"])
     stop_reason = "step budget"
     while state["pretrain_step"] < vp.steps:
         step = state["pretrain_step"] + 1

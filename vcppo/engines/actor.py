@@ -21,7 +21,7 @@ import math
 import os
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
 import torch
@@ -84,6 +84,23 @@ def _strip_prefixes(name: str) -> str:
         while name.startswith(pre):
             name = name[len(pre):]
     return name
+
+
+@contextmanager
+def zero3_init_disabled():
+    """Build an ordinary, whole model while a ZeRO-3 engine is alive.
+
+    While an ``HfDeepSpeedConfig`` with stage 3 exists (and ``accelerate`` is installed),
+    transformers builds every model under ``deepspeed.zero.Init``, i.e. partitioned with empty
+    local tensors. Exports need a plain model on rank 0 to load gathered weights into.
+    """
+    from transformers.integrations import deepspeed as hf_deepspeed
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
 
 
 class DeepSpeedModelEngine:
@@ -340,7 +357,8 @@ class ActorEngine(DeepSpeedModelEngine):
             from transformers import AutoConfig, AutoModelForCausalLM
             os.makedirs(directory, exist_ok=True)
             config = AutoConfig.from_pretrained(self.model_path)
-            model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
+            with zero3_init_disabled():
+                model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
             missing, unexpected = model.load_state_dict(state, strict=False)
             if unexpected or [k for k in missing if k != "lm_head.weight"]:
                 raise RuntimeError(f"export_hf: missing {missing}, unexpected {unexpected}")
