@@ -68,9 +68,10 @@ class RolloutConfig:
     top_p: float = _f(1.0, "Nucleus sampling top-p.", low=0.0, high=1.0, low_open=True)
     max_response_tokens: int = _f(512, "Maximum generated tokens per response (the context budget).", low=1)
     stop: list = _f([], "Extra stop strings (the tokenizer's EOS always stops).")
-    gpu_memory_utilization: float = _f(0.4, "vLLM memory share; on CPU the share of host RAM for its "
-                                       "KV cache, per rank (keep small: 0.05).", low=0.0, high=1.0,
-                                       low_open=True)
+    gpu_memory_utilization: Optional[float] = _f(None, "vLLM memory share; on CPU the share of host RAM "
+                                                 "for its KV cache per rank. null = 0.4 on CUDA "
+                                                 "(colocated with training), 0.05 on CPU.",
+                                                 low=0.0, high=1.0, low_open=True)
     tensor_parallel_size: int = _f(1, "vLLM tensor parallel size (GPU only).", low=1)
     enforce_eager: bool = _f(True, "Disable CUDA graphs in vLLM (faster start-up, slower decode).")
     free_memory_during_training: bool = _f(True, "GPU: put vLLM to sleep while actor/critic train.")

@@ -16,21 +16,7 @@ from vcppo.tracking import read_metrics
 
 pytestmark = [pytest.mark.integration]
 
-ENV = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
-
-
-@pytest.fixture(scope="session")
-def artifacts(tmp_path_factory):
-    """Task data, a tiny random policy and an RM-format value model made from it."""
-    root = tmp_path_factory.mktemp("e2e")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "vcppo.cli", *a], cwd=root, env=ENV,  # noqa: E731
-                                    check=True, capture_output=True)
-    run("data", "make", "--task", "add", "--out", "data", "--n", "200", "--n-eval", "16")
-    run("model", "make", "--size", "tiny", "--out", "tiny")
-    from vcppo.models.value_model import ValueModel
-    ValueModel.from_policy(str(root / "tiny")).save_pretrained(str(root / "rm"), tokenizer_src=str(root / "tiny"))
-    return root
-
+from tests.conftest import ENV
 
 def base_overrides(art: Path, out: Path, **extra) -> list[str]:
     o = {"model.policy_path": art / "tiny", "model.critic_path": art / "rm",
@@ -55,8 +41,8 @@ def phases_in_file_order(run_dir: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["vcppo", "ppo", "vcppo_no_dgae", "grpo", "vapo"])
-def test_preset_runs_end_to_end(preset, artifacts, tmp_path):
-    res = train(preset, base_overrides(artifacts, tmp_path), cwd=tmp_path, timeout=600)
+def test_preset_runs_end_to_end(preset, tiny_artifacts, tmp_path):
+    res = train(preset, base_overrides(tiny_artifacts, tmp_path), cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     run_dir = tmp_path / f"{preset}-seed0"
     assert (run_dir / "final_metrics.json").exists() and (run_dir / "final" / "actor" / "config.json").exists()
@@ -94,12 +80,28 @@ def test_preset_runs_end_to_end(preset, artifacts, tmp_path):
 
 
 @pytest.mark.slow
-def test_pretrained_critic_is_reused_across_runs(artifacts, tmp_path):
-    first = train("vcppo", base_overrides(artifacts, tmp_path, **{"trainer.total_steps": 1}), cwd=tmp_path,
+def test_every_loss_option_runs(tiny_artifacts, tmp_path):
+    """KL penalty (reference engine), dual-clip, entropy bonus, sequence-level aggregation, several
+    PPO epochs and mini-batches, cosine schedule with warm-up, gradient checkpointing."""
+    extra = {"algorithm.kl_coef": 0.05, "algorithm.kl_estimator": "k2", "algorithm.dual_clip_c": 3.0,
+             "algorithm.entropy_coef": 0.01, "algorithm.loss_agg": "seq-mean-token-mean",
+             "actor.ppo_epochs": 2, "actor.ppo_mini_batches": 2, "critic.ppo_mini_batches": 2,
+             "actor.warmup_steps": 1, "actor.lr_schedule": "cosine", "actor.gradient_checkpointing": True,
+             "value_pretrain.enabled": False, "trainer.total_steps": 1}
+    res = train("vcppo", base_overrides(tiny_artifacts, tmp_path, **extra), cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    (rec,) = read_metrics(tmp_path / "vcppo-seed0", "ppo")
+    assert rec["actor/kl_ref"] >= 0.0 and "time/ref_logprobs_s" in rec
+    assert "actor/dual_clip_frac" in rec
+
+
+@pytest.mark.slow
+def test_pretrained_critic_is_reused_across_runs(tiny_artifacts, tmp_path):
+    first = train("vcppo", base_overrides(tiny_artifacts, tmp_path, **{"trainer.total_steps": 1}), cwd=tmp_path,
                   timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     # A different algorithm (shared lambda) and seed, same policy / data / critic config: reuse.
-    second = train("vcppo_no_dgae", base_overrides(artifacts, tmp_path, **{"trainer.total_steps": 1,
+    second = train("vcppo_no_dgae", base_overrides(tiny_artifacts, tmp_path, **{"trainer.total_steps": 1,
                                                                            "trainer.seed": 5}),
                    cwd=tmp_path, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -110,10 +112,10 @@ def test_pretrained_critic_is_reused_across_runs(artifacts, tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_with_identical_metrics(artifacts, tmp_path):
+def test_killed_run_resumes_with_identical_metrics(tiny_artifacts, tmp_path):
     """Kill a run (SIGKILL) after its first checkpoint; rerunning the same command resumes from the
     last complete checkpoint and reproduces the uninterrupted run's metrics step for step."""
-    over = lambda out: base_overrides(artifacts, out, **{"trainer.total_steps": 6, "trainer.save_every": 2,  # noqa: E731
+    over = lambda out: base_overrides(tiny_artifacts, out, **{"trainer.total_steps": 6, "trainer.save_every": 2,  # noqa: E731
                                                          "trainer.val_every": 0, "value_pretrain.steps": 2,
                                                          "rollout.temperature": 1.0})
     full_root, cut_root = tmp_path / "full", tmp_path / "cut"
@@ -160,9 +162,9 @@ def test_killed_run_resumes_with_identical_metrics(artifacts, tmp_path):
     (["data.train_files=/nope/train.parquet"], "data.train_files"),
     (["model.policy_path=/nope/model"], "model.policy_path"),
 ])
-def test_bad_config_fails_before_any_engine_starts(override, needle, artifacts, tmp_path):
+def test_bad_config_fails_before_any_engine_starts(override, needle, tiny_artifacts, tmp_path):
     t0 = time.time()
-    res = train("vcppo", base_overrides(artifacts, tmp_path) + override, cwd=tmp_path, timeout=120)
+    res = train("vcppo", base_overrides(tiny_artifacts, tmp_path) + override, cwd=tmp_path, timeout=120)
     assert res.returncode == 2
     assert needle in res.stderr
     assert "starting vLLM" not in res.stderr and not (tmp_path / "vcppo-seed0").exists()

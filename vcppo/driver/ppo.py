@@ -170,7 +170,7 @@ def ppo_loop(ctx: RunContext, state: dict) -> None:
             update_metrics.update(train_actor(ctx, batch, step))
         ctx.rollout.wake_up()
         with timer("weight_sync"):
-            update_metrics["time/weight_sync_inner_s"] = ctx.sync_weights()
+            ctx.sync_weights()
 
         state["step"] = step
         metrics = step_metrics(ctx, batch, timer)

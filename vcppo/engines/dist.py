@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -76,6 +77,10 @@ def init_distributed(device: str = "auto") -> DistInfo:
     else:
         dev = torch.device("cpu")
     import deepspeed  # noqa: E402  (after DS_ACCELERATOR)
+
+    # DeepSpeed 0.19 calls a torch collective that torch 2.13 deprecates, once per ZeRO-3 step:
+    # a warning per step buries the progress bar and says nothing the user can act on.
+    warnings.filterwarnings("ignore", message=r".*reduce_scatter_tensor.*is deprecated", category=FutureWarning)
 
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,

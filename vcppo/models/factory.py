@@ -33,9 +33,12 @@ SIZES: dict[str, ModelSize] = {
     # ~0.5M: unit / integration tests.
     "tiny": ModelSize(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, intermediate_size=512),
-    # ~9.5M: the CPU demo (SFT + RL on 2 cores).
-    "small": ModelSize(hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
-                       num_key_value_heads=2, intermediate_size=1024),
+    # ~1.9M: the CPU demo. Measured on the 2-core machine (2026-11-30): this size learns the default
+    # addition task from scratch to 100% greedy val accuracy in ~600 SFT steps (6 min, batch 32),
+    # while a 9.6M model (hidden 384, 6 layers) ran 3 s/step and was still at 0% after 100 steps;
+    # on 2 CPU cores the step budget, not capacity, decides.
+    "small": ModelSize(hidden_size=192, num_hidden_layers=4, num_attention_heads=6,
+                       num_key_value_heads=2, intermediate_size=512),
     # ~180M: GPU runs.
     "base": ModelSize(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
                       num_key_value_heads=4, intermediate_size=2816),

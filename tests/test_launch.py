@@ -1,0 +1,73 @@
+"""The launch scripts on the CPU machine: the deepspeed launcher with 2 ranks (gloo) runs a short
+`vcppo` preset end to end; the multi-node script runs from a localhost hostfile and as a dry run."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ENV
+from vcppo.tracking import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_run_args(art: Path, out: Path) -> list[str]:
+    return [f"model.policy_path={art / 'tiny'}", f"data.train_files={art / 'data/train.parquet'}",
+            f"data.val_files={art / 'data/val.parquet'}", f"trainer.output_root={out}", "trainer.total_steps=2",
+            "trainer.prompts_per_step=4", "rollout.n_samples_per_prompt=2", "rollout.max_response_tokens=32",
+            "value_pretrain.steps=2", "trainer.val_max_prompts=4", "trainer.val_n_samples=2", "trainer.val_k=[1,2]",
+            "trainer.save_every=1", "logging.progress_bar=false", "actor.micro_batch_size=2",
+            "critic.micro_batch_size=2"]
+
+
+@pytest.mark.integration
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_single_node_launcher_two_ranks_runs_vcppo(tiny_artifacts, tmp_path):
+    env = dict(ENV, NUM_GPUS="2", MASTER_PORT="29731")
+    res = subprocess.run([str(REPO / "launch/single_node.sh"), "vcppo", *tiny_run_args(tiny_artifacts, tmp_path)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
+    run = tmp_path / "vcppo-seed0"
+    ppo = read_metrics(run, "ppo")
+    assert [r["step"] for r in sorted(ppo, key=lambda r: r["step"])] == [1, 2]
+    assert len(read_metrics(run, "value_pretrain")) == 2
+    # 4 prompts x 2 samples over both ranks are in the metrics (gathered from each rank).
+    assert all(r["perf/response_tokens"] > 0 for r in ppo)
+    ckpt = sorted((run / "checkpoints").iterdir())[-1]
+    assert (ckpt / "rng_rank0.pt").exists() and (ckpt / "rng_rank1.pt").exists()
+    assert "terminate called" not in res.stderr
+
+
+def test_multi_node_dry_run_prints_one_command_per_node(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# two nodes\nnode-a slots=8\nnode-b slots=8\n")
+    env = dict(os.environ, HOSTFILE=str(hostfile), DRY_RUN="1")
+    res = subprocess.run([str(REPO / "launch/multi_node.sh"), "vcppo", "actor.lr=1e-6"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 2
+    assert "--nnodes=2 --node_rank=0" in lines[0] and "--node_rank=1" in lines[1]
+    assert all("--master_addr=node-a" in l and "train vcppo actor.lr=1e-6" in l for l in lines)
+
+
+@pytest.mark.integration
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_multi_node_script_with_localhost_hostfile(tiny_artifacts, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    env = dict(ENV, HOSTFILE=str(hostfile), MASTER_PORT="29733")
+    args = tiny_run_args(tiny_artifacts, tmp_path) + ["value_pretrain.enabled=false", "trainer.total_steps=1"]
+    res = subprocess.run([str(REPO / "launch/multi_node.sh"), "grpo", *args], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
+    assert (tmp_path / "grpo-seed0" / "final_metrics.json").exists()
+
+
+def test_missing_hostfile_is_a_clear_error(tmp_path):
+    env = dict(os.environ, HOSTFILE=str(tmp_path / "nope"))
+    res = subprocess.run([str(REPO / "launch/multi_node.sh"), "vcppo"], env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and "no hostfile" in res.stderr

@@ -1,0 +1,56 @@
+import csv
+
+import pytest
+import yaml
+
+from tests.conftest import vcppo
+from vcppo.config import ConfigError
+from vcppo.sweep import expand
+
+
+def test_grid_and_list_expand_to_named_validated_runs():
+    runs = expand({"output_root": "out", "preset": "vcppo", "overrides": ["trainer.total_steps=3"],
+                   "grid": {"preset": ["vcppo", "grpo"], "trainer.seed": [0, 1]},
+                   "runs": [{"name": "lam1", "algorithm.lambda_actor": 1.0}]})
+    assert [r["name"] for r in runs] == ["vcppo-seed0", "vcppo-seed1", "grpo-seed0", "grpo-seed1", "lam1"]
+    assert "trainer.seed=1" in runs[1]["overrides"] and "trainer.total_steps=3" in runs[1]["overrides"]
+    assert runs[4]["preset"] == "vcppo" and "algorithm.lambda_actor=1.0" in runs[4]["overrides"]
+    assert all(f"trainer.run_name={r['name']}" in r["overrides"] for r in runs)
+
+
+def test_sweep_typos_fail_before_running():
+    with pytest.raises(ConfigError, match="algorithm.lamda_actor"):
+        expand({"grid": {"algorithm.lamda_actor": [0.9]}})
+    with pytest.raises(ConfigError, match="gird"):
+        expand({"gird": {"trainer.seed": [0]}})
+    with pytest.raises(ConfigError, match="collide"):
+        expand({"runs": [{"name": "a"}, {"name": "a"}]})
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_two_by_two_grid_runs_and_collects_four_rows(tiny_artifacts, tmp_path):
+    art = tiny_artifacts
+    sweep = {
+        "name": "grid", "output_root": str(tmp_path / "runs"), "preset": "grpo",
+        "overrides": [f"model.policy_path={art / 'tiny'}", f"data.train_files={art / 'data/train.parquet'}",
+                      f"data.val_files={art / 'data/val.parquet'}", "trainer.total_steps=1",
+                      "trainer.prompts_per_step=2", "rollout.max_response_tokens=32", "trainer.val_max_prompts=2",
+                      "trainer.val_n_samples=2", "trainer.val_k=[1,2]", "logging.wandb=false",
+                      "logging.progress_bar=false"],
+        "grid": {"rollout.n_samples_per_prompt": [2, 4], "trainer.seed": [0, 1]},
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    res = vcppo("sweep", path, cwd=tmp_path, timeout=900, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "runs" / "sweep_results.csv")))
+    assert len(rows) == 4 and all(r["finished"] == "True" for r in rows)
+    assert {r["name"] for r in rows} == {"grpo-samplesperprompt2-seed0", "grpo-samplesperprompt2-seed1",
+                                         "grpo-samplesperprompt4-seed0", "grpo-samplesperprompt4-seed1"}
+    assert all(r["final_pass@1_greedy"] != "" for r in rows)
+    md = (tmp_path / "runs" / "sweep_results.md").read_text().strip().splitlines()
+    assert len(md) == 2 + 4
+    # Re-running skips the finished runs.
+    again = vcppo("sweep", path, cwd=tmp_path, timeout=120, check=False)
+    assert again.returncode == 0 and again.stdout.count("finished, skipped") == 4
