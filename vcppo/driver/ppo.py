@@ -141,10 +141,11 @@ def ppo_loop(ctx: RunContext, state: dict) -> None:
             batch["kl"] = kl_penalty(batch["old_logprobs"], ref_lp, alg.kl_estimator) * mask
             rewards = rewards - alg.kl_coef * batch["kl"]
 
+        if ctx.critic is not None:
+            with timer("values"):
+                batch["old_values"] = ctx.critic.forward_values(batch)
         with timer("advantages"):
             if alg.advantage_estimator == "gae":
-                with timer("values"):
-                    batch["old_values"] = ctx.critic.forward_values(batch)
                 lam_actor = alg.lambda_actor
                 if alg.length_adaptive_lambda:
                     # VAPO: longer responses get lambda closer to 1 (less bias on long sequences).

