@@ -23,5 +23,8 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   done
   exit 0
 fi
+EXTRA=()
+# One host: DeepSpeed launches locally anyway, so its passwordless-ssh check only gets in the way.
+[ "${#HOSTS[@]}" -eq 1 ] && EXTRA+=(--no_ssh_check)
 exec "$DEEPSPEED" --hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
-  --module vcppo.cli train "$@"
+  "${EXTRA[@]}" --module vcppo.cli train "$@"

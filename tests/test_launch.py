@@ -44,6 +44,7 @@ def test_multi_node_dry_run_prints_one_command_per_node(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# two nodes\nnode-a slots=8\nnode-b slots=8\n")
     env = dict(os.environ, HOSTFILE=str(hostfile), DRY_RUN="1")
+    env.pop("MASTER_ADDR", None)  # earlier tests in this process set it; the first host is the default
     res = subprocess.run([str(REPO / "launch/multi_node.sh"), "vcppo", "actor.lr=1e-6"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -59,7 +60,7 @@ def test_multi_node_dry_run_prints_one_command_per_node(tmp_path):
 def test_multi_node_script_with_localhost_hostfile(tiny_artifacts, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
-    env = dict(ENV, HOSTFILE=str(hostfile), MASTER_PORT="29733")
+    env = dict(ENV, HOSTFILE=str(hostfile), MASTER_PORT="29733", MASTER_ADDR="127.0.0.1")
     args = tiny_run_args(tiny_artifacts, tmp_path) + ["value_pretrain.enabled=false", "trainer.total_steps=1"]
     res = subprocess.run([str(REPO / "launch/multi_node.sh"), "grpo", *args], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=900)

@@ -46,11 +46,15 @@ def test_two_by_two_grid_runs_and_collects_four_rows(tiny_artifacts, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "runs" / "sweep_results.csv")))
     assert len(rows) == 4 and all(r["finished"] == "True" for r in rows)
-    assert {r["name"] for r in rows} == {"grpo-samplesperprompt2-seed0", "grpo-samplesperprompt2-seed1",
-                                         "grpo-samplesperprompt4-seed0", "grpo-samplesperprompt4-seed1"}
+    assert {r["name"] for r in rows} == {"grpo-nsamplesperprompt2-seed0", "grpo-nsamplesperprompt2-seed1",
+                                         "grpo-nsamplesperprompt4-seed0", "grpo-nsamplesperprompt4-seed1"}
     assert all(r["final_pass@1_greedy"] != "" for r in rows)
-    md = (tmp_path / "runs" / "sweep_results.md").read_text().strip().splitlines()
-    assert len(md) == 2 + 4
+    per_run, per_group = (tmp_path / "runs" / "sweep_results.md").read_text().strip().split("\n\n")
+    assert len(per_run.splitlines()) == 2 + 4
+    # Seeds grouped: two configurations, each with mean +- std over its 2 seeds.
+    groups = per_group.splitlines()[2:]
+    assert [g.split(" | ")[0].strip("| ") for g in groups] == ["grpo-nsamplesperprompt2", "grpo-nsamplesperprompt4"]
+    assert all(" | 2 | " in g and "±" in g for g in groups)
     # Re-running skips the finished runs.
     again = vcppo("sweep", path, cwd=tmp_path, timeout=120, check=False)
     assert again.returncode == 0 and again.stdout.count("finished, skipped") == 4

@@ -104,8 +104,36 @@ def collect(runs: list[dict], out_root: Path) -> tuple[Path, Path, list[dict]]:
     fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else ("" if v is None else str(v))  # noqa: E731
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(fmt(row.get(k)) for k in keys) + " |" for row in rows]
-    md_path.write_text("\n".join(lines) + "\n")
+    md_path.write_text("\n".join(lines) + "\n" + "\n" + seed_summary(rows) + "\n")
     return md_path, csv_path, rows
+
+
+_SUMMARY_KEYS = ["start_pass@1_greedy", "final_pass@1_greedy", "final_pass@1", "final_pass@4", "length_start",
+                 "length_end", "explained_variance_end", "adv_position_corr_start"]
+
+
+def seed_summary(rows: list[dict]) -> str:
+    """Runs that differ only in ``seed<N>`` grouped: mean +- std over seeds (markdown table)."""
+    import re
+    import statistics
+
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(re.sub(r"-?seed\d+", "", row["name"]) or row["name"], []).append(row)
+    keys = [k for k in _SUMMARY_KEYS if any(isinstance(r.get(k), (int, float)) for r in rows)]
+    lines = ["| run | seeds | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 2)]
+    for name, rs in groups.items():
+        cells = []
+        for k in keys:
+            vals = [r[k] for r in rs if isinstance(r.get(k), (int, float)) and r[k] == r[k]]
+            if not vals:
+                cells.append("")
+            elif len(vals) == 1:
+                cells.append(f"{vals[0]:.3f}")
+            else:
+                cells.append(f"{statistics.mean(vals):.3f} ± {statistics.stdev(vals):.3f}")
+        lines.append(f"| {name} | {sum(r.get('finished', False) for r in rs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:

@@ -21,7 +21,7 @@ import math
 import os
 import shutil
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any, Callable, Iterator
 
 import torch
@@ -86,23 +86,6 @@ def _strip_prefixes(name: str) -> str:
     return name
 
 
-@contextmanager
-def zero3_init_disabled():
-    """Build an ordinary, whole model while a ZeRO-3 engine is alive.
-
-    While an ``HfDeepSpeedConfig`` with stage 3 exists (and ``accelerate`` is installed),
-    transformers builds every model under ``deepspeed.zero.Init``, i.e. partitioned with empty
-    local tensors. Exports need a plain model on rank 0 to load gathered weights into.
-    """
-    from transformers.integrations import deepspeed as hf_deepspeed
-    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
-    hf_deepspeed.unset_hf_deepspeed_config()
-    try:
-        yield
-    finally:
-        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
-
-
 class DeepSpeedModelEngine:
     """A module wrapped by ``deepspeed.initialize`` with AdamW + LambdaLR; shared by actor and critic.
 
@@ -124,7 +107,7 @@ class DeepSpeedModelEngine:
         self.ds_config = self._ds_config(cfg, train)
         self._hf_ds_config = None
         if stage == 3:
-            # Keep this object alive: transformers' from_pretrained then builds the model under
+            # While this object is alive, transformers' from_pretrained builds the model under
             # deepspeed.zero.Init (partitioned at load, never fully materialised per rank).
             # Needs `accelerate`; without it the full model is loaded per rank and partitioned by
             # deepspeed.initialize (fine for small models, memory-hungry for big ones).
@@ -134,6 +117,13 @@ class DeepSpeedModelEngine:
             except Exception:  # noqa: BLE001 - PackageNotFoundError (accelerate) or version check
                 self._hf_ds_config = None
         module = self._build_module()
+        if self._hf_ds_config is not None:
+            # Only construction needs it. Left registered (a process-wide weak reference in
+            # transformers), it makes every later from_pretrained / from_config in the process
+            # build partitioned, empty-tensor models -- exports, evaluation, other tests.
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+            unset_hf_deepspeed_config()
+            self._hf_ds_config = None
         if train and getattr(cfg, "gradient_checkpointing", False):
             self._enable_gradient_checkpointing(module)
         if train:
@@ -357,8 +347,7 @@ class ActorEngine(DeepSpeedModelEngine):
             from transformers import AutoConfig, AutoModelForCausalLM
             os.makedirs(directory, exist_ok=True)
             config = AutoConfig.from_pretrained(self.model_path)
-            with zero3_init_disabled():
-                model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
+            model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
             missing, unexpected = model.load_state_dict(state, strict=False)
             if unexpected or [k for k in missing if k != "lm_head.weight"]:
                 raise RuntimeError(f"export_hf: missing {missing}, unexpected {unexpected}")

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from vcppo.engines.actor import DeepSpeedModelEngine, copy_tokenizer_files, zero3_init_disabled
+from vcppo.engines.actor import DeepSpeedModelEngine, copy_tokenizer_files
 from vcppo.engines.batch import micro_batches
 from vcppo.engines.dist import DistInfo, barrier
 
@@ -54,7 +54,6 @@ class CriticEngine(DeepSpeedModelEngine):
             from transformers import AutoConfig, AutoModel
             from vcppo.models.value_model import save_value_model
             config = AutoConfig.from_pretrained(self.path)
-            with zero3_init_disabled():
-                backbone = AutoModel.from_config(config)  # only a vessel for config + save_pretrained
+            backbone = AutoModel.from_config(config)  # only a vessel for config + save_pretrained
             save_value_model(backbone, directory, state, tokenizer_src=self.path, extra=extra)
         barrier()

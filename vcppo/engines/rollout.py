@@ -45,6 +45,19 @@ def memory_share(cfg, device: torch.device) -> float:
     return 0.4 if device.type == "cuda" else 0.05
 
 
+def _shield_llvmlite_from_vllm_scan() -> None:
+    """vLLM 0.32 scans every module attribute at engine start-up and calls ``vars(x).get(...)`` on
+    anything that has a ``__dict__``. llvmlite's ``ffi.lib`` answers *any* attribute, ``__dict__``
+    included, with a C-function wrapper, so once numba (our CPU GAE kernel) is imported in the
+    process the scan crashes ("'_lib_fn_wrapper' object has no attribute 'get'"). Giving ``lib`` a
+    real (empty) ``__dict__`` entry in its function table makes the scan skip it."""
+    import sys
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    fntab = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(fntab, dict):
+        fntab.setdefault("__dict__", {})
+
+
 def _retie_lm_head(model) -> None:
     """Re-tie a tied LM head after ``reload_weights``.
 
@@ -96,6 +109,7 @@ class RolloutEngine:
                           # request's prefill is chunked; whole-prompt prefill avoids that path.
                           enable_chunked_prefill=False,
                           max_num_batched_tokens=max(4096, int(max_model_len)))
+        _shield_llvmlite_from_vllm_scan()
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self._asleep = False
