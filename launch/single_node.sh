@@ -9,7 +9,12 @@ if [ -z "${NUM_GPUS:-}" ]; then
   NUM_GPUS=$( (nvidia-smi -L 2>/dev/null || true) | wc -l )
   [ "$NUM_GPUS" -gt 0 ] || NUM_GPUS=1
 fi
-if ! (nvidia-smi -L >/dev/null 2>&1); then export DS_ACCELERATOR=cpu; fi
+if ! (nvidia-smi -L >/dev/null 2>&1); then
+  export DS_ACCELERATOR=cpu
+  # Keep freed large blocks instead of re-faulting fresh pages per step (docs/performance.md).
+  export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-4294967296}" \
+         MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-4294967296}" MALLOC_TOP_PAD_="${MALLOC_TOP_PAD_:-536870912}"
+fi
 export VLLM_ENABLE_V1_MULTIPROCESSING=0   # one in-process vLLM engine per rank
 exec "$DEEPSPEED" --num_gpus "$NUM_GPUS" --master_port "${MASTER_PORT:-29500}" \
   --module vcppo.cli train "$@"
