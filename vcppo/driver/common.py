@@ -127,6 +127,19 @@ class RunContext:
         key = f"{self.cfg.trainer.seed}/{phase}/{step}/{self.dist.rank}".encode()
         return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
 
+    def sample_step(self, phase: str, step: int) -> dict:
+        """This step's prompts (this rank's share of the global batch), sampled and scored."""
+        from vcppo.driver.experience import collect_experience, rank_slice
+
+        cfg = self.cfg
+        rows = self.prompts.next_batch(cfg.trainer.prompts_per_step)
+        offset, mine = rank_slice(rows, self.dist.rank, self.dist.world_size)
+        return collect_experience(
+            mine, first_index=offset, rollout=self.rollout, scorer=self.scorer, pad_id=self.pad_id,
+            device=self.dist.device, n=cfg.rollout.n_samples_per_prompt, temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_response_tokens, stop=cfg.rollout.stop or None,
+            seed=self.sample_seed(phase, step))
+
     def sync_weights(self) -> float:
         """Stream the actor's (gathered) weights into vLLM; seconds."""
         return self.rollout.sync_weights(self.actor.named_parameters_gathered())
@@ -286,24 +299,24 @@ def _mean_metrics(records: list[dict]) -> dict:
     return out
 
 
-def train_critic(ctx: RunContext, batch: dict, step: int) -> dict:
-    records = [ctx.critic.train_step(mb, ValueLoss(mb, ctx.cfg), ctx.cfg.critic.micro_batch_size)
-               for mb in _epochs_of_minibatches(ctx, batch, ctx.cfg.critic, step, "critic")]
+def _update(ctx: RunContext, engine, make_loss, optim_cfg, batch: dict, step: int, role: str) -> dict:
+    """PPO epochs x mini-batches of optimizer steps; metrics averaged, engine figures prefixed."""
+    records = [engine.train_step(mb, make_loss(mb), optim_cfg.micro_batch_size)
+               for mb in _epochs_of_minibatches(ctx, batch, optim_cfg, step, role)]
     out = _mean_metrics(records)
     for k in ("grad_norm", "lr"):
         if k in out:
-            out[f"critic/{k}"] = out.pop(k)
+            out[f"{role}/{k}"] = out.pop(k)
     return out
+
+
+def train_critic(ctx: RunContext, batch: dict, step: int) -> dict:
+    return _update(ctx, ctx.critic, lambda mb: ValueLoss(mb, ctx.cfg), ctx.cfg.critic, batch, step, "critic")
 
 
 def train_actor(ctx: RunContext, batch: dict, step: int) -> dict:
-    records = [ctx.actor.train_step(mb, PolicyLoss(mb, ctx.cfg.algorithm), ctx.cfg.actor.micro_batch_size)
-               for mb in _epochs_of_minibatches(ctx, batch, ctx.cfg.actor, step, "actor")]
-    out = _mean_metrics(records)
-    for k in ("grad_norm", "lr"):
-        if k in out:
-            out[f"actor/{k}"] = out.pop(k)
-    return out
+    return _update(ctx, ctx.actor, lambda mb: PolicyLoss(mb, ctx.cfg.algorithm), ctx.cfg.actor, batch, step,
+                   "actor")
 
 
 # -------------------------------------------------------------------------------------------------

@@ -23,9 +23,8 @@ from vcppo.algos.losses import kl_penalty
 from vcppo.algos.stats import grpo_advantages
 from vcppo.config import Config, ConfigError, check_paths, load_config
 from vcppo.driver import checkpoint as ckpt
-from vcppo.driver.common import (RunContext, global_whiten, step_metrics,
-                                 train_actor, train_critic, validate)
-from vcppo.driver.experience import PhaseTimer, collect_experience, rank_slice
+from vcppo.driver.common import RunContext, global_whiten, step_metrics, train_actor, train_critic
+from vcppo.driver.experience import PhaseTimer
 
 
 def parse_args(argv: list[str]) -> tuple[str, list[str]]:
@@ -110,7 +109,7 @@ def save_checkpoint(ctx: RunContext, state: dict) -> None:
 
 
 def ppo_loop(ctx: RunContext, state: dict) -> None:
-    cfg, alg, dist = ctx.cfg, ctx.cfg.algorithm, ctx.dist
+    cfg, alg = ctx.cfg, ctx.cfg.algorithm
     total = cfg.trainer.total_steps
     if state["step"] == 0:
         ctx.log_validation(step=0)
@@ -118,15 +117,8 @@ def ppo_loop(ctx: RunContext, state: dict) -> None:
     while state["step"] < total:
         step = state["step"] + 1
         timer = PhaseTimer()
-        rows = ctx.prompts.next_batch(cfg.trainer.prompts_per_step)
-        offset, mine = rank_slice(rows, dist.rank, dist.world_size)
         with timer("rollout"):
-            batch = collect_experience(
-                mine, first_index=offset, rollout=ctx.rollout, scorer=ctx.scorer, pad_id=ctx.pad_id,
-                device=dist.device, n=cfg.rollout.n_samples_per_prompt,
-                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                max_tokens=cfg.rollout.max_response_tokens, stop=cfg.rollout.stop or None,
-                seed=ctx.sample_seed("ppo", step))
+            batch = ctx.sample_step("ppo", step)
         ctx.rollout.sleep()  # GPU: hand vLLM's memory to training; no-op on CPU
 
         mask = batch["response_mask"]

@@ -25,7 +25,7 @@ import numpy as np
 from vcppo.algos.gae import decoupled_gae
 from vcppo.config import Config
 from vcppo.driver.common import RunContext, fingerprint_path, step_metrics, train_critic
-from vcppo.driver.experience import PhaseTimer, collect_experience, rank_slice
+from vcppo.driver.experience import PhaseTimer
 
 _COMPLETE = "vcppo_pretrain.json"
 
@@ -90,15 +90,8 @@ def value_pretrain(ctx: RunContext, state: dict) -> None:
     while state["pretrain_step"] < vp.steps:
         step = state["pretrain_step"] + 1
         timer = PhaseTimer()
-        rows = ctx.prompts.next_batch(cfg.trainer.prompts_per_step)
-        offset, mine = rank_slice(rows, dist.rank, dist.world_size)
         with timer("rollout"):
-            batch = collect_experience(
-                mine, first_index=offset, rollout=ctx.rollout, scorer=ctx.scorer, pad_id=ctx.pad_id,
-                device=dist.device, n=cfg.rollout.n_samples_per_prompt,
-                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                max_tokens=cfg.rollout.max_response_tokens, stop=cfg.rollout.stop or None,
-                seed=ctx.sample_seed("pretrain", step))
+            batch = ctx.sample_step("pretrain", step)
         mask = batch["response_mask"]
         with timer("values"):
             batch["old_values"] = ctx.critic.forward_values(batch)

@@ -16,11 +16,9 @@ tests/engines/test_distributed.py.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
-import time
 from contextlib import nullcontext
 from typing import Any, Callable, Iterator
 

@@ -6,11 +6,10 @@ critic, e.g. from value pretraining -- same format).
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
-from vcppo.engines.actor import DeepSpeedModelEngine, copy_tokenizer_files
+from vcppo.engines.actor import DeepSpeedModelEngine
 from vcppo.engines.batch import micro_batches
 from vcppo.engines.dist import DistInfo, barrier
 
