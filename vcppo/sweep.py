@@ -113,13 +113,15 @@ _SUMMARY_KEYS = ["start_pass@1_greedy", "final_pass@1_greedy", "final_pass@1", "
 
 
 def seed_summary(rows: list[dict]) -> str:
-    """Runs that differ only in ``seed<N>`` grouped: mean +- std over seeds (markdown table)."""
+    """Finished runs that differ only in ``seed<N>`` grouped: mean +- std over seeds (markdown table).
+    Unfinished runs are left out: their partial metrics are not comparable."""
     import re
     import statistics
 
     groups: dict[str, list[dict]] = {}
     for row in rows:
-        groups.setdefault(re.sub(r"-?seed\d+", "", row["name"]) or row["name"], []).append(row)
+        if row.get("finished"):
+            groups.setdefault(re.sub(r"-?seed\d+", "", row["name"]) or row["name"], []).append(row)
     keys = [k for k in _SUMMARY_KEYS if any(isinstance(r.get(k), (int, float)) for r in rows)]
     lines = ["| run | seeds | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 2)]
     for name, rs in groups.items():
@@ -132,7 +134,7 @@ def seed_summary(rows: list[dict]) -> str:
                 cells.append(f"{vals[0]:.3f}")
             else:
                 cells.append(f"{statistics.mean(vals):.3f} ± {statistics.stdev(vals):.3f}")
-        lines.append(f"| {name} | {sum(r.get('finished', False) for r in rs)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | {len(rs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
