@@ -71,18 +71,19 @@ def make_report(run_dirs: list[Path], out_dir: Path, title: str = "vcppo report"
         fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 3.8), squeeze=False)
         drew = False
         for ax, (key, label) in zip(axes[0], keys):
-            for name, d in data.items():
+            for i, (name, d) in enumerate(data.items()):
                 xs, ys = _series(d[phase], key)
-                if xs:
-                    ax.plot(xs, ys, label=name, marker="." if len(xs) < 30 else None)
+                if xs:  # one colour per run across every panel, whichever runs a panel lacks
+                    ax.plot(xs, ys, label=name, color=f"C{i % 10}", marker="." if len(xs) < 30 else None)
                     drew = True
+            if ax.lines:
+                ax.legend(fontsize=7)
             ax.set_xlabel(f"{phase} step")
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
         if not drew:
             plt.close(fig)
             return
-        axes[0][0].legend(fontsize=7)
         fig.suptitle(title_)
         fig.tight_layout()
         fig.savefig(out_dir / fname, dpi=110)
