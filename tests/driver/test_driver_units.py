@@ -150,3 +150,12 @@ def test_global_whiten_single_rank_matches_masked_whiten():
     ref = masked_whiten(adv, mask) * mask
     assert torch.allclose(ours, ref, atol=1e-5)
     assert (ours[mask == 0] == 0).all()
+
+
+def test_missing_path_names_the_argument(tmp_path):
+    from types import SimpleNamespace
+
+    from vcppo.driver.experience import missing_path
+    args = SimpleNamespace(model=str(tmp_path), train=str(tmp_path / "nope.parquet"), val=None)
+    assert missing_path(args, ("model", "train", "val")) == f"--train path does not exist: {tmp_path / 'nope.parquet'}"
+    assert missing_path(SimpleNamespace(model=str(tmp_path), val=None), ("model", "val")) is None

@@ -40,6 +40,16 @@ class PhaseTimer:
         return out
 
 
+def missing_path(args, names: tuple[str, ...]) -> str | None:
+    """The first ``--name`` argument whose (given) path does not exist, as an error message."""
+    import os
+    for name in names:
+        path = getattr(args, name)
+        if path and not os.path.exists(path):
+            return f"--{name.replace('_', '-')} path does not exist: {path}"
+    return None
+
+
 def verifier_scorer(reward_scorer):
     """Adapt a :class:`vcppo.rewards.verifier.RewardScorer` to ``(texts, truths, finish_reasons)
     -> (scores, correct flags)``; a sample is correct when it earned the configured correct score."""

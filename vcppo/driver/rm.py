@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -66,10 +67,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    for name in ("policy", "train"):
-        if not Path(getattr(args, name)).exists():
-            print(f"vcppo rm: --{name} path does not exist: {getattr(args, name)}")
-            return 2
+    from vcppo.driver.experience import missing_path
+    error = missing_path(args, ("policy", "train"))
+    if error:
+        print(f"vcppo rm: {error}", file=sys.stderr)
+        return 2
     train_rm(args)
     return 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import math
 import time
 from pathlib import Path
@@ -61,11 +62,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    for name in ("model", "train", "val"):
-        path = getattr(args, name)
-        if path and not Path(path).exists():
-            print(f"vcppo sft: --{name} path does not exist: {path}")
-            return 2
+    from vcppo.driver.experience import missing_path
+    error = missing_path(args, ("model", "train", "val"))
+    if error:
+        print(f"vcppo sft: {error}", file=sys.stderr)
+        return 2
     run_sft(args)
     return 0
 
