@@ -81,6 +81,10 @@ class PromptSet:
     def __getitem__(self, i):
         return self.dataset[i]
 
+    def rows(self) -> list[dict]:
+        """Every row as a dict (validation and evaluation walk small sets in order)."""
+        return [self.dataset[i] for i in range(len(self.dataset))]
+
     def stream(self, seed: int = 0, shuffle: bool = True) -> "PromptStream":
         return PromptStream(self.dataset, seed=seed, shuffle=shuffle)
 

@@ -72,7 +72,7 @@ class RunContext:
             val_set = load_prompts(cfg.data.val_files, tokenizer, cfg.data.prompt_field, cfg.data.answer_field,
                                    cfg.data.max_prompt_tokens, chat, shuffle_seed=None,
                                    limit=cfg.trainer.val_max_prompts)
-            val_rows = [val_set[i] for i in range(len(val_set))]
+            val_rows = val_set.rows()
 
         resuming = find_resume_point(run_dir, cfg.trainer.resume) is not None
         log = MetricsLogger(run_dir, to_dict(cfg), enabled=dist.is_main, use_wandb=cfg.logging.wandb,
@@ -280,7 +280,7 @@ class ValueLoss(_Normalised):
         return loss, metrics
 
 
-def _epochs_of_minibatches(ctx: RunContext, batch: dict, optim_cfg, step: int, role: str):
+def _epochs_of_minibatches(ctx: RunContext, batch: dict, optim_cfg, step: int):
     """PPO epochs x shuffled mini-batches of this rank's share of the step's batch."""
     B = batch["input_ids"].shape[0]
     for epoch in range(optim_cfg.ppo_epochs):
@@ -302,7 +302,7 @@ def _mean_metrics(records: list[dict]) -> dict:
 def _update(ctx: RunContext, engine, make_loss, optim_cfg, batch: dict, step: int, role: str) -> dict:
     """PPO epochs x mini-batches of optimizer steps; metrics averaged, engine figures prefixed."""
     records = [engine.train_step(mb, make_loss(mb), optim_cfg.micro_batch_size)
-               for mb in _epochs_of_minibatches(ctx, batch, optim_cfg, step, role)]
+               for mb in _epochs_of_minibatches(ctx, batch, optim_cfg, step)]
     out = _mean_metrics(records)
     for k in ("grad_norm", "lr"):
         if k in out:

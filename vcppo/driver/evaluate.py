@@ -98,7 +98,7 @@ def evaluate_policy(model_dir: str, data: str, *, max_prompts: int, n_samples: i
     dist = D.init_distributed()
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = load_prompts(data, tok, max_prompt_tokens=max_prompt_tokens, shuffle_seed=None, limit=max_prompts)
-    rows = [rows[i] for i in range(len(rows))]
+    rows = rows.rows()
     scorer = verifier_scorer(RewardScorer())
     rollout = RolloutEngine(model_dir, RolloutConfig(max_response_tokens=max_tokens), dist, seed=seed,
                             max_model_len=max_prompt_tokens + max_tokens)

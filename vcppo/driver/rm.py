@@ -96,7 +96,7 @@ def train_rm(args: argparse.Namespace) -> dict:
                         run_name=f"rm-{out.name}")
     tok = AutoTokenizer.from_pretrained(args.policy)
     rows = load_prompts(args.train, tok, max_prompt_tokens=None, shuffle_seed=args.seed, limit=args.prompts)
-    rows = [rows[i] for i in range(len(rows))]
+    rows = rows.rows()
     n_held = max(1, int(len(rows) * args.heldout_frac))
     splits = {"train": rows[n_held:], "heldout": rows[:n_held]}  # held out by prompt, not by sample
 

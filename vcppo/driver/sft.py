@@ -96,7 +96,7 @@ def run_sft(args: argparse.Namespace) -> dict:
     val_rows = []
     if args.val:
         val = load_prompts(args.val, tok, max_prompt_tokens=None, shuffle_seed=None, limit=args.eval_prompts)
-        val_rows = [val[i] for i in range(len(val))]
+        val_rows = val.rows()
     stream = train.stream(seed=args.seed)
     log = MetricsLogger(out, vars(args), enabled=dist.is_main, use_wandb=not args.no_wandb,
                         run_name=f"sft-{out.name}")
