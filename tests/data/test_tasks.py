@@ -90,3 +90,28 @@ def test_unknown_task_and_split():
         tasks.generate("sort", "train", 1)
     with pytest.raises(ValueError, match="split"):
         tasks.generate("add", "dev", 1)
+
+
+def test_first_wrong_line_marks_where_the_outcome_is_decided():
+    r = tasks.generate("add", "train", 1, seed=3)[0]
+    sol, prompt = r["solution"], r["prompt"]
+    assert tasks.first_wrong_line(prompt, sol) is None
+    # a wrong boxed answer with a right trace: no line is wrong (the error comes after the trace)
+    assert tasks.first_wrong_line(prompt, sol.replace(r["answer"], str(int(r["answer"]) + 1))) is None
+    lines = sol.split("\n")            # ["<think>", line 1, ..., line W, "</think>", "\\boxed{..}"]
+    bad3 = re.sub(r"d(\d)", lambda m: f"d{(int(m.group(1)) + 1) % 10}", lines[3], count=1)
+    wrong = "\n".join(lines[:3] + [bad3] + lines[4:])
+    end_of_line3 = len("\n".join(lines[:4])) + 1     # just past line 3's newline
+    assert tasks.first_wrong_line(prompt, wrong) == end_of_line3
+    # a partial response: the wrong line counts only once its newline is written
+    assert tasks.first_wrong_line(prompt, wrong[:end_of_line3 - 1]) is None
+    assert tasks.first_wrong_line(prompt, wrong[:end_of_line3]) == end_of_line3
+    # dropping a middle line makes the next one wrong (its digits are the wrong column's) ...
+    dropped = "\n".join(lines[:3] + lines[4:])
+    assert tasks.first_wrong_line(prompt, dropped) == end_of_line3 + len(lines[4]) - len(lines[3])
+    # ... and a trace closed with its last line missing is wrong at the end of </think>
+    short = "\n".join(lines[:-3] + lines[-2:])
+    assert tasks.first_wrong_line(prompt, short) == short.index("</think>") + len("</think>")
+    assert tasks.check_add_trace(prompt, short) and tasks.check_add_trace(prompt, wrong)
+    with pytest.raises(ValueError, match="add format"):
+        tasks.first_wrong_line("hello", sol)

@@ -193,6 +193,45 @@ def _critic(info, init, path, **kw):
     return CriticEngine(init, path, cfg, info, total_optimizer_steps=10)
 
 
+def test_critic_learns_a_visible_outcome_and_never_peeks_ahead(info, tiny_model_dir):
+    """The critic can learn per-prefix values when there is something to learn: the return is +1
+    iff the first response token is 10, so every state after that token can predict it (explained
+    variance -> 1) while the state before it cannot (V(s_0) reads the column before token 0;
+    a critic that saw token 0 there would explain it too)."""
+    from vcppo.algos.stats import explained_variance
+    from vcppo.config import CriticConfig
+    from vcppo.engines.batch import make_batch
+    from vcppo.engines.critic import CriticEngine
+
+    g = torch.Generator().manual_seed(0)
+
+    def batch(n):
+        first = torch.randint(0, 2, (n,), generator=g) + 10
+        rest = torch.randint(20, 40, (n, 5), generator=g)
+        prompts = torch.randint(20, 40, (n, 3), generator=g)
+        b = make_batch(prompts.tolist(), torch.cat([first[:, None], rest], 1).tolist(), pad_id=0)
+        b["returns"] = torch.where(first == 10, 1.0, -1.0)[:, None].expand(n, 6).clone()
+        return b
+
+    train, heldout = batch(64), batch(64)
+    critic = CriticEngine("policy", tiny_model_dir, CriticConfig(lr=3e-3, micro_batch_size=64, grad_clip=1.0),
+                          info, total_optimizer_steps=60)
+
+    def vloss(out, micro):
+        return 0.5 * (((out["values"] - micro["returns"]) ** 2) * micro["response_mask"]).mean(), {}
+
+    for _ in range(60):
+        critic.train_step(train, vloss, micro_batch_size=64)
+    v = critic.forward_values(heldout)
+    mask = heldout["response_mask"]
+    after, before = mask.clone(), mask.clone()
+    after[:, 0], before[:, 1:] = 0, 0
+    ev_after = explained_variance(v, heldout["returns"], after).item()
+    ev_before = explained_variance(v, heldout["returns"], before).item()
+    assert ev_after > 0.8, ev_after
+    assert ev_before < 0.2, ev_before
+
+
 def test_critic_train_export_and_reward_model_init(info, tiny_model_dir, tmp_path):
     from vcppo.engines.batch import make_batch
     from vcppo.models.value_model import ValueModel

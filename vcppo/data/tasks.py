@@ -98,6 +98,42 @@ def answer_from_trace(solution: str) -> str | None:
     return str(value)
 
 
+def _parse_add_prompt(prompt: str) -> list[int] | None:
+    m = re.fullmatch(r"(\d+(?:\+\d+)+)=\?", prompt)
+    return [int(x) for x in m.group(1).split("+")] if m else None
+
+
+def _line_errors(operands: Sequence[int], lines: Sequence[str]) -> Iterable[tuple[int, list[str]]]:
+    """(line index, that line's errors) for each trace line in order; stops after a malformed line.
+
+    A line is right when its digits are the column's digits, its carry-in is the previous line's
+    carry-out (0 on the first line), and its sum, digit and carry-out follow from them.
+    """
+    width = max(len(str(x)) for x in operands)
+    rev = [str(x).zfill(width)[::-1] for x in operands]
+    carry = 0
+    for col, line in enumerate(lines):
+        lm = _LINE_RE.match(line)
+        if lm is None:
+            yield col, [f"line {col + 1} malformed: {line!r}"]
+            return
+        errors = []
+        column = [int(d) for d in lm.group(1).split("+")]
+        c_in, s, d, c_out = (int(lm.group(i)) for i in (2, 3, 4, 5))
+        if col >= width:
+            errors.append(f"line {col + 1}: only {width} columns")
+        elif column != [int(r[col]) for r in rev]:
+            errors.append(f"line {col + 1}: digits {column} are not column {col + 1} of {list(operands)}")
+        if c_in != carry:
+            errors.append(f"line {col + 1}: carry-in {c_in} != previous carry-out {carry}")
+        if s != sum(column) + c_in:
+            errors.append(f"line {col + 1}: {sum(column)}+{c_in} != {s}")
+        if d != s % 10 or c_out != s // 10:
+            errors.append(f"line {col + 1}: digit/carry d{d} c{c_out} wrong for sum {s}")
+        carry = c_out
+        yield col, errors
+
+
 def check_add_trace(prompt: str, solution: str) -> list[str]:
     """Verify a solution step by step against its prompt; returns a list of errors (empty: ok).
 
@@ -106,35 +142,18 @@ def check_add_trace(prompt: str, solution: str) -> list[str]:
     number of lines equals the number of columns, and the boxed answer equals the trace's answer
     and the true sum.
     """
-    errors: list[str] = []
-    m = re.fullmatch(r"(\d+(?:\+\d+)+)=\?", prompt)
-    if not m:
+    operands = _parse_add_prompt(prompt)
+    if operands is None:
         return [f"prompt not in the add format: {prompt!r}"]
-    operands = [int(x) for x in m.group(1).split("+")]
     width = max(len(str(x)) for x in operands)
-    rev = [str(x).zfill(width)[::-1] for x in operands]
     lines = _think_lines(solution)
     if lines is None:
         return ["no <think>...</think> block"]
+    errors: list[str] = []
     if len(lines) != width:
         errors.append(f"{len(lines)} lines for {width} columns")
-    carry = 0
-    for col, line in enumerate(lines):
-        lm = _LINE_RE.match(line)
-        if lm is None:
-            errors.append(f"line {col + 1} malformed: {line!r}")
-            break
-        column = [int(d) for d in lm.group(1).split("+")]
-        c_in, s, d, c_out = (int(lm.group(i)) for i in (2, 3, 4, 5))
-        if col < width and column != [int(r[col]) for r in rev]:
-            errors.append(f"line {col + 1}: digits {column} are not column {col + 1} of {operands}")
-        if c_in != carry:
-            errors.append(f"line {col + 1}: carry-in {c_in} != previous carry-out {carry}")
-        if s != sum(column) + c_in:
-            errors.append(f"line {col + 1}: {sum(column)}+{c_in} != {s}")
-        if d != s % 10 or c_out != s // 10:
-            errors.append(f"line {col + 1}: digit/carry d{d} c{c_out} wrong for sum {s}")
-        carry = c_out
+    for _, line_errors in _line_errors(operands, lines):
+        errors.extend(line_errors)
     boxed = _BOXED_RE.findall(solution.rsplit(THINK_CLOSE, 1)[-1])
     truth = str(sum(operands))
     if not boxed:
@@ -145,6 +164,39 @@ def check_add_trace(prompt: str, solution: str) -> list[str]:
     if implied != truth:
         errors.append(f"trace implies {implied}, true sum is {truth}")
     return errors
+
+
+def first_wrong_line(prompt: str, response: str) -> int | None:
+    """Character offset just past the first wrong trace line of a (possibly partial) response.
+
+    From that point on the response is certain to be graded wrong, so this marks where a critic
+    that checks the arithmetic could know the outcome (scripts/critic_headroom.py). A line counts
+    once its newline is written; a ``</think>`` with too few lines is wrong at its last character.
+    None when every written line is right (the error, if any, is in the boxed answer).
+    """
+    operands = _parse_add_prompt(prompt)
+    if operands is None:
+        raise ValueError(f"prompt not in the add format: {prompt!r}")
+    start = response.find(THINK_OPEN)
+    if start < 0:
+        return None
+    pos = start + len(THINK_OPEN)
+    body = response[pos:]
+    close = body.find(THINK_CLOSE)
+    complete = body[:close] if close >= 0 else body[:body.rfind("\n") + 1]
+    offsets, lines, at = [], [], pos
+    for raw in complete.split("\n")[:-1] if close < 0 else complete.split("\n"):
+        at += len(raw) + 1
+        if raw.strip():
+            lines.append(raw)
+            offsets.append(at)
+    for col, errors in _line_errors(operands, lines):
+        if errors:
+            return offsets[col]
+    width = max(len(str(x)) for x in operands)
+    if close >= 0 and len(lines) != width:
+        return pos + close + len(THINK_CLOSE)
+    return None
 
 
 def _think_lines(solution: str) -> list[str] | None:

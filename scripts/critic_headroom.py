@@ -1,0 +1,105 @@
+"""How much explained variance can a critic reach on the `add` task? (docs/results.md, "Why the critic learns nothing")
+
+Samples responses from a policy at T=1, grades them, and finds for each the token at which its
+first wrong trace line is complete (``vcppo.data.tasks.first_wrong_line``): from there on the
+outcome is certain (-1). It then reports, over all response tokens (the pooled EV the trainer logs):
+
+* ``ev_error_aware_oracle``: a critic that knows the arithmetic -- -1 once an error is visible,
+  else the mean return of error-free prefixes. An upper-bound-style reference for what a critic
+  that checks the trace could explain (it ignores per-prompt difficulty).
+* ``ev[critic]`` for each ValueModel directory given (an RM, a pretrained critic), on the same
+  tokens, plus its mean value on error-visible vs error-free states (a critic that had learned
+  anything would score the former lower).
+
+    python scripts/critic_headroom.py --policy artifacts/sft --data artifacts/data/train.parquet \
+        --prompts 96 artifacts/rm runs/critic_cache/<hash>
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--policy", required=True, help="HF policy directory to sample from")
+    p.add_argument("--data", required=True, help="prompt rows (prompt / answer) of the add task")
+    p.add_argument("--prompts", type=int, default=96)
+    p.add_argument("--samples-per-prompt", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("critics", nargs="*", help="ValueModel directories to score on the same responses")
+    args = p.parse_args()
+
+    from transformers import AutoModelForCausalLM
+
+    from vcppo.algos.stats import explained_variance
+    from vcppo.data.dataset import load_prompts
+    from vcppo.data.tasks import first_wrong_line
+    from vcppo.models.tokenizer import load_tokenizer
+    from vcppo.models.value_model import ValueModel
+    from vcppo.rewards.verifier import score
+
+    torch.manual_seed(args.seed)
+    tok = load_tokenizer(args.policy)
+    policy = AutoModelForCausalLM.from_pretrained(args.policy).eval()
+    samples = []  # (prompt_ids, response_ids, reward, first error-visible response index or None)
+    for row in load_prompts(args.data, tok, shuffle_seed=None, limit=args.prompts).rows():
+        ids = list(row["prompt_ids"])
+        x = torch.tensor([ids] * args.samples_per_prompt)
+        with torch.no_grad():
+            out = policy.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=1.0,
+                                  top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens,
+                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        for seq in out:
+            resp = seq[len(ids):].tolist()
+            if tok.eos_token_id in resp:
+                resp = resp[:resp.index(tok.eos_token_id) + 1]
+            pieces = [tok.decode([t]) for t in resp]
+            text = "".join(pieces)
+            offset = first_wrong_line(row["prompt"], text)
+            visible_from = None
+            if offset is not None:  # the state after the token that completes the wrong line
+                chars = 0
+                for i, piece in enumerate(pieces):
+                    chars += len(piece)
+                    if chars >= offset:
+                        visible_from = i + 1
+                        break
+            samples.append((ids, resp, score(text, row["answer"]), visible_from))
+
+    B, R = len(samples), max(len(s[1]) for s in samples)
+    returns, mask = torch.zeros(B, R), torch.zeros(B, R)
+    error_visible = torch.zeros(B, R, dtype=torch.bool)
+    for b, (_, resp, reward, visible_from) in enumerate(samples):
+        returns[b, :len(resp)], mask[b, :len(resp)] = reward, 1.0
+        if visible_from is not None:
+            error_visible[b, visible_from:len(resp)] = True
+    clean = (mask > 0) & ~error_visible
+    oracle = torch.where(error_visible, -1.0, returns[clean].mean().item()) * mask
+    wrong = [s for s in samples if s[2] < 0]
+    result = {
+        "samples": B,
+        "accuracy": round(sum(s[2] > 0 for s in samples) / B, 3),
+        "wrong_with_trace_error": round(sum(s[3] is not None for s in wrong) / max(1, len(wrong)), 3),
+        "error_visible_token_share": round(error_visible.float().sum().item() / mask.sum().item(), 3),
+        "ev_error_aware_oracle": round(explained_variance(oracle, returns, mask).item(), 4),
+    }
+    for path in args.critics:
+        critic = ValueModel.from_pretrained(path).eval()
+        values = torch.zeros(B, R)
+        for b, (ids, resp, _, _) in enumerate(samples):
+            x = torch.tensor([ids + resp])
+            with torch.no_grad():
+                v = critic(x, torch.ones_like(x), torch.arange(x.shape[1])[None])[0]
+            values[b, :len(resp)] = v[len(ids) - 1:len(ids) + len(resp) - 1]  # V(state before token t)
+        result[f"ev[{path}]"] = round(explained_variance(values, returns, mask).item(), 4)
+        result[f"value_error_visible[{path}]"] = round(values[error_visible].mean().item(), 3)
+        result[f"value_error_free[{path}]"] = round(values[clean].mean().item(), 3)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
