@@ -35,9 +35,10 @@ def test_too_small_prompt_space_raises():
         tasks.generate("add", "val", 100, difficulty=1)  # only ~100 prompts in all, 5% in val
 
 
+@pytest.mark.parametrize("task", tasks.TASKS)
 @pytest.mark.parametrize("difficulty,operands", [(None, None), (3, 2), (12, 2), (5, 3)])
-def test_every_trace_is_correct_step_by_step(difficulty, operands):
-    rows = tasks.generate("add", "train", 200, difficulty=difficulty, seed=11, operands=operands)
+def test_every_trace_is_correct_step_by_step(task, difficulty, operands):
+    rows = tasks.generate(task, "train", 200, difficulty=difficulty, seed=11, operands=operands)
     for r in rows:
         assert tasks.check_add_trace(r["prompt"], r["solution"]) == [], r
         ops = [int(x) for x in r["prompt"][:-2].split("+")]
@@ -115,3 +116,16 @@ def test_first_wrong_line_marks_where_the_outcome_is_decided():
     assert tasks.check_add_trace(prompt, short) and tasks.check_add_trace(prompt, wrong)
     with pytest.raises(ValueError, match="add format"):
         tasks.first_wrong_line("hello", sol)
+
+
+def test_add_running_checks_the_running_answer():
+    r = tasks.generate("add_running", "train", 1, seed=4)[0]
+    lines = r["solution"].split("\n")
+    assert all(" r" in line for line in lines[1:-2])
+    assert lines[-1] == "\\boxed{" + r["answer"] + "}" and r["answer"].endswith(lines[-3].rsplit(" r", 1)[1])
+    wrong_r = "\n".join(lines[:2] + [lines[2][:-1] + str((int(lines[2][-1]) + 1) % 10)] + lines[3:])
+    assert any("running answer" in e for e in tasks.check_add_trace(r["prompt"], wrong_r))
+    assert tasks.first_wrong_line(r["prompt"], wrong_r) == len("\n".join(lines[:3])) + 1
+    missing_r = "\n".join(lines[:2] + [lines[2].rsplit(" r", 1)[0]] + lines[3:])
+    assert any("no running answer" in e for e in tasks.check_add_trace(r["prompt"], missing_r))
+    assert " r" not in tasks.generate("add", "train", 1, seed=4)[0]["solution"]  # plain add: no r

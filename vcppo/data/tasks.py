@@ -20,6 +20,11 @@ pushed toward shorter responses by a biased critic therefore loses accuracy, whi
 paper's PPO collapse looks like. Lines are very regular so a ~10M-parameter character-level model
 can learn them with a short SFT on CPU.
 
+Task ``add_running``: the same trace, each line also carrying the answer digits so far
+(``8+9+0=17 d7 c1 r78``), so the boxed answer is a short copy of the last line. In ``add`` most
+wrong answers of the demo's SFT policy come from reading the d digits back bottom-up *after* the
+trace (docs/results.md); ``add_running`` moves those mistakes into the trace.
+
 Splits are disjoint by construction: a prompt's split is decided by a hash of its text
 (``split_of``), and each split's generator only keeps prompts whose hash falls in that split.
 Generation is deterministic in (task, difficulty, operands, split, seed).
@@ -37,10 +42,11 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SPLITS = ("train", "val", "test")
 # Hash buckets (out of 100) per split: train 90%, val 5%, test 5% of the prompt space.
 _SPLIT_BUCKETS = {"val": range(0, 5), "test": range(5, 10), "train": range(10, 100)}
-DEFAULT_DIFFICULTY = {"add": 7}
-DEFAULT_OPERANDS = {"add": 2}
+DEFAULT_DIFFICULTY = {"add": 7, "add_running": 7}
+DEFAULT_OPERANDS = {"add": 2, "add_running": 2}
 
-_LINE_RE = re.compile(r"^(\d(?:\+\d)+)\+(\d+)=(\d+) d(\d) c(\d+)$")
+# a+b+carry_in=sum d<digit> c<carry_out>, and in add_running a trailing r<answer digits so far>
+_LINE_RE = re.compile(r"^(\d(?:\+\d)+)\+(\d+)=(\d+) d(\d) c(\d+)(?: r(\d+))?$")
 _BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
@@ -61,22 +67,30 @@ def add_prompt(operands: Sequence[int]) -> str:
     return "+".join(str(x) for x in operands) + "=?"
 
 
-def add_trace_lines(operands: Sequence[int]) -> list[str]:
-    """One line per column, least significant first: ``a+b+carry_in=sum d<digit> c<carry_out>``."""
+def add_trace_lines(operands: Sequence[int], running: bool = False) -> list[str]:
+    """One line per column, least significant first: ``a+b+carry_in=sum d<digit> c<carry_out>``.
+
+    ``running`` (task ``add_running``) appends `` r<digits>``: the answer digits so far, this
+    line's digit prepended to the previous line's r. The boxed answer is then a copy of the last
+    r (plus the final carry) instead of the 8 d digits read back bottom-up across the lines, so
+    mistakes happen inside the trace, where a critic can see them, rather than in the answer.
+    """
     width = max(len(str(x)) for x in operands)
     digits = [str(x).zfill(width)[::-1] for x in operands]  # least significant first
-    lines, carry = [], 0
+    lines, carry, so_far = [], 0, ""
     for col in range(width):
         column = [int(d[col]) for d in digits]
         s = sum(column) + carry
-        lines.append("+".join(map(str, column)) + f"+{carry}={s} d{s % 10} c{s // 10}")
+        so_far = f"{s % 10}{so_far}"
+        lines.append("+".join(map(str, column)) + f"+{carry}={s} d{s % 10} c{s // 10}"
+                     + (f" r{so_far}" if running else ""))
         carry = s // 10
     return lines
 
 
-def add_solution(operands: Sequence[int]) -> str:
+def add_solution(operands: Sequence[int], running: bool = False) -> str:
     """The full target response: ``<think>\\n<lines>\\n</think>\\n\\boxed{<sum>}``."""
-    lines = add_trace_lines(operands)
+    lines = add_trace_lines(operands, running)
     return f"{THINK_OPEN}\n" + "\n".join(lines) + f"\n{THINK_CLOSE}\n\\boxed{{{sum(operands)}}}"
 
 
@@ -111,7 +125,8 @@ def _line_errors(operands: Sequence[int], lines: Sequence[str]) -> Iterable[tupl
     """
     width = max(len(str(x)) for x in operands)
     rev = [str(x).zfill(width)[::-1] for x in operands]
-    carry = 0
+    carry, so_far = 0, ""
+    running = any((m := _LINE_RE.match(line)) and m.group(6) is not None for line in lines)
     for col, line in enumerate(lines):
         lm = _LINE_RE.match(line)
         if lm is None:
@@ -130,7 +145,11 @@ def _line_errors(operands: Sequence[int], lines: Sequence[str]) -> Iterable[tupl
             errors.append(f"line {col + 1}: {sum(column)}+{c_in} != {s}")
         if d != s % 10 or c_out != s // 10:
             errors.append(f"line {col + 1}: digit/carry d{d} c{c_out} wrong for sum {s}")
-        carry = c_out
+        if running and lm.group(6) is None:
+            errors.append(f"line {col + 1}: no running answer r...")
+        elif running and lm.group(6) != f"{d}{so_far}":
+            errors.append(f"line {col + 1}: running answer r{lm.group(6)} != d{d} + previous r{so_far}")
+        carry, so_far = c_out, lm.group(6) or ""
         yield col, errors
 
 
@@ -222,7 +241,7 @@ class TaskSpec:
         return [rng.randint(lo, hi) for _ in range(self.operands)]
 
 
-TASKS = ("add",)
+TASKS = ("add", "add_running")
 
 
 def make_spec(task: str = "add", difficulty: int | None = None, operands: int | None = None) -> TaskSpec:
@@ -272,7 +291,7 @@ def generate(
         rows.append({
             "prompt": prompt,
             "answer": str(sum(ops)),
-            "solution": add_solution(ops),
+            "solution": add_solution(ops, running=spec.name == "add_running"),
             "task": spec.name,
             "difficulty": spec.difficulty,
         })
