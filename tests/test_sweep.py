@@ -1,4 +1,5 @@
 import csv
+from pathlib import Path
 
 import pytest
 import yaml
@@ -25,6 +26,19 @@ def test_sweep_typos_fail_before_running():
         expand({"gird": {"trainer.seed": [0]}})
     with pytest.raises(ConfigError, match="collide"):
         expand({"runs": [{"name": "a"}, {"name": "a"}]})
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("configs/sweeps/*.yaml")),
+                         ids=lambda p: p.name)
+def test_shipped_sweeps_expand_with_three_seeds_per_setting(path):
+    """Every sweep the docs cite validates against the schema and runs each setting on >= 3 seeds."""
+    runs = expand(yaml.safe_load(path.read_text()))
+    settings = {}
+    for r in runs:
+        seed = next((o for o in r["overrides"] if o.startswith("trainer.seed=")), None)
+        rest = tuple(sorted(o for o in r["overrides"] if o != seed and not o.startswith("trainer.run_name=")))
+        settings.setdefault((r["preset"], rest), set()).add(seed)
+    assert all(len(seeds) >= 3 for seeds in settings.values()), settings
 
 
 @pytest.mark.integration
