@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The paper's ablation at small scale: ppo / vcppo_no_dgae / vcppo / grpo / vapo x 3 seeds, plus a
-# lambda_actor sweep for vcppo, from the demo's SFT model. Run it where `make demo` ran (the presets
+# lambda_actor sweep for vcppo, and ppo vs vcppo with a slow critic (the paper's regime), from
+# the demo's SFT model. Run it where `make demo` ran (the presets
 # point at artifacts/ relative to the working directory); results go to runs/ there.
 #   launch/ablation.sh [--dry-run]
 set -euo pipefail
@@ -8,3 +9,4 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VCPPO="${VCPPO:-$( [ -x "$REPO/.venv/bin/vcppo" ] && echo "$REPO/.venv/bin/vcppo" || echo vcppo )}"
 "$VCPPO" sweep "$REPO/configs/sweeps/ablation.yaml" --keep-going "$@"
 "$VCPPO" sweep "$REPO/configs/sweeps/lambda_actor.yaml" --keep-going "$@"
+"$VCPPO" sweep "$REPO/configs/sweeps/slow_critic.yaml" --keep-going "$@"
