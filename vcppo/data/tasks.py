@@ -72,7 +72,7 @@ def add_trace_lines(operands: Sequence[int], running: bool = False) -> list[str]
 
     ``running`` (task ``add_running``) appends `` r<digits>``: the answer digits so far, this
     line's digit prepended to the previous line's r. The boxed answer is then a copy of the last
-    r (plus the final carry) instead of the 8 d digits read back bottom-up across the lines, so
+    r (plus the final carry) instead of the d digits read back bottom-up across the lines, so
     mistakes happen inside the trace, where a critic can see them, rather than in the answer.
     """
     width = max(len(str(x)) for x in operands)
@@ -121,7 +121,9 @@ def _line_errors(operands: Sequence[int], lines: Sequence[str]) -> Iterable[tupl
     """(line index, that line's errors) for each trace line in order; stops after a malformed line.
 
     A line is right when its digits are the column's digits, its carry-in is the previous line's
-    carry-out (0 on the first line), and its sum, digit and carry-out follow from them.
+    carry-out (0 on the first line), and its sum, digit and carry-out follow from them; when the
+    trace carries running answers (add_running), every line's r must be its d prepended to the
+    previous line's r.
     """
     width = max(len(str(x)) for x in operands)
     rev = [str(x).zfill(width)[::-1] for x in operands]
