@@ -128,9 +128,9 @@ def _line_errors(operands: Sequence[int], lines: Sequence[str]) -> Iterable[tupl
     width = max(len(str(x)) for x in operands)
     rev = [str(x).zfill(width)[::-1] for x in operands]
     carry, so_far = 0, ""
-    running = any((m := _LINE_RE.match(line)) and m.group(6) is not None for line in lines)
-    for col, line in enumerate(lines):
-        lm = _LINE_RE.match(line)
+    matches = [_LINE_RE.match(line) for line in lines]
+    running = any(m is not None and m.group(6) is not None for m in matches)
+    for col, (line, lm) in enumerate(zip(lines, matches)):
         if lm is None:
             yield col, [f"line {col + 1} malformed: {line!r}"]
             return
@@ -204,9 +204,10 @@ def first_wrong_line(prompt: str, response: str) -> int | None:
     pos = start + len(THINK_OPEN)
     body = response[pos:]
     close = body.find(THINK_CLOSE)
+    # Without </think> yet, only lines ended by a newline are complete (the empty pieces skip).
     complete = body[:close] if close >= 0 else body[:body.rfind("\n") + 1]
     offsets, lines, at = [], [], pos
-    for raw in complete.split("\n")[:-1] if close < 0 else complete.split("\n"):
+    for raw in complete.split("\n"):
         at += len(raw) + 1
         if raw.strip():
             lines.append(raw)
