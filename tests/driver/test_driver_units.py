@@ -9,9 +9,12 @@ import torch
 
 from vcppo.config import load_config
 from vcppo.driver import checkpoint as ckpt
-from vcppo.driver.experience import PhaseTimer, collect_experience, rank_slice, verifier_scorer
-from vcppo.driver.value_pretrain import cache_key, settled
+from vcppo.driver.critic_cache import cache_key
+from vcppo.driver.metrics import PhaseTimer
+from vcppo.driver.sampling import collect_experience, rank_slice
+from vcppo.driver.value_pretrain import settled
 from vcppo.rewards.verifier import RewardScorer
+from vcppo.schema import RolloutConfig
 from vcppo.tracking import MetricsLogger, read_metrics
 
 
@@ -36,11 +39,11 @@ def test_checkpoint_restores_rng(tmp_path):
     torch.manual_seed(123)
     stage = ckpt.staging_dir(tmp_path, 1)
     ckpt.write_rank_files(stage, rank=0)
-    final = ckpt.commit(stage, {"step": 1}, keep_last=1)
+    final = ckpt.commit(stage, {"phase": "ppo", "step": 1}, keep_last=1)
     expected = torch.rand(3)
     torch.manual_seed(999)
     state = ckpt.load_state(final, rank=0)
-    assert state["step"] == 1 and torch.equal(torch.rand(3), expected)
+    assert state.step == 1 and state.phase == "ppo" and torch.equal(torch.rand(3), expected)
 
 
 def test_settling_rule():
@@ -94,16 +97,16 @@ class _FakeRollout:
 
 def test_collect_experience_places_outcome_reward_on_last_token():
     rows = [{"prompt_ids": [1, 2], "answer": "3"}, {"prompt_ids": [4], "answer": "4"}]
-    batch = collect_experience(rows, first_index=10, rollout=_FakeRollout(),
-                               scorer=verifier_scorer(RewardScorer()), pad_id=0, device=torch.device("cpu"),
-                               n=2, temperature=1.0, top_p=1.0, max_tokens=3, stop=None, seed=0)
-    assert batch["scores"].tolist() == [1.0, -1.0, -1.0, -1.0]
-    assert batch["correct"].tolist() == [1.0, 0.0, 0.0, 0.0]
-    assert batch["truncated"].tolist() == [0.0, 1.0, 0.0, 1.0]
-    assert batch["group"].tolist() == [10, 10, 11, 11]
-    assert torch.equal(batch["token_rewards"][0], torch.tensor([0.0, 0.0, 1.0]))
-    assert torch.equal(batch["token_rewards"][1], torch.tensor([-1.0, 0.0, 0.0]))
-    assert torch.allclose(batch["sampler_logprobs"][0], torch.tensor([-0.1, -0.2, -0.3]))
+    batch = collect_experience(rows, first_index=10, rollout=_FakeRollout(), scorer=RewardScorer(), pad_id=0,
+                               device=torch.device("cpu"), seed=0,
+                               sampling=RolloutConfig(n_samples_per_prompt=2, max_response_tokens=3))
+    assert batch.scores.tolist() == [1.0, -1.0, -1.0, -1.0]
+    assert batch.correct.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert batch.truncated.tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert batch.group.tolist() == [10, 10, 11, 11]
+    assert torch.equal(batch.token_rewards[0], torch.tensor([0.0, 0.0, 1.0]))
+    assert torch.equal(batch.token_rewards[1], torch.tensor([-1.0, 0.0, 0.0]))
+    assert torch.allclose(batch.sampler_logprobs[0], torch.tensor([-0.1, -0.2, -0.3]))
 
 
 def test_phase_timer_sums_phases():
@@ -141,21 +144,12 @@ def test_metrics_logger_wandb_offline(tmp_path):
 
 def test_global_whiten_single_rank_matches_masked_whiten():
     from vcppo.algos.stats import masked_whiten
-    from vcppo.driver.common import global_whiten
+    from vcppo.driver.advantages import global_whiten
 
     torch.manual_seed(0)
     adv = torch.randn(4, 6)
     mask = (torch.rand(4, 6) > 0.3).float()
-    ours = global_whiten(adv, mask, ctx=None)
+    ours = global_whiten(adv, mask)
     ref = masked_whiten(adv, mask) * mask
     assert torch.allclose(ours, ref, atol=1e-5)
     assert (ours[mask == 0] == 0).all()
-
-
-def test_missing_path_names_the_argument(tmp_path):
-    from types import SimpleNamespace
-
-    from vcppo.driver.experience import missing_path
-    args = SimpleNamespace(model=str(tmp_path), train=str(tmp_path / "nope.parquet"), val=None)
-    assert missing_path(args, ("model", "train", "val")) == f"--train path does not exist: {tmp_path / 'nope.parquet'}"
-    assert missing_path(SimpleNamespace(model=str(tmp_path), val=None), ("model", "val")) is None

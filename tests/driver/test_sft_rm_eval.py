@@ -10,10 +10,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_sft_lowers_nll_and_exports_a_loadable_checkpoint(tiny_artifacts, tmp_path):
     art = tiny_artifacts
-    res = vcppo("sft", "--model", art / "tiny", "--train", art / "data/train.parquet", "--val",
-                art / "data/val.parquet", "--out", tmp_path / "sft", "--steps", "8", "--batch-size", "8",
-                "--micro-batch-size", "4", "--lr", "3e-3", "--warmup-steps", "1", "--eval-prompts", "4",
-                "--max-new-tokens", "32", "--no-wandb", cwd=tmp_path, check=False)
+    res = vcppo("sft", "base", f"sft.init_model={art / 'tiny'}", f"data.train_files={art / 'data/train.parquet'}",
+                f"data.val_files={art / 'data/val.parquet'}", f"sft.output_dir={tmp_path / 'sft'}", "sft.steps=8",
+                "sft.batch_size=8", "sft.micro_batch_size=4", "sft.lr=3e-3", "sft.warmup_steps=1",
+                "sft.eval_prompts=4", "rollout.max_response_tokens=32", "logging.wandb=false", cwd=tmp_path,
+                check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "sft" / "sft_summary.json").read_text())
     assert summary["steps"] == 8 and 0.0 <= summary["val/pass@1_greedy"] <= 1.0
@@ -27,9 +28,10 @@ def test_sft_lowers_nll_and_exports_a_loadable_checkpoint(tiny_artifacts, tmp_pa
 
 def test_rm_trains_at_the_final_token_and_loads_as_a_critic(tiny_artifacts, tmp_path):
     art = tiny_artifacts
-    res = vcppo("rm", "--policy", art / "tiny", "--train", art / "data/train.parquet", "--out", tmp_path / "rm",
-                "--prompts", "10", "--samples-per-prompt", "2", "--epochs", "1", "--batch-size", "4",
-                "--micro-batch-size", "4", "--max-new-tokens", "24", "--no-wandb", cwd=tmp_path, check=False)
+    res = vcppo("rm", f"rm.policy_path={art / 'tiny'}", f"data.train_files={art / 'data/train.parquet'}",
+                f"rm.output_dir={tmp_path / 'rm'}", "rm.prompts=10", "rm.samples_per_prompt=2", "rm.epochs=1",
+                "rm.batch_size=4", "rm.micro_batch_size=4", "rollout.max_response_tokens=24", "logging.wandb=false",
+                cwd=tmp_path, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "rm" / "rm_summary.json").read_text())
     assert summary["heldout_samples"] == 4 and summary["train_samples"] == 16
@@ -40,12 +42,30 @@ def test_rm_trains_at_the_final_token_and_loads_as_a_critic(tiny_artifacts, tmp_
 
 def test_eval_reports_pass_at_k(tiny_artifacts, tmp_path):
     art = tiny_artifacts
-    res = vcppo("eval", "--model", art / "tiny", "--data", art / "data/test.parquet", "--max-prompts", "4",
-                "--n", "2", "--k", "1,2", "--max-tokens", "16", "--json", tmp_path / "m.json", cwd=tmp_path,
-                check=False)
+    res = vcppo("eval", f"eval.model_path={art / 'tiny'}", f"eval.data_files={art / 'data/test.parquet'}",
+                "eval.max_prompts=4", "eval.n_samples=2", "eval.k=[1,2]", "rollout.max_response_tokens=16",
+                f"eval.output_json={tmp_path / 'm.json'}", cwd=tmp_path, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     m = json.loads((tmp_path / "m.json").read_text())
     assert m["val/num_prompts"] == 4 and {"val/pass@1", "val/pass@2", "val/pass@1_greedy"} <= set(m)
-    bad = vcppo("eval", "--model", art / "tiny", "--data", art / "data/test.parquet", "--n", "2", "--k", "4",
-                cwd=tmp_path, check=False)
-    assert bad.returncode == 2 and "--k" in bad.stderr
+    bad = vcppo("eval", f"eval.model_path={art / 'tiny'}", f"eval.data_files={art / 'data/test.parquet'}",
+                "eval.n_samples=2", "eval.k=[4]", cwd=tmp_path, check=False)
+    assert bad.returncode == 2 and "eval.k" in bad.stderr
+
+
+@pytest.mark.parametrize("command,override,needle", [
+    ("sft", "sft.init_model=/nope/model", "sft.init_model"),
+    ("sft", "sft.stpes=3", "sft.steps"),
+    ("rm", "data.train_files=/nope.parquet", "data.train_files"),
+    ("eval", "eval.data_files=/nope.parquet", "eval.data_files"),
+    ("demo", "demo.modle_size=tiny", "demo.model_size"),
+])
+def test_every_command_names_the_bad_key_before_starting(command, override, needle, tiny_artifacts, tmp_path):
+    art = tiny_artifacts
+    paths = [f"sft.init_model={art / 'tiny'}", f"rm.policy_path={art / 'tiny'}", f"rm.output_dir={tmp_path / 'rm'}",
+             f"eval.model_path={art / 'tiny'}", f"eval.data_files={art / 'data/test.parquet'}",
+             f"data.train_files={art / 'data/train.parquet'}", f"demo.workdir={tmp_path / 'w'}"]
+    res = vcppo(command, *paths, override, cwd=tmp_path, check=False, timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert needle in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "rm").exists() and not (tmp_path / "w").exists()

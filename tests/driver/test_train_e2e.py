@@ -80,6 +80,29 @@ def test_preset_runs_end_to_end(preset, tiny_artifacts, tmp_path):
 
 
 @pytest.mark.slow
+def test_same_seed_runs_repeat_exactly(tiny_artifacts, tmp_path):
+    """Two runs of one command with one seed, on one machine: every logged figure (bar wall times)
+    and the final weights are identical, value pretraining included (each run pretrains its own
+    critic: the caches are separate)."""
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for root in roots:
+        root.mkdir()
+        res = train("vcppo", base_overrides(tiny_artifacts, root, **{"trainer.total_steps": 3}), cwd=root,
+                    timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    def records(root):
+        return [{k: v for k, v in r.items() if k != "time" and not k.startswith(("time/", "perf/"))}
+                for r in read_metrics(root / "vcppo-seed0")]
+
+    first, second = records(roots[0]), records(roots[1])
+    assert [r["phase"] for r in first].count("ppo") == 3 and [r["phase"] for r in first].count("value_pretrain") == 2
+    assert first == second
+    weights = [(root / "vcppo-seed0" / "final" / "actor" / "model.safetensors").read_bytes() for root in roots]
+    assert weights[0] == weights[1]
+
+
+@pytest.mark.slow
 def test_every_loss_option_runs(tiny_artifacts, tmp_path):
     """KL penalty (reference engine), dual-clip, entropy bonus, sequence-level aggregation, several
     PPO epochs and mini-batches, cosine schedule with warm-up, gradient checkpointing."""

@@ -22,11 +22,12 @@ def main(argv):
     ap.add_argument("--vllm", action="store_true")
     args = ap.parse_args(argv)
 
-    from vcppo.config import ActorConfig, CriticConfig, RolloutConfig
+    from tests.engines.token_loss import nll_loss, value_mse_loss
     from vcppo.engines import dist
     from vcppo.engines.actor import ActorEngine
-    from vcppo.engines.batch import make_batch, slice_batch
     from vcppo.engines.critic import CriticEngine
+    from vcppo.experience import make_experience
+    from vcppo.schema import ActorConfig, CriticConfig, RolloutConfig
 
     info = dist.init_distributed("cpu")
     torch.manual_seed(0)
@@ -34,20 +35,12 @@ def main(argv):
     g = torch.Generator().manual_seed(1)
     prompts = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (3, 5, 2, 4)]
     responses = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (6, 2, 4, 5)]
-    full = make_batch(prompts, responses, pad_id=0)
-    full["returns"] = torch.linspace(-1, 1, full["responses"].numel()).view_as(full["response_mask"])
-    n_tokens = float(full["response_mask"].sum())  # global normaliser, as the driver computes it
+    full = make_experience(prompts, responses, pad_id=0)
+    full.returns = torch.linspace(-1, 1, full.responses.numel()).view_as(full.response_mask)
     B, W = 4, info.world_size
     per = B // W
-    mine = slice_batch(full, slice(info.rank * per, (info.rank + 1) * per))
-
-    def actor_loss(out, micro):
-        loss = -(out["logprobs"] * micro["response_mask"]).sum() / n_tokens
-        return loss, {"loss_sum": loss.detach() * 1.0}
-
-    def critic_loss(out, micro):
-        loss = 0.5 * (((out["values"] - micro["returns"]) ** 2) * micro["response_mask"]).sum() / n_tokens
-        return loss, {"loss_sum": loss.detach()}
+    # Each rank holds only its share; the engine counts the global tokens (the normaliser) itself.
+    mine = full.select(slice(info.rank * per, (info.rank + 1) * per))
 
     acfg = ActorConfig(lr=1e-3, micro_batch_size=1, grad_clip=0.0, warmup_steps=0)
     ccfg = CriticConfig(lr=1e-3, micro_batch_size=1, grad_clip=0.0)
@@ -60,11 +53,11 @@ def main(argv):
     actor = ActorEngine(args.model, acfg, info, total_optimizer_steps=10)
     critic = CriticEngine("policy", args.model, ccfg, info, total_optimizer_steps=10)
 
-    am = actor.train_step(mine, actor_loss, micro_batch_size=1)
+    am = actor.train_step(mine, nll_loss())
     # loss_fn values summed over micro-batches and ranks = the global loss
     a_loss = dist.all_reduce_sum(torch.tensor([am["loss_sum"] * per]))
-    cm = critic.train_step(mine, critic_loss, micro_batch_size=1)
-    cm2 = critic.train_step(mine, critic_loss, micro_batch_size=1)  # 2nd step: head non-zero -> backbone grads
+    cm = critic.train_step(mine, value_mse_loss())
+    cm2 = critic.train_step(mine, value_mse_loss())  # 2nd step: head non-zero -> backbone grads
     c_loss = dist.all_reduce_sum(torch.tensor([cm["loss_sum"] * per]))
     result.update(actor_loss=float(a_loss), actor_grad_norm=am["grad_norm"], critic_loss=float(c_loss),
                   critic_grad_norm=cm["grad_norm"], critic_grad_norm2=cm2["grad_norm"])
@@ -75,11 +68,11 @@ def main(argv):
     if rollout is not None:
         prompts_r = [[5 + info.rank, 6, 7], [9, 10]]
         samples = rollout.generate(prompts_r, n=2, temperature=1.0, top_p=1.0, max_tokens=8, seed=3)
-        b = make_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], 0)
+        b = make_experience([s.prompt_ids for s in samples], [s.response_ids for s in samples], 0)
         before, _ = actor.forward_logprobs(b)
         result["sync_s"] = rollout.sync_weights(actor.named_parameters_gathered())
         samples = rollout.generate(prompts_r, n=2, temperature=1.0, top_p=1.0, max_tokens=8, seed=3)
-        b = make_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], 0)
+        b = make_experience([s.prompt_ids for s in samples], [s.response_ids for s in samples], 0)
         lp, _ = actor.forward_logprobs(b)
         vl = torch.zeros_like(lp)
         for i, s in enumerate(samples):

@@ -7,6 +7,9 @@ import os
 import pytest
 import torch
 
+from tests.engines.token_loss import nll_loss, value_mse_loss
+from vcppo.experience import make_experience
+
 pytestmark = [pytest.mark.integration]
 
 LOGPROB_TOL = 1e-4  # fp32 CPU: vLLM sampler vs trainer recomputation measured ~5e-6 here (NOTES: 5e-7)
@@ -22,23 +25,22 @@ def info():
 
 @pytest.fixture(scope="module")
 def rollout(info, tiny_model_dir):
-    from vcppo.config import RolloutConfig
     from vcppo.engines.rollout import RolloutEngine
+    from vcppo.schema import RolloutConfig
     r = RolloutEngine(tiny_model_dir, RolloutConfig(gpu_memory_utilization=0.02), info, seed=0, max_model_len=256)
     yield r
     r.close()
 
 
-def _actor(info, path, **kw):
-    from vcppo.config import ActorConfig
+def _actor(info, path, temperature=1.0, **kw):
     from vcppo.engines.actor import ActorEngine
+    from vcppo.schema import ActorConfig
     cfg = ActorConfig(**{"lr": 1e-3, "micro_batch_size": 4, "grad_clip": 0.0, **kw})
-    return ActorEngine(path, cfg, info, total_optimizer_steps=10)
+    return ActorEngine(path, cfg, info, total_optimizer_steps=10, temperature=temperature)
 
 
 def _batch(samples):
-    from vcppo.engines.batch import make_batch
-    return make_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id=0)
+    return make_experience([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id=0)
 
 
 def _vllm_logprobs(samples, like):
@@ -46,13 +48,6 @@ def _vllm_logprobs(samples, like):
     for i, s in enumerate(samples):
         out[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
     return out
-
-
-def _nll_loss(total_tokens):
-    def loss_fn(outputs, micro):
-        loss = -(outputs["logprobs"] * micro["response_mask"]).sum() / total_tokens
-        return loss, {"nll": loss.detach()}
-    return loss_fn
 
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
@@ -74,13 +69,13 @@ def test_rollout_fields_reproducibility_and_logprobs(info, rollout, tiny_model_d
 
     actor = _actor(info, tiny_model_dir)
     b = _batch(s)
-    lp, ent = actor.forward_logprobs(b, micro_batch_size=4, with_entropy=True)
-    assert lp.shape == b["responses"].shape and ent.shape == lp.shape
-    assert (lp[b["response_mask"] == 0] == 0).all() and (ent[b["response_mask"] == 0] == 0).all()
+    lp, ent = actor.forward_logprobs(b, with_entropy=True)
+    assert lp.shape == b.responses.shape and ent.shape == lp.shape
+    assert (lp[b.response_mask == 0] == 0).all() and (ent[b.response_mask == 0] == 0).all()
     assert (lp - _vllm_logprobs(s, lp)).abs().max() < LOGPROB_TOL
     # at temperature T vLLM reports processed logprobs = log_softmax(logits / T)
     st = rollout.generate(PROMPTS, n=2, temperature=0.7, top_p=1.0, max_tokens=8, seed=1)
-    lpt, _ = actor.forward_logprobs(_batch(st), temperature=0.7)
+    lpt, _ = _actor(info, tiny_model_dir, temperature=0.7).forward_logprobs(_batch(st))
     assert (lpt - _vllm_logprobs(st, lpt)).abs().max() < LOGPROB_TOL
     # greedy is deterministic and ignores the seed; text keeps special tokens
     g1 = rollout.generate(PROMPTS[:1], n=2, temperature=0.0, top_p=1.0, max_tokens=8, seed=5)
@@ -90,14 +85,14 @@ def test_rollout_fields_reproducibility_and_logprobs(info, rollout, tiny_model_d
 
 
 def test_train_step_then_sync_weights_updates_vllm(info, rollout, tiny_model_dir):
-    actor = _actor(info, tiny_model_dir, lr=2e-2)
+    actor = _actor(info, tiny_model_dir, lr=2e-2, micro_batch_size=2)
     s = rollout.generate(PROMPTS, n=2, temperature=1.0, top_p=1.0, max_tokens=10, seed=4)
     b = _batch(s)
     old, _ = actor.forward_logprobs(b)
-    m = actor.train_step(b, _nll_loss(float(b["response_mask"].sum())), micro_batch_size=2)
-    assert {"nll", "grad_norm", "lr"} <= set(m) and m["lr"] == pytest.approx(2e-2)
+    m = actor.train_step(b, nll_loss())
+    assert {"loss_sum", "grad_norm", "lr"} <= set(m) and m["lr"] == pytest.approx(2e-2)
     new, _ = actor.forward_logprobs(b)
-    mask = b["response_mask"].bool()
+    mask = b.response_mask.bool()
     assert ((new - old).abs()[mask] > 1e-4).all()  # every position moved
     secs = rollout.sync_weights(actor.named_parameters_gathered(bucket_bytes=4096))
     assert secs >= 0
@@ -107,36 +102,34 @@ def test_train_step_then_sync_weights_updates_vllm(info, rollout, tiny_model_dir
     v2 = _vllm_logprobs(s2, new2)
     assert (new2 - v2).abs().max() < LOGPROB_TOL
     # and the vLLM logprobs of the same tokens are NOT the old model's any more (every position)
-    from vcppo.engines.actor import ActorEngine  # noqa: F401
     old_actor = _actor(info, tiny_model_dir)
     old2, _ = old_actor.forward_logprobs(b2)
-    assert ((old2 - v2).abs()[b2["response_mask"].bool()] > 1e-4).all()
+    assert ((old2 - v2).abs()[b2.response_mask.bool()] > 1e-4).all()
     # put the original weights back so later tests see the initial model
     rollout.sync_weights(old_actor.named_parameters_gathered())
 
 
 def test_grad_accumulation_and_global_normalisation(info, tiny_model_dir):
-    """micro-batch 1 == micro-batch B, and the step's gradient is d(sum of loss_fn)/dθ."""
+    """micro-batch 1 == micro-batch B, and the step's gradient is d(sum of loss_fn)/dθ, with the
+    global token count supplied by the engine."""
     from transformers import AutoModelForCausalLM
-    from vcppo.engines.batch import make_batch
     g = torch.Generator().manual_seed(0)
     prompts = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (3, 1, 4, 2)]
     resps = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (5, 2, 3, 6)]
-    b = make_batch(prompts, resps, pad_id=0)
-    loss_fn = _nll_loss(float(b["response_mask"].sum()))
+    b = make_experience(prompts, resps, pad_id=0)
     # reference gradient norm with plain autograd on unpadded sequences
     ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     total = 0
     for p, r in zip(prompts, resps):
         logits = ref(torch.tensor([p + r])).logits[0, len(p) - 1:-1]
         total = total - torch.log_softmax(logits, -1).gather(-1, torch.tensor(r)[:, None]).sum()
-    (total / b["response_mask"].sum()).backward()
+    (total / b.response_mask.sum()).backward()
     ref_norm = torch.sqrt(sum((q.grad ** 2).sum() for q in ref.parameters())).item()
 
-    a1 = _actor(info, tiny_model_dir)
-    m1 = a1.train_step(b, loss_fn, micro_batch_size=4)
-    a2 = _actor(info, tiny_model_dir)
-    m2 = a2.train_step(b, loss_fn, micro_batch_size=1)
+    a1 = _actor(info, tiny_model_dir, micro_batch_size=4)
+    m1 = a1.train_step(b, nll_loss())
+    a2 = _actor(info, tiny_model_dir, micro_batch_size=1)
+    m2 = a2.train_step(b, nll_loss())
     assert m1["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
     assert m2["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
     w1, w2 = a1.full_state_dict(), a2.full_state_dict()
@@ -146,18 +139,16 @@ def test_grad_accumulation_and_global_normalisation(info, tiny_model_dir):
 
 def test_actor_checkpoint_round_trip_and_hf_export(info, tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
-    from vcppo.engines.batch import make_batch
-    b = make_batch([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
-    loss_fn = _nll_loss(5.0)
-    a = _actor(info, tiny_model_dir, warmup_steps=4, lr_schedule="cosine")
-    a.train_step(b, loss_fn, 2)
+    b = make_experience([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
+    a = _actor(info, tiny_model_dir, warmup_steps=4, lr_schedule="cosine", micro_batch_size=2)
+    a.train_step(b, nll_loss())
     a.save_checkpoint(str(tmp_path / "ckpt"))
-    m_cont = a.train_step(b, loss_fn, 2)
+    m_cont = a.train_step(b, nll_loss())
     w_cont = a.full_state_dict()
-    fresh = _actor(info, tiny_model_dir, warmup_steps=4, lr_schedule="cosine")
+    fresh = _actor(info, tiny_model_dir, warmup_steps=4, lr_schedule="cosine", micro_batch_size=2)
     fresh.load_checkpoint(str(tmp_path / "ckpt"))
     assert fresh.global_steps == 1
-    m_res = fresh.train_step(b, loss_fn, 2)
+    m_res = fresh.train_step(b, nll_loss())
     assert m_res["lr"] == m_cont["lr"] == pytest.approx(1e-3 * 2 / 4)
     w_res = fresh.full_state_dict()
     for k in w_cont:
@@ -170,25 +161,28 @@ def test_actor_checkpoint_round_trip_and_hf_export(info, tiny_model_dir, tmp_pat
         assert torch.equal(sd[k], v), k
     assert os.path.exists(tmp_path / "hf" / "tokenizer.json")
     lp, _ = fresh.forward_logprobs(b)
-    logits = hf(b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
-    P = b["prompt_len"]
-    ref = torch.log_softmax(logits[:, P - 1:-1], -1).gather(-1, b["responses"][..., None])[..., 0]
-    torch.testing.assert_close(lp, ref * b["response_mask"], rtol=0, atol=1e-5)
+    logits = hf(b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
+    P = b.prompt_len
+    ref = torch.log_softmax(logits[:, P - 1:-1], -1).gather(-1, b.responses[..., None])[..., 0]
+    torch.testing.assert_close(lp, ref * b.response_mask, rtol=0, atol=1e-5)
 
 
 def test_reference_engine_matches_initial_policy(info, tiny_model_dir):
-    from vcppo.engines.batch import make_batch
     from vcppo.engines.reference import ReferenceEngine
-    b = make_batch([[5, 6], [7]], [[10, 11, 12], [13, 14]], pad_id=0)
-    ref = ReferenceEngine(tiny_model_dir, info, micro_batch_size=1)
+    from vcppo.schema import EngineConfig
+    b = make_experience([[5, 6], [7]], [[10, 11, 12], [13, 14]], pad_id=0)
+    ref = ReferenceEngine(tiny_model_dir, EngineConfig(micro_batch_size=1), info)
+    assert ref.optimizer is None
+    with pytest.raises(RuntimeError, match="frozen"):
+        ref.train_step(b, nll_loss())
     lp, _ = ref.forward_logprobs(b)
     lp2, _ = _actor(info, tiny_model_dir).forward_logprobs(b)
     torch.testing.assert_close(lp, lp2, rtol=0, atol=1e-6)
 
 
 def _critic(info, init, path, **kw):
-    from vcppo.config import CriticConfig
     from vcppo.engines.critic import CriticEngine
+    from vcppo.schema import CriticConfig
     cfg = CriticConfig(**{"lr": 1e-2, "micro_batch_size": 2, "grad_clip": 0.0, **kw})
     return CriticEngine(init, path, cfg, info, total_optimizer_steps=10)
 
@@ -199,9 +193,8 @@ def test_critic_learns_a_visible_outcome_and_never_peeks_ahead(info, tiny_model_
     variance -> 1) while the state before it cannot (V(s_0) reads the column before token 0;
     a critic that saw token 0 there would explain it too)."""
     from vcppo.algos.stats import explained_variance
-    from vcppo.config import CriticConfig
-    from vcppo.engines.batch import make_batch
     from vcppo.engines.critic import CriticEngine
+    from vcppo.schema import CriticConfig
 
     g = torch.Generator().manual_seed(0)
 
@@ -209,59 +202,55 @@ def test_critic_learns_a_visible_outcome_and_never_peeks_ahead(info, tiny_model_
         first = torch.randint(0, 2, (n,), generator=g) + 10
         rest = torch.randint(20, 40, (n, 5), generator=g)
         prompts = torch.randint(20, 40, (n, 3), generator=g)
-        b = make_batch(prompts.tolist(), torch.cat([first[:, None], rest], 1).tolist(), pad_id=0)
-        b["returns"] = torch.where(first == 10, 1.0, -1.0)[:, None].expand(n, 6).clone()
+        b = make_experience(prompts.tolist(), torch.cat([first[:, None], rest], 1).tolist(), pad_id=0)
+        b.returns = torch.where(first == 10, 1.0, -1.0)[:, None].expand(n, 6).clone()
         return b
 
     train, heldout = batch(64), batch(64)
     critic = CriticEngine("policy", tiny_model_dir, CriticConfig(lr=3e-3, micro_batch_size=64, grad_clip=1.0),
                           info, total_optimizer_steps=60)
-
-    def vloss(out, micro):
-        return 0.5 * (((out["values"] - micro["returns"]) ** 2) * micro["response_mask"]).mean(), {}
-
     for _ in range(60):
-        critic.train_step(train, vloss, micro_batch_size=64)
+        critic.train_step(train, value_mse_loss())
     v = critic.forward_values(heldout)
-    mask = heldout["response_mask"]
+    mask = heldout.response_mask
     after, before = mask.clone(), mask.clone()
     after[:, 0], before[:, 1:] = 0, 0
-    ev_after = explained_variance(v, heldout["returns"], after).item()
-    ev_before = explained_variance(v, heldout["returns"], before).item()
+    ev_after = explained_variance(v, heldout.returns, after).item()
+    ev_before = explained_variance(v, heldout.returns, before).item()
     assert ev_after > 0.8, ev_after
     assert ev_before < 0.2, ev_before
 
 
 def test_critic_train_export_and_reward_model_init(info, tiny_model_dir, tmp_path):
-    from vcppo.engines.batch import make_batch
+    from vcppo.engines.deepspeed_engine import GlobalCounts, ModelOutputs
     from vcppo.models.value_model import ValueModel
-    b = make_batch([[5, 6, 7], [8]], [[10, 11], [12, 13, 14]], pad_id=0)
-    b["returns"] = torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]])
+    b = make_experience([[5, 6, 7], [8]], [[10, 11], [12, 13, 14]], pad_id=0)
+    b.returns = torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]])
+    vloss = value_mse_loss()
+    counts = GlobalCounts.over_ranks(vloss.count_masks(b))
+    assert counts.tokens == {"response": 5.0} and counts.sequences == {"response": 2.0}
 
-    def vloss(out, micro):
-        return 0.5 * (((out["values"] - micro["returns"]) ** 2) * micro["response_mask"]).sum() / 5, {}
-
-    c = _critic(info, "policy", tiny_model_dir)
+    c = _critic(info, "policy", tiny_model_dir, micro_batch_size=1)
     v0 = c.forward_values(b)
     assert v0.shape == (2, 3) and (v0 == 0).all()  # zero-initialised head
     losses = []
     for _ in range(5):
-        losses.append(vloss({"values": c.forward_values(b)}, b)[0].item())
-        c.train_step(b, vloss, micro_batch_size=1)
+        losses.append(vloss(ModelOutputs(values=c.forward_values(b)), b, counts)[0].item())
+        c.train_step(b, vloss)
     assert losses[-1] < losses[0]
     v = c.forward_values(b)
-    assert (v[b["response_mask"] == 0] == 0).all()
+    assert (v[b.response_mask == 0] == 0).all()
     # values are read at the column BEFORE each response token (state before emitting it)
     vm_full = None
     c.export(str(tmp_path / "critic"))
     vm = ValueModel.from_pretrained(str(tmp_path / "critic"))
-    vm_full = vm(b["input_ids"], b["attention_mask"], b["position_ids"])
-    P = b["prompt_len"]
-    torch.testing.assert_close(vm_full[:, P - 1:-1] * b["response_mask"], v, rtol=0, atol=1e-6)
+    vm_full = vm(b.input_ids, b.attention_mask, b.position_ids)
+    P = b.prompt_len
+    torch.testing.assert_close(vm_full[:, P - 1:-1] * b.response_mask, v, rtol=0, atol=1e-6)
     sd_engine = c.full_state_dict()
     for k, t in vm.state_dict().items():
         assert torch.equal(t, sd_engine[k]), k
-    c2 = _critic(info, "checkpoint", str(tmp_path / "critic"))
+    c2 = _critic(info, "checkpoint", str(tmp_path / "critic"), micro_batch_size=1)
     assert torch.equal(c2.forward_values(b), v)
 
     # ValueModel save/load exact, and an RM-format dir loads as a critic keeping its head
@@ -275,6 +264,6 @@ def test_critic_train_export_and_reward_model_init(info, tiny_model_dir, tmp_pat
     with pytest.raises(ValueError, match="not a vcppo value"):
         ValueModel.from_pretrained(tiny_model_dir)
     crm = _critic(info, "reward_model", str(tmp_path / "rm"))
-    expect = rm(b["input_ids"], b["attention_mask"], b["position_ids"])[:, P - 1:-1] * b["response_mask"]
+    expect = rm(b.input_ids, b.attention_mask, b.position_ids)[:, P - 1:-1] * b.response_mask
     torch.testing.assert_close(crm.forward_values(b), expect.detach(), rtol=0, atol=1e-6)
     assert crm.full_state_dict()["value_head.bias"].item() == pytest.approx(0.3)

@@ -44,10 +44,10 @@ def test_auto_picks_triton_on_cuda():
 def test_actor_engine_bf16_on_cuda(tmp_path):
     """The actor on CUDA trains in bf16 under DeepSpeed ZeRO-3 (1 rank, nccl)."""
     pytest.importorskip("deepspeed")
-    from vcppo.config import ActorConfig
     from vcppo.driver.sft import ResponseNLL
     from vcppo.engines.actor import ActorEngine
-    from vcppo.engines.batch import make_batch
+    from vcppo.experience import make_experience
+    from vcppo.schema import ActorConfig
     from vcppo.engines.dist import init_distributed
     from vcppo.models.factory import make_model
 
@@ -55,6 +55,6 @@ def test_actor_engine_bf16_on_cuda(tmp_path):
     dist = init_distributed("cuda")
     eng = ActorEngine(str(tmp_path / "m"), ActorConfig(lr=1e-3, micro_batch_size=4), dist, total_optimizer_steps=2)
     assert next(eng.module.parameters()).dtype == torch.bfloat16
-    b = make_batch([[1, 2, 3]] * 4, [[4, 5, 6, 7]] * 4, pad_id=0, device=dist.device)
-    m = eng.train_step(b, ResponseNLL(b), 4)
+    b = make_experience([[1, 2, 3]] * 4, [[4, 5, 6, 7]] * 4, pad_id=0, device=dist.device)
+    m = eng.train_step(b, ResponseNLL())
     assert torch.isfinite(torch.tensor(m["grad_norm"]))

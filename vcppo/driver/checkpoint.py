@@ -10,6 +10,9 @@ Layout of one checkpoint ``<run_dir>/checkpoints/step_000040/``::
 A checkpoint is complete when its directory has lost the ``.tmp`` suffix: every rank writes into
 ``step_N.tmp``, all ranks meet at a barrier, then the main rank renames it. A crash mid-write leaves
 only a ``.tmp`` directory, which is ignored and cleaned up.
+
+Checkpoints are tagged by the global step (pretraining steps + PPO steps), so the newest one sorts
+last whichever phase wrote it.
 """
 from __future__ import annotations
 
@@ -18,12 +21,28 @@ import os
 import random
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class RunState:
+    """Where a run stands; saved as ``state.json`` in every checkpoint."""
+    phase: str                        # "value_pretrain" or "ppo": the phase to continue
+    step: int = 0                     # PPO steps done
+    pretrain_step: int = 0            # value-pretraining steps done
+    pretrain_ev: list = field(default_factory=list)    # explained variance per pretraining step
+    pretrain_loss: list = field(default_factory=list)  # value loss per pretraining step
+    data: dict = field(default_factory=dict)           # the prompt stream's position
+
+    @property
+    def global_step(self) -> int:
+        return self.pretrain_step + self.step
 
 
 def checkpoint_root(run_dir: str | os.PathLike) -> Path:
@@ -96,8 +115,8 @@ def find_resume_point(run_dir: str | os.PathLike, resume: str) -> Path | None:
     return path
 
 
-def load_state(ckpt: Path, rank: int) -> dict:
-    state = json.loads((ckpt / "state.json").read_text())
+def load_state(ckpt: Path, rank: int) -> RunState:
+    state = RunState(**json.loads((ckpt / "state.json").read_text()))
     rng_file = ckpt / f"rng_rank{rank}.pt"
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=False))

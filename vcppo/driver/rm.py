@@ -1,4 +1,4 @@
-"""`vcppo rm`: an outcome reward model, trained only at the final token — the convention the
+"""`vcppo rm [CONFIG] [key=value ...]`: an outcome reward model, trained only at the final token — the convention the
 VC-PPO paper criticises (sec. 3.1). The plain-PPO baseline initialises its critic from it.
 
 Data: the SFT policy samples responses to training prompts (vLLM); the rule verifier labels each
@@ -9,35 +9,51 @@ such a critic scores early tokens badly. Held-out accuracy = sign agreement on u
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from vcppo.config import load_command_config
+from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
+from vcppo.driver.sampling import collect_experience, rank_slice
 from vcppo.engines import dist as D
+from vcppo.engines.critic import CriticEngine
+from vcppo.engines.deepspeed_engine import RESPONSE, GlobalCounts, ModelOutputs, response_counts
+from vcppo.engines.dist import DistInfo, gather_cat
+from vcppo.engines.rollout import RolloutEngine
+from vcppo.experience import Experience
+from vcppo.schema import Config
+
+
+def labels_of(batch: Experience) -> torch.Tensor:
+    """(B,) +1 for a verified-correct response, -1 otherwise."""
+    return torch.where(batch.correct > 0, 1.0, -1.0)
 
 
 class FinalTokenMSE:
     """0.5 * w * (V(last token) - label)^2, mean over the global batch's sequences.
 
-    ``w`` balances the classes (``micro["weight"]``): with a 10-20% correct rate an unweighted
-    regression settles on predicting "wrong" for everything (measured: balanced accuracy 0.5).
+    ``w`` balances the classes: with a 10-20% correct rate an unweighted regression settles on
+    predicting "wrong" for everything (measured: balanced accuracy 0.5). ``positive_rate`` is the
+    global share of correct responses; each class then carries half of the loss.
     """
     needs_entropy = False
 
-    def __init__(self, minibatch: dict):
-        from vcppo.driver.common import global_sum
-        self.seqs = global_sum(minibatch["response_mask"].shape[0])
+    def __init__(self, positive_rate: float):
+        self.positive_rate = positive_rate
 
-    def __call__(self, outputs: dict, micro: dict):
-        last = final_token_values(outputs["values"], micro["response_mask"])
-        err = last - micro["label"]
-        loss = 0.5 * (micro["weight"] * err ** 2).sum() / self.seqs
+    count_masks = staticmethod(response_counts)
+
+    def __call__(self, outputs: ModelOutputs, micro: Experience, counts: GlobalCounts):
+        label = labels_of(micro)
+        weight = torch.where(label > 0, 0.5 / self.positive_rate, 0.5 / (1 - self.positive_rate))
+        last = final_token_values(outputs.values, micro.response_mask)
+        err = last - label
+        loss = 0.5 * (weight * err ** 2).sum() / counts.sequences[RESPONSE]
         return loss, {"rm/mse": (err ** 2).mean().detach(),
-                      "rm/train_accuracy": ((last > 0).float() == (micro["label"] > 0).float()).float().mean()}
+                      "rm/train_accuracy": ((last > 0).float() == (label > 0).float()).float().mean()}
 
 
 def final_token_values(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -46,116 +62,80 @@ def final_token_values(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return values.gather(1, last[:, None]).squeeze(1)
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="vcppo rm", description=__doc__.split("\n")[0])
-    p.add_argument("--policy", required=True, help="SFT policy dir (samples + backbone init)")
-    p.add_argument("--train", required=True, help="prompt rows (prompt / answer)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--prompts", type=int, default=512, help="prompts to sample from")
-    p.add_argument("--samples-per-prompt", type=int, default=4)
-    p.add_argument("--heldout-frac", type=float, default=0.2, help="share of prompts held out for accuracy")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--micro-batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--max-new-tokens", type=int, default=384)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-wandb", action="store_true")
-    return p.parse_args(argv)
-
-
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    from vcppo.driver.experience import missing_path
-    error = missing_path(args, ("policy", "train"))
-    if error:
-        print(f"vcppo rm: {error}", file=sys.stderr)
-        return 2
-    train_rm(args)
+    train_rm(load_command_config(argv, "rm"))
     return 0
 
 
-def train_rm(args: argparse.Namespace) -> dict:
+def sample_splits(cfg: Config, dist: DistInfo) -> dict[str, Experience]:
+    """Responses of the policy to the training prompts, scored: this rank's share of a "train" and
+    a "heldout" split (held out by prompt, not by sample)."""
     from transformers import AutoTokenizer
 
-    from vcppo.config import CriticConfig, RolloutConfig
-    from vcppo.data.dataset import load_prompts
-    from vcppo.driver.common import gather_cat, seed_everything
-    from vcppo.driver.experience import collect_experience, rank_slice, verifier_scorer
-    from vcppo.engines.batch import slice_batch
-    from vcppo.engines.critic import CriticEngine
-    from vcppo.engines.rollout import RolloutEngine
-    from vcppo.rewards.verifier import RewardScorer
-    from vcppo.tracking import MetricsLogger
-
-    dist = D.init_distributed()
-    seed_everything(args.seed)
-    out = Path(args.out)
-    log = MetricsLogger(out, vars(args), enabled=dist.is_main, use_wandb=not args.no_wandb,
-                        run_name=f"rm-{out.name}")
-    tok = AutoTokenizer.from_pretrained(args.policy)
-    rows = load_prompts(args.train, tok, max_prompt_tokens=None, shuffle_seed=args.seed, limit=args.prompts)
-    rows = rows.rows()
-    n_held = max(1, int(len(rows) * args.heldout_frac))
-    splits = {"train": rows[n_held:], "heldout": rows[:n_held]}  # held out by prompt, not by sample
-
-    t0 = time.time()
-    max_prompt = max(len(r["prompt_ids"]) for r in rows)
-    rollout = RolloutEngine(args.policy, RolloutConfig(max_response_tokens=args.max_new_tokens), dist,
-                            seed=args.seed, max_model_len=max_prompt + args.max_new_tokens)
-    scorer = verifier_scorer(RewardScorer())
+    r, seed = cfg.rm, cfg.trainer.seed
+    tok = AutoTokenizer.from_pretrained(r.policy_path)
+    rows = load_prompt_set(cfg, cfg.data.train_files, tok, max_prompt_tokens=None, shuffle_seed=seed,
+                           limit=r.prompts).rows()
+    n_held = max(1, int(len(rows) * r.heldout_frac))
+    max_prompt = max(len(row["prompt_ids"]) for row in rows)
+    rollout = RolloutEngine(r.policy_path, cfg.rollout, dist, seed=seed,
+                            max_model_len=max_prompt + cfg.rollout.max_response_tokens)
+    scorer = make_scorer(cfg)
     data = {}
-    for name, split_rows in splits.items():
+    for name, split_rows in (("train", rows[n_held:]), ("heldout", rows[:n_held])):
         offset, mine = rank_slice(split_rows, dist.rank, dist.world_size)
-        batch = collect_experience(mine, first_index=offset, rollout=rollout, scorer=scorer,
-                                   pad_id=tok.pad_token_id, device=dist.device, n=args.samples_per_prompt,
-                                   temperature=args.temperature, top_p=1.0, max_tokens=args.max_new_tokens,
-                                   stop=None, seed=args.seed * 1000 + dist.rank + (7 if name == "heldout" else 0))
-        batch["label"] = torch.where(batch["correct"] > 0, 1.0, -1.0)
-        data[name] = batch
+        data[name] = collect_experience(mine, first_index=offset, rollout=rollout, scorer=scorer,
+                                        pad_id=pad_token_id(tok), device=dist.device, sampling=cfg.rollout,
+                                        n=r.samples_per_prompt,
+                                        seed=seed * 1000 + dist.rank + (7 if name == "heldout" else 0))
     rollout.close()
-    sample_minutes = (time.time() - t0) / 60
-    pos = gather_cat(data["train"]["label"])
-    log.info(f"sampled {len(pos)} training responses ({(pos > 0).float().mean():.1%} correct) "
-             f"in {sample_minutes:.1f} min")
+    return data
 
-    train = data["train"]
-    B = train["input_ids"].shape[0]
-    # Class weights from the global positive rate: each class carries half of the loss.
-    pos_rate = float((pos > 0).float().mean().clamp(1e-3, 1 - 1e-3))
-    train["weight"] = torch.where(train["label"] > 0, 0.5 / pos_rate, 0.5 / (1 - pos_rate))
-    steps_per_epoch = max(1, B // max(1, args.batch_size // dist.world_size))
-    critic = CriticEngine("policy", args.policy,
-                          CriticConfig(lr=args.lr, warmup_steps=10, lr_schedule="cosine",
-                                       micro_batch_size=args.micro_batch_size, value_clip=None),
-                          dist, total_optimizer_steps=steps_per_epoch * args.epochs)
-    log.start_phase("rm", total=steps_per_epoch * args.epochs)
-    step = 0
-    for epoch in range(args.epochs):
-        order = torch.randperm(B, generator=torch.Generator().manual_seed(args.seed + epoch))
-        for idx in order.chunk(steps_per_epoch):
-            mb = slice_batch(train, idx)
-            step += 1
-            log.log(critic.train_step(mb, FinalTokenMSE(mb), args.micro_batch_size), step=step, phase="rm")
 
-    held = data["heldout"]
-    with torch.no_grad():
-        pred = final_token_values(critic.forward_values(held), held["response_mask"])
-    pred, label = gather_cat(pred), gather_cat(held["label"])
+def heldout_summary(pred: torch.Tensor, label: torch.Tensor) -> dict:
     correct_pred = (pred > 0) == (label > 0)
-    summary = {
+    return {
         "heldout_samples": int(len(label)),
         "heldout_positive_frac": float((label > 0).float().mean()),
         "heldout_accuracy": float(correct_pred.float().mean()),
         # Balanced accuracy: the mean of per-class accuracies, honest when labels are imbalanced.
         "heldout_balanced_accuracy": float(0.5 * (correct_pred[label > 0].float().mean().nan_to_num(0)
                                                   + correct_pred[label < 0].float().mean().nan_to_num(0))),
-        "train_samples": int(len(pos)),
-        "train_positive_frac": float((pos > 0).float().mean()),
-        "sample_minutes": round(sample_minutes, 2),
-        "total_minutes": round((time.time() - t0) / 60, 2),
     }
+
+
+def train_rm(cfg: Config) -> dict:
+    r, seed = cfg.rm, cfg.trainer.seed
+    dist = D.init_distributed(cfg.trainer.device)
+    seed_everything(seed)
+    out = Path(r.output_dir)
+    log = make_logger(cfg, out, dist, run_name=f"rm-{out.name}")
+    t0 = time.time()
+    data = sample_splits(cfg, dist)
+    sample_minutes = (time.time() - t0) / 60
+    pos = gather_cat(labels_of(data["train"]))
+    log.info(f"sampled {len(pos)} training responses ({(pos > 0).float().mean():.1%} correct) "
+             f"in {sample_minutes:.1f} min")
+
+    train = data["train"]
+    positive_rate = float((pos > 0).float().mean().clamp(1e-3, 1 - 1e-3))
+    steps_per_epoch = max(1, train.size // max(1, r.batch_size // dist.world_size))
+    critic = CriticEngine("policy", r.policy_path, r, dist, total_optimizer_steps=steps_per_epoch * r.epochs,
+                          dtype=cfg.model.dtype)
+    log.start_phase("rm", total=steps_per_epoch * r.epochs)
+    step = 0
+    for epoch in range(r.epochs):
+        order = torch.randperm(train.size, generator=torch.Generator().manual_seed(seed + epoch))
+        for idx in order.chunk(steps_per_epoch):
+            step += 1
+            log.log(critic.train_step(train.select(idx), FinalTokenMSE(positive_rate)), step=step, phase="rm")
+
+    held = data["heldout"]
+    with torch.no_grad():
+        pred = final_token_values(critic.forward_values(held), held.response_mask)
+    summary = {**heldout_summary(gather_cat(pred), gather_cat(labels_of(held))),
+               "train_samples": int(len(pos)), "train_positive_frac": float((pos > 0).float().mean()),
+               "sample_minutes": round(sample_minutes, 2), "total_minutes": round((time.time() - t0) / 60, 2)}
     critic.export(str(out))
     if dist.is_main:
         (out / "rm_summary.json").write_text(json.dumps(summary, indent=1))

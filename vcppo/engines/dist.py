@@ -148,12 +148,36 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
-    """In-place mean over ranks; returns ``t``."""
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """In-place max over ranks; returns ``t``."""
     if _active():
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
-        t.div_(torch.distributed.get_world_size())
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
     return t
+
+
+def comm_device() -> torch.device:
+    """Where collective tensors must live: the rank's GPU under nccl (which rejects CPU tensors),
+    the CPU under gloo or before init."""
+    return _INFO.device if _INFO is not None else torch.device("cpu")
+
+
+def global_sum(x: float | torch.Tensor) -> float:
+    """Sum of a scalar over ranks, in float64."""
+    t = torch.as_tensor(x, dtype=torch.float64, device=comm_device()).clone().reshape(1)
+    return float(all_reduce_sum(t).item())
+
+
+def gather_cat(t: torch.Tensor, pad_value: float = 0.0) -> torch.Tensor:
+    """Concatenate a (B_r, ...) tensor over ranks along dim 0 on the CPU, right-padding dim 1 to
+    the longest. For metrics: a step's batch is small enough to gather (at cluster scale this
+    would be replaced by reduced moments)."""
+    if not _active():
+        return t.detach().cpu()
+    parts = all_gather_object(t.detach().cpu())
+    if t.dim() >= 2:
+        width = max(p.shape[1] for p in parts)
+        parts = [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad_value) for p in parts]
+    return torch.cat(parts, dim=0)
 
 
 def all_gather_object(obj: Any) -> list:
@@ -162,14 +186,6 @@ def all_gather_object(obj: Any) -> list:
     out: list = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(out, obj)
     return out
-
-
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    if not _active():
-        return obj
-    box = [obj]
-    torch.distributed.broadcast_object_list(box, src=src)
-    return box[0]
 
 
 def barrier() -> None:

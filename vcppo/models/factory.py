@@ -108,11 +108,3 @@ def make_model(size: str, tokenizer_dir: str | os.PathLike | None, out_dir: str 
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return model
-
-
-def load_model(path: str | os.PathLike, dtype=None):
-    """``AutoModelForCausalLM.from_pretrained(path)`` (fp32 by default)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)

@@ -219,6 +219,12 @@ class RewardScorer:
         }
         return rewards, metrics
 
+    def judge(self, texts: Sequence[str], truths: Sequence[Any],
+              finish_reasons: Sequence[str | None]) -> tuple[list[float], list[bool]]:
+        """Rewards and correctness flags: a sample is correct when it earned the ``correct`` score."""
+        rewards, _ = self(texts, truths, finish_reasons)
+        return rewards, [r == self.correct for r in rewards]
+
 
 def score_batch(texts: Sequence[str], truths: Sequence[Any],
                 finish_reasons: Sequence[str | None] | None = None,

@@ -6,7 +6,7 @@
 What is timed, per (B, T) with random response lengths (right padding):
   * ref x2   — two `gae_reference` loops (actor lambda + critic lambda): what the anchors do
                (one Python loop over T per lambda; verl, OpenRLHF, TRL). Slow at large shapes,
-               so it is timed `--ref-repeats` times (default 1) after no warm-up beyond the first.
+               so it is timed `--ref-repeats` times (default 1), after one warm-up call.
   * torch / numba / triton — one `decoupled_gae(impl=...)` call producing both outputs, per
                implementation available on the device (torch always; numba on CPU when installed;
                triton on CUDA when installed). "fused" = the one `impl="auto"` picks there.
@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 from vcppo.algos.gae import decoupled_gae, gae_reference, numba_available, triton_available
+from vcppo.tracking import machine_info
 
 DEFAULT_SHAPES = "256x1024,1024x4096,512x16384"
 
@@ -73,7 +74,7 @@ def bench_gae(B: int, T: int, repeats: int, ref_repeats: int, device: torch.devi
         gae_reference(rewards, values, mask, gamma, lam_actor)
         gae_reference(rewards, values, mask, gamma, lam_critic)
 
-    row["ref_x2"] = _time(reference_pair, ref_repeats, device, warmup=0)
+    row["ref_x2"] = _time(reference_pair, ref_repeats, device, warmup=1)
     for impl in _impls(device):
         row["fused_" + impl] = _time(
             lambda impl=impl: decoupled_gae(rewards, values, mask, gamma, lam_actor, lam_critic, impl=impl),
@@ -125,25 +126,9 @@ def _parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def _machine() -> dict:
-    info = {"platform": platform.platform(), "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
-        info["cpu"] = names[0] if names else platform.processor()
-        info["cpu_count"] = len(names)
-    except OSError:
-        info["cpu"] = platform.processor()
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vcppo bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="vcppo bench gae", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["gae"], help="benchmark to run")
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of BxT")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of fused / floor")
     parser.add_argument("--ref-repeats", type=int, default=1, help="timed runs of the slow loop")
@@ -174,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{f'{B}x{T}' if i == 0 else '':>12} {name:>7} {ref} {fig['median_ms']:>9.2f} "
                   f"{fig['speedup_vs_ref_x2']:>7.1f}x {floor} {fig['over_floor']:>10.1f}x", flush=True)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"machine": _machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            json.dump({"machine": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                        "args": vars(args), "results": rows}, f, indent=2)
         print(f"wrote {args.json}")
     return 0

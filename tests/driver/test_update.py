@@ -1,0 +1,62 @@
+"""The actor / critic losses as the engine uses them: split into micro-batches (and, by the same
+arithmetic, ranks), with the global counts the engine computes, they add up to the loss of the
+whole mini-batch. Fast: plain tensors, no engine."""
+import pytest
+import torch
+
+from vcppo.driver.update import PolicyLoss, ValueLoss
+from vcppo.engines.deepspeed_engine import GlobalCounts, ModelOutputs
+from vcppo.experience import make_experience
+from vcppo.schema import AlgorithmConfig, CriticConfig
+
+
+def _batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [1, 5, 3, 7, 2, 6]
+    b = make_experience([[1, 2]] * len(lengths), [[3] * n for n in lengths], pad_id=0)
+    mask = b.response_mask
+    b.old_logprobs = -torch.rand(mask.shape, generator=g) * mask
+    b.advantages = torch.randn(mask.shape, generator=g) * mask
+    b.old_values = torch.randn(mask.shape, generator=g) * mask
+    b.returns = torch.randn(mask.shape, generator=g) * mask
+    b.correct = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
+    return b
+
+
+def _loss_of(loss, b, params, counts):
+    outputs = ModelOutputs(logprobs=params * b.response_mask, entropy=params.abs() * b.response_mask,
+                           values=params * b.response_mask)
+    value, metrics = loss(outputs, b, counts)
+    return value
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("make_loss", [
+    lambda agg: PolicyLoss(AlgorithmConfig(loss_agg=agg, entropy_coef=0.01, positive_lm_coef=0.1, dual_clip_c=3.0)),
+    lambda agg: ValueLoss(CriticConfig(value_clip=0.2), agg),
+])
+def test_micro_batch_losses_sum_to_the_full_batch_loss(agg, make_loss):
+    b = _batch()
+    loss = make_loss(agg)
+    counts = GlobalCounts.over_ranks(loss.count_masks(b))
+    base = (b.old_logprobs + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(1)))
+    full_params = base.clone().requires_grad_(True)
+    full = _loss_of(loss, b, full_params, counts)
+    full.backward()
+    parts_params = base.clone().requires_grad_(True)
+    total = 0.0
+    for idx in ([0, 1], [2], [3, 4, 5]):
+        total = total + _loss_of(loss, b.select(idx), parts_params[idx], counts)
+    total.backward()
+    torch.testing.assert_close(total, full, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(parts_params.grad, full_params.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_counts_cover_the_positive_samples_for_vapo():
+    b = _batch()
+    loss = PolicyLoss(AlgorithmConfig(positive_lm_coef=0.1))
+    counts = GlobalCounts.over_ranks(loss.count_masks(b))
+    assert counts.tokens == {"response": 24.0, "positive": 1.0 + 3.0 + 6.0}
+    assert counts.sequences == {"response": 6.0, "positive": 3.0}
+    assert set(PolicyLoss(AlgorithmConfig()).count_masks(b)) == {"response"}
+    assert PolicyLoss(AlgorithmConfig(entropy_coef=0.1)).needs_entropy

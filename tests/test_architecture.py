@@ -1,0 +1,112 @@
+"""The tree stays readable: no import cycle inside the package, every driver module imports on its
+own, driver modules under 300 lines and functions under 60 (docstrings aside), and nothing in
+vcppo/ imports tests/."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "vcppo"
+DRIVER_MODULES = sorted(p.stem for p in (PKG / "driver").glob("*.py") if p.stem != "__init__")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """vcppo modules imported anywhere in the file (top level or inside functions)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vcppo"):
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("vcppo"))
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in PKG.rglob("*.py")}
+    return {name: {m for m in _imports(path) if m in files and m != name} for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle_in_the_package():
+    assert find_cycle(import_graph()) is None, find_cycle(import_graph())
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_each_driver_module_imports_on_its_own():
+    """Each in a fresh interpreter (what an import cycle or a missing import breaks), run side by side."""
+    procs = {m: subprocess.Popen([sys.executable, "-c", f"import vcppo.driver.{m}"], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True) for m in DRIVER_MODULES}
+    failed = {m: p.communicate(timeout=600)[1][-2000:] for m, p in procs.items()}
+    failed = {m: err for m, err in failed.items() if procs[m].returncode != 0}
+    assert len(DRIVER_MODULES) >= 10 and not failed, failed
+
+
+def test_driver_modules_and_functions_stay_small():
+    too_long = []
+    for path in (PKG / "driver").glob("*.py"):
+        lines = path.read_text().splitlines()
+        if len(lines) > 300:
+            too_long.append(f"{path.name}: {len(lines)} lines")
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = _code_lines(node)
+                if n > 60:
+                    too_long.append(f"{path.relative_to(PKG)}:{node.name}: {n} lines")
+    assert not too_long, too_long
+
+
+def _code_lines(fn: ast.FunctionDef) -> int:
+    """Lines of a function without its docstring (a long notation block is documentation)."""
+    first = fn.body[0]
+    doc = (first.end_lineno - first.lineno + 1) if (isinstance(first, ast.Expr) and isinstance(
+        getattr(first, "value", None), ast.Constant) and isinstance(first.value.value, str)) else 0
+    return fn.end_lineno - fn.lineno + 1 - doc
+
+
+def test_the_package_never_imports_tests():
+    offenders = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+                 if "tests" in {n.split(".")[0] for n in _plain_imports(p)} or "conftest" in p.read_text()]
+    assert not offenders, offenders
+
+
+def _plain_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out

@@ -1,0 +1,54 @@
+"""The Experience layout (left-padded prompts, right-padded responses) and its slicing. Fast, no engines."""
+import dataclasses
+
+import pytest
+import torch
+
+from vcppo.experience import Experience, make_experience
+
+
+def test_layout_positions_and_masks():
+    b = make_experience([[5, 6, 7], [8]], [[10, 11], [12, 13, 14]], pad_id=0, device="cpu")
+    assert b.prompt_len == 3 and b.size == 2
+    assert b.input_ids.tolist() == [[5, 6, 7, 10, 11, 0], [0, 0, 8, 12, 13, 14]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
+    # positions count real tokens only: the first real token is at position 0 despite left padding
+    assert b.position_ids.tolist() == [[0, 1, 2, 3, 4, 4], [0, 0, 0, 1, 2, 3]]
+    assert b.responses.tolist() == [[10, 11, 0], [12, 13, 14]]
+    assert b.response_mask.dtype == torch.float32
+    assert b.response_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    # the logits predicting response token t sit at column P-1+t: that column holds the previous token
+    P = b.prompt_len
+    assert b.input_ids[0, P - 1].item() == 7 and b.input_ids[1, P - 1 + 1].item() == 12
+    assert b.scores is None and b.advantages is None  # filled later by sampling and the PPO step
+
+
+def test_empty_response_gets_one_masked_column():
+    b = make_experience([[5]], [[]], pad_id=0)
+    assert b.responses.shape == (1, 1) and b.response_mask.sum() == 0
+
+
+def test_bad_input_is_rejected():
+    with pytest.raises(ValueError, match="2 prompts but 1 responses"):
+        make_experience([[1], [2]], [[3]], pad_id=0)
+    with pytest.raises(ValueError, match="empty prompt"):
+        make_experience([[]], [[3]], pad_id=0)
+
+
+def test_select_split_and_micro_batches_carry_every_field():
+    b = make_experience([[1, 2], [3], [4, 5, 6]], [[7], [8, 9], [10]], pad_id=0)
+    b.advantages = torch.arange(3 * 2, dtype=torch.float32).view(3, 2)
+    b.correct = torch.tensor([1.0, 0.0, 1.0])
+    s = b.select([2, 0])
+    assert s.advantages.tolist() == [[4, 5], [0, 1]] and s.correct.tolist() == [1.0, 1.0]
+    assert s.prompt_len == 3 and s.returns is None
+    assert torch.equal(b.select(torch.tensor([1])).input_ids, b.input_ids[1:2])
+    parts = b.split(2)
+    assert [p.size for p in parts] == [2, 1]
+    assert torch.equal(torch.cat([p.advantages for p in parts]), b.advantages)
+    assert [m.size for m in b.micro_batches(2)] == [2, 1]
+    assert b.micro_batches(None)[0] is b
+    moved = b.to("cpu")
+    for f in dataclasses.fields(Experience):
+        v = getattr(b, f.name)
+        assert (getattr(moved, f.name) is None) == (v is None)

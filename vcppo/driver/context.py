@@ -1,0 +1,196 @@
+"""The wiring of a training run: process group, seeds, data, logger, reward, and the engines.
+
+:class:`RunContext` is built once per run (:meth:`RunContext.create`) and handed to the phases
+(value pretraining, PPO); it holds no training logic itself beyond sampling one step's batch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vcppo.config import save_config, to_dict
+from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
+from vcppo.driver.checkpoint import find_resume_point
+from vcppo.driver.critic_cache import cached_critic
+from vcppo.driver.sampling import collect_experience, rank_slice
+from vcppo.engines import dist as D
+from vcppo.engines.actor import ActorEngine
+from vcppo.engines.critic import CriticEngine
+from vcppo.engines.dist import DistInfo
+from vcppo.engines.reference import ReferenceEngine
+from vcppo.engines.rollout import RolloutEngine
+from vcppo.experience import Experience
+from vcppo.rewards.verifier import RewardScorer
+from vcppo.schema import Config, ConfigError
+from vcppo.tracking import MetricsLogger
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pad_token_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def load_prompt_set(cfg: Config, path: str, tokenizer, *, max_prompt_tokens: int | None,
+                    shuffle_seed: int | None, limit: int | None = None) -> PromptSet:
+    """``path`` read with the ``data`` section's fields and chat-template setting (every command)."""
+    chat = {"auto": "auto", "true": True, "false": False}[cfg.data.use_chat_template]
+    return load_prompts(path, tokenizer, prompt_field=cfg.data.prompt_field, answer_field=cfg.data.answer_field,
+                        max_prompt_tokens=max_prompt_tokens, use_chat_template=chat, shuffle_seed=shuffle_seed,
+                        limit=limit)
+
+
+def make_scorer(cfg: Config) -> RewardScorer:
+    return RewardScorer(cfg.reward.function, correct=cfg.reward.correct_score, wrong=cfg.reward.wrong_score)
+
+
+def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resume: bool = False) -> MetricsLogger:
+    """metrics.jsonl + wandb (``logging`` section) + progress bar, written by the main rank."""
+    lg = cfg.logging
+    return MetricsLogger(out_dir, to_dict(cfg), enabled=dist.is_main, use_wandb=lg.wandb, wandb_mode=lg.wandb_mode,
+                         wandb_project=lg.wandb_project, run_name=run_name, progress_bar=lg.progress_bar,
+                         resume=resume)
+
+
+def optimizer_steps_per_rl_step(optim) -> int:
+    return optim.ppo_epochs * optim.ppo_mini_batches
+
+
+@dataclass
+class Engines:
+    rollout: RolloutEngine
+    actor: ActorEngine
+    critic: CriticEngine | None
+    reference: ReferenceEngine | None
+    critic_from_cache: Path | None   # a reused value-pretrained critic
+
+
+def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger) -> Engines:
+    """vLLM first (its start-up scan must precede numba), then the DeepSpeed engines."""
+    alg, vp, temperature = cfg.algorithm, cfg.value_pretrain, cfg.rollout.temperature
+    log.info("starting vLLM rollout engine")
+    rollout = RolloutEngine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
+                            max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
+                            dtype=cfg.model.dtype)
+    log.info(f"starting actor engine (DeepSpeed ZeRO-{cfg.actor.zero_stage})")
+    actor_steps = cfg.trainer.total_steps * optimizer_steps_per_rl_step(cfg.actor)
+    actor = ActorEngine(cfg.model.policy_path, cfg.actor, dist, total_optimizer_steps=max(1, actor_steps),
+                        dtype=cfg.model.dtype, temperature=temperature)
+    critic, from_cache = None, None
+    if alg.advantage_estimator == "gae":
+        init, path = cfg.model.critic_init, cfg.model.critic_path or cfg.model.policy_path
+        if vp.enabled and vp.reuse:
+            from_cache = cached_critic(cfg)
+            if from_cache is not None:
+                init, path = "checkpoint", str(from_cache)
+        pre_steps = vp.steps if (vp.enabled and from_cache is None) else 0
+        log.info(f"starting critic engine (init: {init} from {path})")
+        critic_steps = (pre_steps + cfg.trainer.total_steps) * optimizer_steps_per_rl_step(cfg.critic)
+        critic = CriticEngine(init, path, cfg.critic, dist, total_optimizer_steps=max(1, critic_steps),
+                              dtype=cfg.model.dtype)
+    reference = None
+    if alg.kl_coef > 0:
+        reference = ReferenceEngine(cfg.model.policy_path, cfg.reference, dist, dtype=cfg.model.dtype,
+                                    temperature=temperature)
+    return Engines(rollout, actor, critic, reference, from_cache)
+
+
+@dataclass
+class RunContext:
+    cfg: Config
+    run_dir: Path
+    dist: DistInfo
+    pad_id: int
+    prompts: PromptStream        # the training prompts, endless and resumable
+    val_rows: list[dict]         # validation prompt rows ({"prompt_ids", "answer", ...})
+    scorer: RewardScorer
+    rollout: RolloutEngine
+    actor: ActorEngine
+    critic: CriticEngine | None
+    reference: ReferenceEngine | None
+    log: MetricsLogger
+    critic_from_cache: Path | None = None
+
+    @classmethod
+    def create(cls, cfg: Config, run_dir: Path) -> "RunContext":
+        from transformers import AutoTokenizer
+
+        dist = D.init_distributed(cfg.trainer.device)
+        if cfg.trainer.prompts_per_step % dist.world_size:
+            raise ConfigError(f"config key 'trainer.prompts_per_step' ({cfg.trainer.prompts_per_step}) "
+                              f"must be divisible by the number of ranks ({dist.world_size})")
+        seed_everything(cfg.trainer.seed)
+        if cfg.trainer.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path)
+        max_tokens = cfg.data.max_prompt_tokens
+        train_set = load_prompt_set(cfg, cfg.data.train_files, tokenizer, max_prompt_tokens=max_tokens,
+                                    shuffle_seed=cfg.trainer.seed)
+        val_rows = []
+        if cfg.data.val_files:
+            val_rows = load_prompt_set(cfg, cfg.data.val_files, tokenizer, max_prompt_tokens=max_tokens,
+                                       shuffle_seed=None, limit=cfg.trainer.val_max_prompts).rows()
+        resuming = find_resume_point(run_dir, cfg.trainer.resume) is not None
+        log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resuming)
+        if dist.is_main:
+            save_config(cfg, run_dir)
+        log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "
+                 f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
+                 f"{len(val_rows)} val prompts")
+        scorer = make_scorer(cfg)
+        engines = build_engines(cfg, dist, log)
+        return cls(cfg=cfg, run_dir=run_dir, dist=dist, pad_id=pad_token_id(tokenizer),
+                   prompts=train_set.stream(seed=cfg.trainer.seed), val_rows=val_rows, scorer=scorer,
+                   rollout=engines.rollout, actor=engines.actor, critic=engines.critic,
+                   reference=engines.reference, log=log, critic_from_cache=engines.critic_from_cache)
+
+    # ---------------------------------------------------------------------------------------------
+    def sample_seed(self, phase: str, step: int) -> int:
+        """Sampling seed of one step on this rank: reproducible (resume gives the same samples),
+        different across phases, steps and ranks."""
+        key = f"{self.cfg.trainer.seed}/{phase}/{step}/{self.dist.rank}".encode()
+        return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+
+    def sample_step(self, phase: str, step: int) -> Experience:
+        """This step's prompts (this rank's share of the global batch), sampled and scored."""
+        rows = self.prompts.next_batch(self.cfg.trainer.prompts_per_step)
+        offset, mine = rank_slice(rows, self.dist.rank, self.dist.world_size)
+        return collect_experience(mine, first_index=offset, rollout=self.rollout, scorer=self.scorer,
+                                  pad_id=self.pad_id, device=self.dist.device, sampling=self.cfg.rollout,
+                                  seed=self.sample_seed(phase, step))
+
+    def sync_weights(self) -> float:
+        """Stream the actor's (gathered) weights into vLLM; seconds."""
+        return self.rollout.sync_weights(self.actor.named_parameters_gathered())
+
+    def barrier(self) -> None:
+        D.barrier()
+
+    def write_final_metrics(self, metrics: dict) -> None:
+        if self.dist.is_main:
+            (self.run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=1))
+
+    def export_final(self) -> None:
+        """HF-format policy (and critic) for `vcppo eval` and downstream use."""
+        self.actor.export_hf(str(self.run_dir / "final" / "actor"))
+        if self.critic is not None:
+            self.critic.export(str(self.run_dir / "final" / "critic"))
+        self.barrier()
+
+    def close(self) -> None:
+        self.log.close()
+        try:
+            self.rollout.close()
+        finally:
+            D.shutdown()

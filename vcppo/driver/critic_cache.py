@@ -1,0 +1,80 @@
+"""The pretrained-critic cache: value pretraining's result, reused by every run it would be the
+same for.
+
+A pretrained critic is determined by the policy, the data, the critic's init and optimiser, the
+pretraining and sampling settings, and the reward -- not by the RL algorithm or the seed. So every
+preset and seed of a sweep that starts from the same SFT model reuses one critic, stored under
+``value_pretrain.cache_dir/<key>`` and published atomically (concurrent runs never read half a
+model).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from vcppo.schema import Config
+
+COMPLETE_MARKER = "vcppo_pretrain.json"
+
+
+def fingerprint_path(path: str) -> dict:
+    """Cheap identity of a file or directory (names, sizes, mtimes) for cache keys: hashing a 60 GB
+    checkpoint to decide whether to reuse a critic would cost more than it saves."""
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file())
+    return {"path": str(p.resolve()),
+            "files": [(str(f.relative_to(p)) if p.is_dir() else f.name, f.stat().st_size,
+                       int(f.stat().st_mtime)) for f in files]}
+
+
+def cache_key(cfg: Config) -> str:
+    relevant = {
+        "policy": fingerprint_path(cfg.model.policy_path),
+        "data": fingerprint_path(cfg.data.train_files),
+        "data_fields": [cfg.data.prompt_field, cfg.data.answer_field, cfg.data.max_prompt_tokens,
+                        cfg.data.use_chat_template],
+        "critic_init": [cfg.model.critic_init,
+                        fingerprint_path(cfg.model.critic_path) if cfg.model.critic_path else None],
+        "critic": dataclasses.asdict(cfg.critic),
+        "value_pretrain": {k: getattr(cfg.value_pretrain, k) for k in
+                           ("steps", "lambda_critic", "early_stop", "min_steps", "window", "ev_tolerance",
+                            "loss_tolerance")},
+        "rollout": [cfg.rollout.n_samples_per_prompt, cfg.rollout.temperature, cfg.rollout.top_p,
+                    cfg.rollout.max_response_tokens, cfg.rollout.stop],
+        "prompts_per_step": cfg.trainer.prompts_per_step,
+        "gamma": cfg.algorithm.gamma,
+        "reward": [cfg.reward.function, cfg.reward.correct_score, cfg.reward.wrong_score],
+    }
+    blob = json.dumps(relevant, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def cache_path(cfg: Config) -> Path:
+    return Path(cfg.value_pretrain.cache_dir) / cache_key(cfg)
+
+
+def cached_critic(cfg: Config) -> Path | None:
+    """The complete pretrained critic for ``cfg``, if the cache has one."""
+    path = cache_path(cfg)
+    return path if (path / COMPLETE_MARKER).exists() else None
+
+
+def staging_path(cfg: Config, run_name: str) -> Path:
+    """Where a run writes the critic before publishing it (the same path on every rank)."""
+    target = cache_path(cfg)
+    return target.with_name(f"{target.name}.tmp-{run_name}")
+
+
+def publish(stage: Path, target: Path, info: dict) -> None:
+    """Main rank, after the critic was exported into ``stage``: mark it complete and move it into
+    place, unless another run got there first (then ours is dropped: both are the same critic)."""
+    (stage / COMPLETE_MARKER).write_text(json.dumps(info, indent=1))
+    if target.exists():
+        shutil.rmtree(stage)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(stage, target)

@@ -1,0 +1,111 @@
+"""What a step reports: phase timings, the collapse diagnostics over the global batch, validation."""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from vcppo.algos import stats
+from vcppo.driver.context import RunContext
+from vcppo.driver.evaluate import evaluate
+from vcppo.engines.dist import gather_cat, global_sum
+from vcppo.experience import Experience
+
+
+@dataclass
+class PhaseTimer:
+    """Wall time per named phase of a step; ``with timer("rollout"): ...``."""
+    seconds: dict = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict:
+        out = {f"time/{k}_s": v for k, v in self.seconds.items()}
+        out["time/step_s"] = sum(self.seconds.values())
+        return out
+
+
+def position_diagnostics(adv: torch.Tensor, mask: torch.Tensor, buckets: int) -> dict:
+    """The paper's Figure-2 diagnostic: mean advantage by token position, and its correlation."""
+    profile = stats.advantage_position_profile(adv, mask, num_buckets=buckets)
+    return {"adv/position_corr": float(stats.advantage_position_correlation(adv, mask)),
+            "adv/position_profile": [None if not np.isfinite(x) else float(x) for x in profile.means],
+            "adv/position_edges": [float(x) for x in profile.edges]}
+
+
+def _response_metrics(ctx: RunContext, batch: Experience, mask: torch.Tensor) -> dict:
+    lengths = mask.sum(1)
+    m = {"reward/mean": gather_cat(batch.scores).mean().item(),
+         "reward/accuracy": gather_cat(batch.correct).mean().item(),
+         "reward/failures_total": float(global_sum(ctx.scorer.num_failures)),
+         "response/length_mean": lengths.mean().item()}
+    for q in (50, 90):
+        m[f"response/length_p{q}"] = lengths.quantile(q / 100).item()
+    m["response/length_max"] = lengths.max().item()
+    m["response/truncated_frac"] = gather_cat(batch.truncated).mean().item()
+    return m
+
+
+def _critic_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict:
+    return {"critic/explained_variance": float(stats.explained_variance(values, returns, mask)),
+            "critic/value_mean": stats.masked_mean(values, mask).item(),
+            "critic/return_mean": stats.masked_mean(returns, mask).item(),
+            # Value at the first response token vs the final outcome: the init-bias diagnostic of
+            # VC-PPO sec. 3.1 (an RM-initialised critic scores early tokens far below the return).
+            "critic/value_first_token": values[:, 0].mean().item()}
+
+
+def step_metrics(ctx: RunContext, batch: Experience, timer: PhaseTimer) -> dict:
+    """The per-step diagnostics, over the global batch (gathered from every rank). Fields the phase
+    did not compute (no critic in GRPO, no old logprobs in value pretraining) are skipped."""
+    mask = gather_cat(batch.response_mask)
+    m: dict[str, Any] = _response_metrics(ctx, batch, mask)
+    if batch.raw_advantages is not None:
+        adv = gather_cat(batch.raw_advantages)
+        m["adv/mean"] = stats.masked_mean(adv, mask).item()
+        m["adv/std"] = stats.masked_var(adv, mask).sqrt().item()
+        m.update(position_diagnostics(adv, mask, ctx.cfg.logging.profile_buckets))
+    if batch.old_values is not None:
+        m.update(_critic_metrics(gather_cat(batch.old_values), gather_cat(batch.returns), mask))
+    if batch.old_logprobs is not None:
+        diff = (gather_cat(batch.old_logprobs) - gather_cat(batch.sampler_logprobs)).abs() * mask
+        m["mismatch/logprob_abs_mean"] = (diff.sum() / mask.sum().clamp(min=1)).item()
+        m["mismatch/logprob_abs_max"] = diff.max().item()
+    if batch.entropy is not None:
+        m["actor/entropy"] = stats.masked_mean(gather_cat(batch.entropy), mask).item()
+    if batch.kl is not None:
+        m["actor/kl_ref"] = stats.masked_mean(gather_cat(batch.kl), mask).item()
+    m.update(timer.metrics())
+    m["perf/response_tokens"] = mask.sum().item()
+    m["perf/tokens_per_s"] = mask.sum().item() / max(m["time/step_s"], 1e-9)
+    if "time/rollout_s" in m:
+        m["perf/rollout_tokens_per_s"] = mask.sum().item() / max(m["time/rollout_s"], 1e-9)
+    if torch.cuda.is_available():
+        m["perf/gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated() / 2 ** 30
+    return m
+
+
+def log_validation(ctx: RunContext, step: int, final: bool = False) -> dict:
+    """Greedy pass@1 and sampled unbiased pass@k on the validation prompts, logged."""
+    if not ctx.val_rows:
+        return {}
+    cfg = ctx.cfg
+    metrics = evaluate(ctx.rollout, ctx.val_rows, ctx.scorer, dist=ctx.dist, sampling=cfg.rollout,
+                       n_samples=cfg.trainer.val_n_samples, ks=cfg.trainer.val_k,
+                       seed=ctx.sample_seed("val", step))
+    ctx.log.log(metrics, step=step, phase="val")
+    ctx.log.info(f"val step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()
+                                                  if k.startswith("val/")))
+    if final:
+        ctx.write_final_metrics(metrics)
+    return metrics

@@ -1,0 +1,50 @@
+"""Saving a run's checkpoint and continuing from one (collective: every rank calls).
+
+The file format and its atomicity are :mod:`vcppo.driver.checkpoint`'s; this module decides what
+goes in (engines, RNG, data position, :class:`~vcppo.driver.checkpoint.RunState`) and restores it.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from vcppo.driver import checkpoint as ckpt
+from vcppo.driver.context import RunContext
+
+
+
+def save_checkpoint(ctx: RunContext, state: ckpt.RunState) -> None:
+    """Every rank writes its shards, then the main rank seals the directory."""
+    stage = ckpt.staging_dir(ctx.run_dir, state.global_step)
+    ckpt.write_rank_files(stage, ctx.dist.rank)
+    if state.phase == "ppo":  # during value pretraining the actor is frozen: nothing to save
+        ctx.actor.save_checkpoint(str(stage / "actor"))
+    if ctx.critic is not None:
+        ctx.critic.save_checkpoint(str(stage / "critic"))
+    ctx.barrier()
+    if ctx.dist.is_main:
+        state.data = ctx.prompts.state_dict()
+        final = ckpt.commit(stage, dataclasses.asdict(state), ctx.cfg.trainer.keep_last)
+        ctx.log.info(f"checkpoint {final}")
+    ctx.barrier()
+
+
+def resume_or_start(ctx: RunContext) -> ckpt.RunState:
+    """The state to continue from: the resume point's (engines and data position restored), or a
+    fresh start (stale partial checkpoints removed)."""
+    cfg = ctx.cfg
+    first_phase = "value_pretrain" if (ctx.critic is not None and cfg.value_pretrain.enabled) else "ppo"
+    point = ckpt.find_resume_point(ctx.run_dir, cfg.trainer.resume)
+    if point is None:
+        if ctx.dist.is_main:
+            ckpt.clean_partial(ckpt.checkpoint_root(ctx.run_dir))
+        return ckpt.RunState(phase=first_phase)
+    ctx.log.info(f"resuming from {point}")
+    state = ckpt.load_state(point, ctx.dist.rank)
+    if (point / "actor").exists():
+        ctx.actor.load_checkpoint(str(point / "actor"))
+    if ctx.critic is not None:
+        ctx.critic.load_checkpoint(str(point / "critic"))
+    ctx.prompts.load_state_dict(state.data)
+    if state.phase == "ppo" and state.step > 0:
+        ctx.sync_weights()  # vLLM started from the initial policy; give it the resumed actor
+    return state

@@ -1,0 +1,105 @@
+"""The actor and critic updates: their losses (as :class:`~vcppo.engines.deepspeed_engine.EngineLoss`)
+and the PPO epochs x mini-batches loop. Normalisation over ranks and micro-batches is the engine's
+job (:mod:`vcppo.engines.deepspeed_engine`); a loss only says what it averages over.
+"""
+from __future__ import annotations
+
+import torch
+
+from vcppo.algos import losses
+from vcppo.driver.context import RunContext
+from vcppo.engines.deepspeed_engine import (RESPONSE, DeepSpeedModelEngine, EngineLoss, GlobalCounts,
+                                            ModelOutputs, response_counts)
+from vcppo.experience import Experience
+from vcppo.schema import ActorConfig, AlgorithmConfig, CriticConfig
+
+POSITIVE = "positive"  # VAPO's positive-example NLL averages over correct samples only
+
+
+class PolicyLoss:
+    """Clipped surrogate (+ entropy bonus, + VAPO's positive-example NLL), aggregated by
+    ``algorithm.loss_agg`` over the global mini-batch."""
+
+    def __init__(self, alg: AlgorithmConfig):
+        self.alg = alg
+        self.needs_entropy = alg.entropy_coef > 0
+
+    def count_masks(self, minibatch: Experience) -> dict[str, torch.Tensor]:
+        masks = response_counts(minibatch)
+        if self.alg.positive_lm_coef > 0:
+            masks[POSITIVE] = minibatch.response_mask * (minibatch.correct > 0)[:, None]
+        return masks
+
+    def __call__(self, outputs: ModelOutputs, micro: Experience, counts: GlobalCounts):
+        a, mask = self.alg, micro.response_mask
+        norm = dict(agg=a.loss_agg, global_token_count=counts.tokens[RESPONSE],
+                    global_seq_count=counts.sequences[RESPONSE])
+        loss, metrics = losses.policy_loss(outputs.logprobs, micro.old_logprobs, micro.advantages, mask,
+                                           eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c,
+                                           **norm)
+        metrics = {f"actor/{k}": v for k, v in metrics.items()}
+        # The loss above is this micro-batch's share of the global mean; report its own mean.
+        metrics["actor/pg_loss"] = loss.detach() * counts.local_share(RESPONSE, mask, a.loss_agg)
+        if a.entropy_coef > 0:
+            loss = loss - a.entropy_coef * losses.aggregate_loss(outputs.entropy, mask, **norm)
+        if a.positive_lm_coef > 0:
+            # VAPO: imitation loss on correctly answered samples (self-imitation of positives).
+            nll, m = losses.positive_example_nll(outputs.logprobs, mask, micro.correct > 0, agg=a.loss_agg,
+                                                 global_token_count=max(counts.tokens[POSITIVE], 1.0),
+                                                 global_seq_count=max(counts.sequences[POSITIVE], 1.0))
+            loss = loss + a.positive_lm_coef * nll
+            metrics.update({f"actor/{k}": v for k, v in m.items()})
+        return loss, metrics
+
+
+class ValueLoss:
+    """Clipped value loss against the value targets, aggregated by ``algorithm.loss_agg``."""
+    needs_entropy = False
+
+    def __init__(self, critic: CriticConfig, agg: str):
+        self.clip, self.agg = critic.value_clip, agg
+
+    count_masks = staticmethod(response_counts)
+
+    def __call__(self, outputs: ModelOutputs, micro: Experience, counts: GlobalCounts):
+        loss, metrics = losses.value_loss(outputs.values, micro.old_values, micro.returns, micro.response_mask,
+                                          clip_range=self.clip, agg=self.agg,
+                                          global_token_count=counts.tokens[RESPONSE],
+                                          global_seq_count=counts.sequences[RESPONSE])
+        metrics = {f"critic/{k}": v for k, v in metrics.items()}
+        metrics["critic/value_loss"] = loss.detach() * counts.local_share(RESPONSE, micro.response_mask, self.agg)
+        return loss, metrics
+
+
+def minibatches(batch: Experience, optim: ActorConfig, seed: int, step: int):
+    """PPO epochs x shuffled mini-batches of this rank's share of the step's batch."""
+    for epoch in range(optim.ppo_epochs):
+        g = torch.Generator().manual_seed(seed * 7919 + step * 31 + epoch)
+        order = torch.randperm(batch.size, generator=g)
+        for idx in order.chunk(optim.ppo_mini_batches):
+            yield batch.select(idx.sort().values)
+
+
+def mean_metrics(records: list[dict]) -> dict:
+    keys = {k for r in records for k in r}
+    return {k: sum(float(r[k]) for r in records if k in r) / sum(k in r for r in records) for k in keys}
+
+
+def run_update(engine: DeepSpeedModelEngine, loss: EngineLoss, optim: ActorConfig, batch: Experience,
+               seed: int, step: int, role: str) -> dict:
+    """PPO epochs x mini-batches of optimizer steps; metrics averaged, engine figures prefixed."""
+    out = mean_metrics([engine.train_step(mb, loss) for mb in minibatches(batch, optim, seed, step)])
+    for k in ("grad_norm", "lr"):
+        if k in out:
+            out[f"{role}/{k}"] = out.pop(k)
+    return out
+
+
+def train_critic(ctx: RunContext, batch: Experience, step: int) -> dict:
+    loss = ValueLoss(ctx.cfg.critic, ctx.cfg.algorithm.loss_agg)
+    return run_update(ctx.critic, loss, ctx.cfg.critic, batch, ctx.cfg.trainer.seed, step, "critic")
+
+
+def train_actor(ctx: RunContext, batch: Experience, step: int) -> dict:
+    loss = PolicyLoss(ctx.cfg.algorithm)
+    return run_update(ctx.actor, loss, ctx.cfg.actor, batch, ctx.cfg.trainer.seed, step, "actor")

@@ -1,0 +1,337 @@
+"""DeepSpeed (ZeRO-3 by default) wrapper shared by the actor, critic and reference engines: config,
+AdamW + LR schedule, the gradient contract of one optimizer step, gathered parameters, checkpoints.
+
+Gradient contract of :meth:`DeepSpeedModelEngine.train_step`, owned here and nowhere else:
+the caller hands over its rank's share of a mini-batch and an :class:`EngineLoss`. The engine
+  1. counts the tokens / sequences the loss averages over on EVERY rank (:class:`GlobalCounts`),
+  2. runs the micro-batches; each loss value is its share of the loss of the whole global
+     mini-batch (normalised by those global counts), so the values sum to that loss,
+  3. rescales for data parallelism: DeepSpeed 0.19.8 averages gradients over ranks in the ZeRO
+     reduce-scatter, so the loss is multiplied by ``world_size`` before backward; and it divides
+     by gradient_accumulation_steps, so gas=1 in the DeepSpeed config, the accumulation boundary
+     is marked here and ``backward(..., scale_wrt_gas=False)`` is used,
+  4. keeps ZeRO-3's collectives in step: every rank runs the same number of backward passes
+     (a rank with fewer micro-batches runs zero-weight passes).
+The gradient applied is then d(loss on the global mini-batch)/dθ, whatever the number of ranks
+or micro-batches (tests/engines/test_distributed.py: 2 ranks == 1 rank).
+"""
+from __future__ import annotations
+
+import math
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+
+from vcppo.engines import dist as D
+from vcppo.engines.dist import DistInfo
+from vcppo.experience import Experience
+from vcppo.schema import EngineConfig, OptimConfig
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def lr_lambda_factory(warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> Callable:
+    """Multiplier of the peak lr after ``s`` optimizer steps (LambdaLR semantics).
+
+    Linear warm-up reaching the peak on step ``warmup_steps`` ((s+1)/warmup: the first step
+    is not wasted at lr 0), then constant / cosine / linear decay to ``min_lr_ratio`` at
+    ``total_steps``.
+    """
+    def f(s: int) -> float:
+        if warmup_steps > 0 and s < warmup_steps:
+            return (s + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        span = max(1, total_steps - warmup_steps)
+        p = min(1.0, max(0.0, (s - warmup_steps) / span))
+        if schedule == "cosine":
+            return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p))
+        if schedule == "linear":
+            return 1.0 - (1 - min_lr_ratio) * p
+        raise ValueError(f"unknown lr_schedule {schedule!r}")
+    return f
+
+
+# -------------------------------------------------------------------------------------------------
+# The loss interface
+
+RESPONSE = "response"  # the count mask of every response token
+
+
+def response_counts(minibatch: Experience) -> dict[str, torch.Tensor]:
+    """``count_masks`` of a loss that averages over every response token / sequence."""
+    return {RESPONSE: minibatch.response_mask}
+
+
+@dataclass(frozen=True)
+class GlobalCounts:
+    """Per named (B, R) mask: valid tokens and sequences with >= 1 valid token, summed over ranks.
+
+    ``tokens[name]`` is N_tok and ``sequences[name]`` N_seq of :func:`vcppo.algos.losses.aggregate_loss`
+    for the whole global mini-batch.
+    """
+    tokens: dict[str, float]
+    sequences: dict[str, float]
+
+    @classmethod
+    def over_ranks(cls, masks: dict[str, torch.Tensor]) -> "GlobalCounts":
+        names = sorted(masks)
+        local = [float((masks[n] != 0).sum()) for n in names] + \
+                [float(((masks[n] != 0).sum(-1) > 0).sum()) for n in names]
+        total = D.all_reduce_sum(torch.tensor(local, dtype=torch.float64, device=D.comm_device())).tolist()
+        k = len(names)
+        return cls(tokens=dict(zip(names, total[:k])), sequences=dict(zip(names, total[k:])))
+
+    def local_share(self, name: str, micro_mask: torch.Tensor, agg: str) -> float:
+        """Global count / this micro-batch's count: turns a micro-batch's share of the global loss
+        back into its own mean (for metrics)."""
+        if agg == "token-mean":
+            return self.tokens[name] / max(float((micro_mask != 0).sum()), 1.0)
+        return self.sequences[name] / max(float(((micro_mask != 0).sum(-1) > 0).sum()), 1.0)
+
+
+@dataclass
+class ModelOutputs:
+    """What an engine's forward pass gives a loss, aligned with ``Experience.responses``.
+
+        logprobs (b, R)  log pi(a_t | s_t) of the response tokens (actor)
+        entropy  (b, R)  per-token entropy, when the loss asked for it (actor)
+        values   (b, R)  V(s_t), the value of the state before response token t (critic)
+    All zero at padded response positions.
+    """
+    logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+class EngineLoss(Protocol):
+    """A loss :meth:`DeepSpeedModelEngine.train_step` can optimise.
+
+    ``needs_entropy``: the forward pass must also return the per-token entropy.
+    ``count_masks(minibatch)``: the (B, R) masks the loss averages over, by name (e.g. every
+        response token; VAPO's positive-example NLL averages over correct samples only). The
+        engine turns them into :class:`GlobalCounts`.
+    ``__call__(outputs, micro, counts)``: (0-d loss, metrics). The loss is normalised by
+        ``counts``, i.e. it is this micro-batch's share of the loss on the global mini-batch.
+    """
+    needs_entropy: bool
+
+    def count_masks(self, minibatch: Experience) -> dict[str, torch.Tensor]: ...
+
+    def __call__(self, outputs: ModelOutputs, micro: Experience,
+                 counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, Any]]: ...
+
+
+# -------------------------------------------------------------------------------------------------
+# The engine
+
+
+def _strip_prefixes(name: str) -> str:
+    for pre in ("module.", "_orig_mod."):
+        while name.startswith(pre):
+            name = name[len(pre):]
+    return name
+
+
+class DeepSpeedModelEngine:
+    """A module wrapped by ``deepspeed.initialize``; with an :class:`OptimConfig` and
+    ``train=True`` it gets AdamW + LambdaLR, otherwise it is frozen (no optimizer).
+
+    Subclasses build the module (:meth:`_build_module`) and compute :class:`ModelOutputs` for a
+    micro-batch (:meth:`_forward_outputs`).
+    """
+
+    def __init__(self, cfg: EngineConfig, dist: DistInfo, total_optimizer_steps: int, dtype: str = "auto",
+                 train: bool = True):
+        import deepspeed
+
+        if train and not isinstance(cfg, OptimConfig):
+            raise TypeError(f"a trained engine needs an OptimConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.dist = dist
+        self.dtype = resolve_dtype(dtype, dist.device)
+        self.total_optimizer_steps = int(total_optimizer_steps)
+        self.zero_stage = cfg.zero_stage
+        self.ds_config = self._ds_config(cfg, train)
+        module = self._build_under_zero_init()
+        if train and cfg.gradient_checkpointing:
+            self._enable_gradient_checkpointing(module)
+        if train:
+            params = [p for p in module.parameters() if p.requires_grad]
+            sched = lr_lambda_factory(cfg.warmup_steps, self.total_optimizer_steps, cfg.lr_schedule,
+                                      cfg.min_lr_ratio)
+            self.engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
+                model=module, model_parameters=params, config=self.ds_config,
+                lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched))
+        else:
+            module.requires_grad_(False)
+            self.engine = deepspeed.initialize(model=module, config=self.ds_config)[0]
+            self.optimizer = self.lr_scheduler = None
+        self.module = self.engine.module
+
+    # --- construction ----------------------------------------------------------------------
+    def _build_under_zero_init(self) -> torch.nn.Module:
+        """Build the module; under ZeRO-3, transformers' from_pretrained partitions it at load
+        (deepspeed.zero.Init, needs `accelerate`), so it is never fully materialised per rank."""
+        if self.zero_stage != 3:
+            return self._build_module()
+        try:
+            from transformers.integrations import HfDeepSpeedConfig
+            hf_ds_config = HfDeepSpeedConfig(self.ds_config)
+        except Exception:  # noqa: BLE001 - no accelerate / version check: load whole, partition later
+            return self._build_module()
+        try:
+            return self._build_module()
+        finally:
+            # Only construction needs it. Left registered (a process-wide weak reference in
+            # transformers), it makes every later from_pretrained / from_config in the process
+            # build partitioned, empty-tensor models -- exports, evaluation, other tests.
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+            unset_hf_deepspeed_config()
+            del hf_ds_config
+
+    def _ds_config(self, cfg: EngineConfig, train: bool) -> dict:
+        cuda = self.dist.device.type == "cuda"
+        zero: dict[str, Any] = {"stage": self.zero_stage}
+        if self.zero_stage == 3:
+            zero.update({"stage3_gather_16bit_weights_on_model_save": False,
+                         "stage3_param_persistence_threshold": 1e4 if cuda else 0, "overlap_comm": cuda})
+            if cfg.offload_params:
+                zero["offload_param"] = {"device": "cpu", "pin_memory": cuda}
+        if train and cfg.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cuda}
+        c: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+            "gradient_accumulation_steps": 1,  # accumulation boundaries are marked in train_step
+            "train_batch_size": cfg.micro_batch_size * self.dist.world_size,
+            "zero_optimization": zero,
+            "bf16": {"enabled": self.dtype == torch.bfloat16},
+            "fp16": {"enabled": self.dtype == torch.float16},
+            "steps_per_print": 10 ** 12,
+            "wall_clock_breakdown": False,
+            "zero_allow_untested_optimizer": True,
+        }
+        if train:
+            c["gradient_clipping"] = float(cfg.grad_clip) if cfg.grad_clip > 0 else 0.0
+            c["optimizer"] = {"type": "AdamW", "params": {
+                "lr": float(cfg.lr), "betas": [float(b) for b in cfg.betas], "eps": 1e-8,
+                "weight_decay": float(cfg.weight_decay),
+                # torch's AdamW (no JIT-built fused kernel); ZeRO-Offload needs DeepSpeedCPUAdam.
+                "torch_adam": not cfg.offload_optimizer}}
+        return c
+
+    def _build_module(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    @staticmethod
+    def _enable_gradient_checkpointing(module):
+        target = module.backbone if hasattr(module, "backbone") else module
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(target, "config"):
+            target.config.use_cache = False
+
+    def _forward_outputs(self, micro: Experience, need_entropy: bool) -> ModelOutputs:
+        raise NotImplementedError
+
+    # --- training --------------------------------------------------------------------------
+    def train_step(self, minibatch: Experience, loss: EngineLoss) -> dict:
+        """ONE optimizer step over this rank's share of a mini-batch (see the module docstring)."""
+        if self.optimizer is None:
+            raise RuntimeError("this engine is frozen (built with train=False)")
+        self.engine.train()
+        counts = GlobalCounts.over_ranks(loss.count_masks(minibatch))
+        micros = minibatch.micro_batches(self.cfg.micro_batch_size)
+        world = self.dist.world_size
+        n_local = len(micros)
+        n_max = int(D.all_reduce_max(torch.tensor([n_local], dtype=torch.long, device=self.dist.device)).item())
+        sums: dict[str, float] = {}
+        counts_by_key: dict[str, int] = {}
+        for i in range(n_max):
+            dummy = i >= n_local  # this rank ran out: a zero-weight pass keeps collectives in step
+            micro = micros[min(i, n_local - 1)]
+            self.engine.set_gradient_accumulation_boundary(i == n_max - 1)
+            value, metrics = loss(self._forward_outputs(micro, loss.needs_entropy), micro, counts)
+            if dummy:
+                value = value * 0.0
+            self.engine.backward(value * world, scale_wrt_gas=False)
+            if not dummy:
+                for k, v in (metrics or {}).items():
+                    sums[k] = sums.get(k, 0.0) + (float(v.detach().float().mean()) if torch.is_tensor(v) else float(v))
+                    counts_by_key[k] = counts_by_key.get(k, 0) + 1
+        lr = self.get_lr()  # the lr this step uses
+        manual_gn = self._grad_norm_without_zero() if self.zero_stage == 0 else None
+        self.engine.step()
+        # Metrics: mean over this rank's micro-batches, then mean over ranks (same keys everywhere).
+        keys = sorted(sums)
+        local = torch.tensor([sums[k] / counts_by_key[k] for k in keys], dtype=torch.float64,
+                             device=self.dist.device)
+        out = dict(zip(keys, (D.all_reduce_sum(local) / world).tolist())) if keys else {}
+        gn = manual_gn if manual_gn is not None else self.engine.get_global_grad_norm()
+        out["grad_norm"] = float(gn) if gn is not None else float("nan")
+        out["lr"] = lr
+        return out
+
+    def _grad_norm_without_zero(self) -> float:
+        """DeepSpeed reports no global grad norm without ZeRO: compute it from the local grads."""
+        grads = [p.grad.detach().float() for p in self.module.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+    def get_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
+
+    @property
+    def global_steps(self) -> int:
+        return int(self.engine.global_steps)
+
+    # --- parameters ------------------------------------------------------------------------
+    def _gather_ctx(self, params):
+        if self.zero_stage == 3:
+            import deepspeed
+            return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+        return nullcontext()
+
+    def named_parameters_gathered(self, bucket_bytes: int = 256 * 2 ** 20,
+                                  to_cpu: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (un-partitioned) parameters with HF names, gathered a bucket at a time.
+
+        Yields clones (safe to keep after the bucket is re-partitioned). ``to_cpu`` moves them.
+        """
+        named = list(self.module.named_parameters())
+        i = 0
+        while i < len(named):
+            bucket, size = [], 0
+            while i < len(named) and (not bucket or size < bucket_bytes):
+                n, p = named[i]
+                numel = p.ds_numel if hasattr(p, "ds_numel") else p.numel()
+                size += numel * p.element_size()
+                bucket.append((n, p))
+                i += 1
+            with self._gather_ctx([p for _, p in bucket]):
+                out = [(_strip_prefixes(n), (p.data.detach().to("cpu") if to_cpu else p.data.detach()).clone())
+                       for n, p in bucket]
+            yield from out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.named_parameters_gathered(to_cpu=True))
+
+    # --- checkpoints -----------------------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> None:
+        """DeepSpeed checkpoint (partitioned weights + optimizer + LR scheduler), all ranks call."""
+        os.makedirs(directory, exist_ok=True)
+        self.engine.save_checkpoint(directory, tag="ds", save_latest=True)
+
+    def load_checkpoint(self, directory: str) -> None:
+        path, _ = self.engine.load_checkpoint(directory, tag="ds", load_optimizer_states=self.optimizer is not None,
+                                              load_lr_scheduler_states=self.optimizer is not None)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint in {directory}")
+
+    def close(self) -> None:
+        self.engine = self.module = self.optimizer = self.lr_scheduler = None

@@ -1,0 +1,269 @@
+"""The config schema of every vcppo command: one dataclass per section, one doc line per field.
+
+Each field carries ``metadata["doc"]`` (docs/config.md is generated from it) and, where it has
+one, its valid range or choices, checked by :func:`vcppo.config.validate`. Loading, merging and
+type coercion are OmegaConf's (:mod:`vcppo.config`); this module only declares.
+
+A default written as ``"${section.key}"`` is an OmegaConf interpolation: it follows that key
+unless set (e.g. SFT saves to ``model.policy_path``, the policy RL starts from).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+
+class ConfigError(ValueError):
+    """A config problem the user must fix; the message names the key / file."""
+
+
+def _f(default: Any, doc: str, *, choices: tuple | None = None, low: float | None = None,
+       high: float | None = None, low_open: bool = False) -> Any:
+    """A schema field with its doc line and its valid range or choices."""
+    meta = {"doc": doc, "choices": choices, "low": low, "high": high, "low_open": low_open}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    policy_path: str = _f("", "Local HF directory of the initial policy (the SFT / cold-start model).")
+    tokenizer_path: Optional[str] = _f(None, "Local tokenizer directory; defaults to policy_path.")
+    critic_init: str = _f("policy", "Critic initialisation: 'policy' (backbone of the policy + fresh "
+                          "value head), 'reward_model' (an RM incl. its head; the paper's PPO "
+                          "baseline), or 'checkpoint' (a pretrained critic).",
+                          choices=("policy", "reward_model", "checkpoint"))
+    critic_path: Optional[str] = _f(None, "Directory of the RM or critic checkpoint when critic_init "
+                                    "is 'reward_model' or 'checkpoint'.")
+    dtype: str = _f("auto", "Training dtype: 'auto' = bf16 on CUDA, fp32 on CPU.",
+                    choices=("auto", "float32", "bfloat16", "float16"))
+
+
+@dataclass
+class DataConfig:
+    train_files: str = _f("", "Training prompts: a .parquet / .jsonl file or a datasets save_to_disk dir.")
+    val_files: Optional[str] = _f(None, "Validation prompts (same formats); validation is off if unset.")
+    prompt_field: str = _f("prompt", "Column holding the prompt text.")
+    answer_field: str = _f("answer", "Column holding the ground-truth answer.")
+    max_prompt_tokens: int = _f(256, "Prompts longer than this (in tokens) are dropped, and counted.", low=1)
+    use_chat_template: str = _f("auto", "Wrap prompts with the tokenizer's chat template: auto / true / false.",
+                                choices=("auto", "true", "false"))
+
+
+@dataclass
+class RolloutConfig:
+    n_samples_per_prompt: int = _f(4, "Responses sampled per prompt (GRPO/VAPO group size).", low=1)
+    temperature: float = _f(1.0, "Sampling temperature.", low=0.0)
+    top_p: float = _f(1.0, "Nucleus sampling top-p.", low=0.0, high=1.0, low_open=True)
+    max_response_tokens: int = _f(512, "Maximum generated tokens per response (the context budget).", low=1)
+    stop: List[str] = _f([], "Extra stop strings (the tokenizer's EOS always stops).")
+    gpu_memory_utilization: Optional[float] = _f(None, "vLLM memory share; on CPU the share of host RAM "
+                                                 "for its KV cache per rank. null = 0.4 on CUDA "
+                                                 "(colocated with training), 0.05 on CPU.",
+                                                 low=0.0, high=1.0, low_open=True)
+    tensor_parallel_size: int = _f(1, "vLLM tensor parallel size (GPU only).", low=1)
+    enforce_eager: bool = _f(True, "Disable CUDA graphs in vLLM (faster start-up, slower decode).")
+    free_memory_during_training: bool = _f(True, "GPU: put vLLM to sleep while actor/critic train.")
+
+
+@dataclass
+class EngineConfig:
+    """What every DeepSpeed engine needs, trained or frozen (the reference policy)."""
+    micro_batch_size: int = _f(8, "Sequences per forward/backward per rank (gradient accumulation "
+                               "makes up the mini-batch).", low=1)
+    zero_stage: int = _f(3, "DeepSpeed ZeRO stage.", choices=(0, 1, 2, 3))
+    offload_params: bool = _f(False, "ZeRO-3: keep parameters in CPU memory.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward (saves memory).")
+
+
+@dataclass
+class OptimConfig(EngineConfig):
+    """A trained engine: AdamW + learning-rate schedule (actor, critic, SFT, reward model)."""
+    lr: float = _f(1e-6, "Peak learning rate.", low=0.0)
+    weight_decay: float = _f(0.0, "AdamW weight decay.", low=0.0)
+    betas: List[float] = _f([0.9, 0.95], "AdamW betas.")
+    warmup_steps: int = _f(0, "Linear learning-rate warm-up, in optimizer steps.", low=0)
+    lr_schedule: str = _f("constant", "Schedule after warm-up.", choices=("constant", "cosine", "linear"))
+    min_lr_ratio: float = _f(0.0, "Floor of cosine / linear decay, as a fraction of lr.", low=0.0, high=1.0)
+    grad_clip: float = _f(1.0, "Global gradient-norm clip (0 disables).", low=0.0)
+    offload_optimizer: bool = _f(False, "ZeRO-3: keep optimizer states in CPU memory.")
+
+
+@dataclass
+class ActorConfig(OptimConfig):
+    ppo_mini_batches: int = _f(1, "Optimizer steps per PPO epoch (the step's batch is split into this many).", low=1)
+    ppo_epochs: int = _f(1, "Passes over each step's batch.", low=1)
+
+
+@dataclass
+class CriticConfig(ActorConfig):
+    lr: float = _f(2e-6, "Peak learning rate (paper: critic 2e-6 vs actor 1e-6).", low=0.0)
+    value_clip: Optional[float] = _f(0.5, "Clip range of the value loss around old values (null: off).", low=0.0)
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage_estimator: str = _f("gae", "'gae' (PPO family, needs a critic) or 'grpo' (group-normalised "
+                                  "outcome rewards, no critic).", choices=("gae", "grpo"))
+    gamma: float = _f(1.0, "Discount factor.", low=0.0, high=1.0)
+    lambda_actor: float = _f(0.95, "GAE lambda of the actor's advantages (Decoupled-GAE, paper sec. 4.2).",
+                             low=0.0, high=1.0)
+    lambda_critic: float = _f(1.0, "GAE lambda of the critic's targets; 1.0 = Monte-Carlo returns, no "
+                              "reward decay (Decoupled-GAE).", low=0.0, high=1.0)
+    length_adaptive_lambda: bool = _f(False, "VAPO: lambda_actor = 1 - 1/(alpha * length) per sequence.")
+    length_adaptive_alpha: float = _f(0.05, "alpha of the length-adaptive lambda (VAPO: 0.05).", low=0.0,
+                                      low_open=True)
+    whiten_advantages: bool = _f(True, "Normalise the actor's advantages over the batch (std 1).")
+    zero_mean_advantages: bool = _f(True, "When whitening, also subtract the mean (False keeps the mean).")
+    eps_low: float = _f(0.2, "PPO ratio clip below 1 (1 - eps_low).", low=0.0)
+    eps_high: float = _f(0.2, "PPO ratio clip above 1 (1 + eps_high); >eps_low is clip-higher (VAPO/DAPO).",
+                         low=0.0)
+    dual_clip_c: Optional[float] = _f(None, "Dual-clip constant c > 1 for negative advantages (null: off).",
+                                      low=1.0, low_open=True)
+    loss_agg: str = _f("token-mean", "Loss aggregation over tokens / sequences.",
+                       choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
+    kl_coef: float = _f(0.0, "KL penalty coefficient vs the reference policy (paper: 0); >0 loads a "
+                        "reference engine.", low=0.0)
+    kl_estimator: str = _f("k3", "KL estimator for the penalty.", choices=("k1", "k2", "k3"))
+    entropy_coef: float = _f(0.0, "Entropy bonus coefficient.", low=0.0)
+    positive_lm_coef: float = _f(0.0, "VAPO positive-example LM loss weight (VAPO: 0.1).", low=0.0)
+    grpo_scale_by_std: bool = _f(True, "GRPO: divide group-centred rewards by the group std.")
+
+
+@dataclass
+class RewardConfig:
+    function: Optional[str] = _f(None, "Custom reward function 'module:function' (fn(response_text, "
+                                 "ground_truth, **info) -> float); null = the built-in verifier.")
+    correct_score: float = _f(1.0, "Reward of a correct final answer (paper: +1).")
+    wrong_score: float = _f(-1.0, "Reward of a wrong / missing / truncated answer (paper: -1).")
+
+
+@dataclass
+class ValuePretrainConfig:
+    enabled: bool = _f(True, "Run value pretraining (policy frozen, critic regressed on Monte-Carlo "
+                       "returns) before PPO (VC-PPO sec. 4.1).")
+    steps: int = _f(100, "Maximum value-pretraining steps (paper: ~100 best, 150 over-fits).", low=0)
+    lambda_critic: float = _f(1.0, "GAE lambda of the pretraining targets (1.0 = Monte-Carlo).", low=0.0,
+                              high=1.0)
+    early_stop: bool = _f(True, "Stop early once explained variance and value loss have settled.")
+    min_steps: int = _f(10, "Never stop before this many steps.", low=0)
+    window: int = _f(10, "Settling rule: compare means of the last two windows of this many steps.", low=1)
+    ev_tolerance: float = _f(0.02, "Settled when explained variance changed by less than this ...", low=0.0)
+    loss_tolerance: float = _f(0.05, "... and value loss changed by less than this fraction.", low=0.0)
+    cache_dir: Optional[str] = _f(None, "Where reusable critic checkpoints live, keyed by a hash of policy, "
+                                  "data and critic config (default: <output_root>/critic_cache).")
+    reuse: bool = _f(True, "Reuse a matching pretrained critic instead of training it again.")
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = _f(100, "PPO steps (each = one rollout batch).", low=0)
+    prompts_per_step: int = _f(16, "Prompts per step over all ranks (x n_samples_per_prompt responses).", low=1)
+    seed: int = _f(0, "Seed of data order, sampling and initialisation.")
+    output_root: str = _f("runs", "Directory under which run directories are created.")
+    run_name: Optional[str] = _f(None, "Run directory name (default: <preset>-<timestamp>).")
+    save_every: int = _f(0, "Checkpoint every N steps (0: only at the end).", low=0)
+    keep_last: int = _f(2, "Keep the last K checkpoints.", low=1)
+    resume: str = _f("auto", "'auto' continues from the run's last complete checkpoint, 'never' "
+                     "starts over, or a checkpoint path.")
+    val_every: int = _f(0, "Validate every N steps (0: only at the start and end).", low=0)
+    val_max_prompts: int = _f(128, "Validation prompts used (from the start of the val split).", low=1)
+    val_n_samples: int = _f(4, "Samples per validation prompt for pass@k.", low=1)
+    val_k: List[int] = _f([1, 4], "k values of the unbiased pass@k estimator (<= val_n_samples).")
+    device: str = _f("auto", "'auto' (cuda if available), 'cuda' or 'cpu'.", choices=("auto", "cuda", "cpu"))
+    deterministic: bool = _f(False, "Deterministic torch algorithms (CPU runs are deterministic anyway).")
+
+
+@dataclass
+class LoggingConfig:
+    wandb: bool = _f(True, "Log to Weights & Biases.")
+    wandb_mode: str = _f("offline", "offline (default, sync later with `wandb sync`), online, disabled.",
+                         choices=("offline", "online", "disabled"))
+    wandb_project: str = _f("vcppo", "W&B project.")
+    progress_bar: bool = _f(True, "Show a progress bar on rank 0.")
+    profile_buckets: int = _f(16, "Buckets of the advantage-vs-position profile.", low=1)
+
+
+@dataclass
+class SFTConfig(OptimConfig):
+    """`vcppo sft`: cold-start SFT on the task's reasoning traces (data.train_files / val_files)."""
+    init_model: str = _f("", "HF directory of the model to fine-tune (e.g. from `vcppo model make`).")
+    output_dir: str = _f("${model.policy_path}", "Where the fine-tuned policy is saved (default: the "
+                         "policy RL starts from).")
+    solution_field: str = _f("solution", "Column holding the target response (trace + answer).")
+    steps: int = _f(600, "Optimizer steps (the learning-rate schedule spans them).", low=1)
+    batch_size: int = _f(32, "Sequences per optimizer step, over all ranks.", low=1)
+    max_minutes: float = _f(0.0, "Stop training after this wall time (0: off).", low=0.0)
+    eval_every: int = _f(0, "Greedy val accuracy every N steps (0: at the end only).", low=0)
+    target_accuracy: float = _f(0.0, "Stop once greedy val accuracy reaches this (0: off). A cold start "
+                                "for RL should leave room to improve.", low=0.0, high=1.0)
+    eval_prompts: int = _f(200, "Validation prompts for the greedy accuracy.", low=1)
+    lr: float = _f(2e-3, "Peak learning rate.", low=0.0)
+    warmup_steps: int = _f(30, "Linear learning-rate warm-up, in optimizer steps.", low=0)
+    lr_schedule: str = _f("cosine", "Schedule after warm-up.", choices=("constant", "cosine", "linear"))
+    min_lr_ratio: float = _f(0.1, "Floor of cosine / linear decay, as a fraction of lr.", low=0.0, high=1.0)
+    betas: List[float] = _f([0.9, 0.98], "AdamW betas.")
+    weight_decay: float = _f(0.01, "AdamW weight decay.", low=0.0)
+    micro_batch_size: int = _f(32, "Sequences per forward/backward per rank.", low=1)
+
+
+@dataclass
+class RMConfig(OptimConfig):
+    """`vcppo rm`: an outcome reward model trained only at the final token (VC-PPO sec. 3.1)."""
+    policy_path: str = _f("${model.policy_path}", "Policy that samples the training responses; its "
+                          "backbone initialises the RM.")
+    output_dir: Optional[str] = _f("${model.critic_path}", "Where the RM is saved (default: the critic "
+                                   "path the `ppo` preset starts from).")
+    prompts: int = _f(512, "Training prompts to sample from (a share is held out).", low=1)
+    samples_per_prompt: int = _f(4, "Responses sampled per prompt.", low=1)
+    heldout_frac: float = _f(0.2, "Share of prompts held out for accuracy.", low=0.0, high=1.0, low_open=True)
+    epochs: int = _f(4, "Passes over the sampled responses.", low=1)
+    batch_size: int = _f(32, "Sequences per optimizer step, over all ranks.", low=1)
+    lr: float = _f(3e-4, "Peak learning rate.", low=0.0)
+    warmup_steps: int = _f(10, "Linear learning-rate warm-up, in optimizer steps.", low=0)
+    lr_schedule: str = _f("cosine", "Schedule after warm-up.", choices=("constant", "cosine", "linear"))
+    micro_batch_size: int = _f(32, "Sequences per forward/backward per rank.", low=1)
+
+
+@dataclass
+class EvalConfig:
+    """`vcppo eval`: greedy pass@1 and sampled pass@k (sampling settings from `rollout`)."""
+    model_path: str = _f("${model.policy_path}", "HF directory of the policy to evaluate.")
+    data_files: str = _f("", "Prompts to evaluate on (same formats as data.train_files).")
+    max_prompts: int = _f(256, "Prompts used (from the start of the file).", low=1)
+    n_samples: int = _f(8, "Samples per prompt for pass@k (0: greedy only).", low=0)
+    k: List[int] = _f([1, 4, 8], "k values of the unbiased pass@k estimator (<= n_samples).")
+    output_json: Optional[str] = _f(None, "Also write the metrics to this JSON file.")
+
+
+@dataclass
+class DemoConfig:
+    """`vcppo demo`: the pipeline data -> model -> SFT -> RM -> RL -> eval -> report."""
+    workdir: str = _f("artifacts", "Where data, models and checkpoints go.")
+    task: str = _f("add", "Synthetic task of the data stage (`vcppo data make --task`).")
+    model_size: str = _f("small", "Size of the initial model (`vcppo model make --size`; tiny for a smoke run).")
+
+
+@dataclass
+class Config:
+    preset: str = _f("custom", "Name of the preset this run came from (informational).")
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "Policy / critic / tokenizer paths."})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "Prompt datasets."})
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"doc": "vLLM sampling."})
+    actor: ActorConfig = field(default_factory=ActorConfig, metadata={"doc": "Policy optimisation."})
+    reference: EngineConfig = field(default_factory=EngineConfig, metadata={"doc": "Frozen reference policy "
+                                                                             "(built when algorithm.kl_coef > 0)."})
+    critic: CriticConfig = field(default_factory=CriticConfig, metadata={"doc": "Value model optimisation."})
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig, metadata={"doc": "Advantages and losses."})
+    reward: RewardConfig = field(default_factory=RewardConfig, metadata={"doc": "Verifier / reward function."})
+    value_pretrain: ValuePretrainConfig = field(default_factory=ValuePretrainConfig,
+                                                metadata={"doc": "Value pretraining phase."})
+    trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={"doc": "Loop, checkpoints, eval."})
+    logging: LoggingConfig = field(default_factory=LoggingConfig, metadata={"doc": "wandb / JSONL / console."})
+    sft: SFTConfig = field(default_factory=SFTConfig, metadata={"doc": "`vcppo sft`: cold-start SFT."})
+    rm: RMConfig = field(default_factory=RMConfig, metadata={"doc": "`vcppo rm`: outcome reward model."})
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"doc": "`vcppo eval`: pass@k of a policy."})
+    demo: DemoConfig = field(default_factory=DemoConfig, metadata={"doc": "`vcppo demo`: the whole pipeline."})
+
+
