@@ -75,6 +75,11 @@ class EngineConfig:
     zero_stage: int = _f(3, "DeepSpeed ZeRO stage.", choices=(0, 1, 2, 3))
     offload_params: bool = _f(False, "ZeRO-3: keep parameters in CPU memory.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward (saves memory).")
+    packed: bool = _f(False, "Padding-free passes: a micro-batch's sequences concatenated into one row, "
+                      "attention kept within each sequence (docs/performance.md).")
+    max_tokens_per_micro_batch: int = _f(0, "Form micro-batches by a budget of real (prompt + response) "
+                                         "tokens instead of micro_batch_size sequences; 0: off. A longer "
+                                         "sequence gets a micro-batch of its own.", low=0)
 
 
 @dataclass

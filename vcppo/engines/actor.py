@@ -12,6 +12,7 @@ import torch
 from vcppo.algos.losses import entropy_from_logits
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine, ModelOutputs
 from vcppo.engines.dist import DistInfo, barrier
+from vcppo.engines.packing import pack
 from vcppo.experience import Experience
 from vcppo.schema import EngineConfig
 
@@ -48,28 +49,32 @@ class ActorEngine(DeepSpeedModelEngine):
         m.config.use_cache = False
         return m
 
-    def _logits(self, micro: Experience) -> torch.Tensor:
-        """Logits predicting each response token: (b, R, V)."""
-        dev = self.dist.device
-        R = micro.responses.shape[1]
-        out = self.engine(input_ids=micro.input_ids.to(dev), attention_mask=micro.attention_mask.to(dev),
-                          position_ids=micro.position_ids.to(dev), use_cache=False, logits_to_keep=R + 1)
-        return out.logits[:, :-1]
-
     def _forward_outputs(self, micro: Experience, need_entropy: bool) -> ModelOutputs:
-        logits = self._logits(micro)
-        logp, scaled = response_logprobs(logits, micro.responses.to(logits.device), self.temperature)
-        mask = micro.response_mask.to(logp.device)
-        return ModelOutputs(logprobs=logp * mask,
-                            entropy=entropy_from_logits(scaled) * mask if need_entropy else None)
+        micro = micro.to(self.dist.device)
+        if self.cfg.packed:
+            packed = pack(micro)
+            out = self.engine(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                              logits_to_keep=packed.predict_index)
+            logp, scaled = response_logprobs(out.logits[0], micro.responses[packed.rows, packed.cols],
+                                             self.temperature)
+            return ModelOutputs(logprobs=packed.to_response_layout(logp),
+                                entropy=packed.to_response_layout(entropy_from_logits(scaled)) if need_entropy else None)
+        R = micro.responses.shape[1]
+        out = self.engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
+                          position_ids=micro.position_ids, use_cache=False, logits_to_keep=R + 1)
+        logp, scaled = response_logprobs(out.logits[:, :-1], micro.responses, self.temperature)
+        return ModelOutputs(logprobs=logp * micro.response_mask,
+                            entropy=entropy_from_logits(scaled) * micro.response_mask if need_entropy else None)
 
     @torch.no_grad()
     def forward_logprobs(self, batch: Experience, with_entropy: bool = False):
         """(logprobs (B, R), entropy (B, R) or None); zeros at padded response positions."""
         self.engine.eval()
-        outs = [self._forward_outputs(m, with_entropy) for m in batch.micro_batches(self.cfg.micro_batch_size)]
-        return (torch.cat([o.logprobs for o in outs]),
-                torch.cat([o.entropy for o in outs]) if with_entropy else None)
+        def both(micro: Experience):
+            out = self._forward_outputs(micro, with_entropy)
+            return out.logprobs, out.entropy
+        logprobs, entropy = self.per_token_outputs(batch, both)
+        return logprobs, entropy
 
     def export_hf(self, directory: str) -> None:
         """Full weights via ``save_pretrained`` on rank 0 (+ tokenizer files); all ranks call."""

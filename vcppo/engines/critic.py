@@ -10,6 +10,7 @@ import torch
 
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine, ModelOutputs
 from vcppo.engines.dist import DistInfo, barrier
+from vcppo.engines.packing import pack
 from vcppo.experience import Experience
 from vcppo.schema import OptimConfig
 
@@ -31,19 +32,23 @@ class CriticEngine(DeepSpeedModelEngine):
         return ValueModel.from_pretrained(self.path, dtype=self.dtype)
 
     def _forward_outputs(self, micro: Experience, need_entropy: bool = False) -> ModelOutputs:
-        dev = self.dist.device
+        micro = micro.to(self.dist.device)
+        if self.cfg.packed:
+            packed = pack(micro)
+            values = self.engine(input_ids=packed.input_ids, position_ids=packed.position_ids)
+            return ModelOutputs(values=packed.to_response_layout(values[0, packed.predict_index].float()))
         P, R = micro.prompt_len, micro.responses.shape[1]
-        values = self.engine(input_ids=micro.input_ids.to(dev), attention_mask=micro.attention_mask.to(dev),
-                             position_ids=micro.position_ids.to(dev))
+        values = self.engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
+                             position_ids=micro.position_ids)
         # V(state before response token t) = value at the column of the previous token.
         v = values[:, P - 1:P + R - 1].float()
-        return ModelOutputs(values=v * micro.response_mask.to(v.device))
+        return ModelOutputs(values=v * micro.response_mask)
 
     @torch.no_grad()
     def forward_values(self, batch: Experience) -> torch.Tensor:
         """(B, R) values at response positions, zero at pads."""
         self.engine.eval()
-        return torch.cat([self._forward_outputs(m).values for m in batch.micro_batches(self.cfg.micro_batch_size)])
+        return self.per_token_outputs(batch, lambda micro: (self._forward_outputs(micro).values,))[0]
 
     def export(self, directory: str, extra: dict | None = None) -> None:
         """ValueModel format (loads with ``ValueModel.from_pretrained`` / ``init='checkpoint'``)."""

@@ -27,6 +27,7 @@ import torch
 
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
+from vcppo.engines.packing import sequence_lengths, token_budget_groups
 from vcppo.experience import Experience
 from vcppo.schema import EngineConfig, OptimConfig
 
@@ -240,6 +241,35 @@ class DeepSpeedModelEngine:
     def _forward_outputs(self, micro: Experience, need_entropy: bool) -> ModelOutputs:
         raise NotImplementedError
 
+    def micro_batch_rows(self, batch: Experience) -> list[list[int]]:
+        """Rows of each micro-batch: by the token budget when one is set
+        (``max_tokens_per_micro_batch``), else ``micro_batch_size`` rows at a time, in order."""
+        if self.cfg.max_tokens_per_micro_batch > 0:
+            return token_budget_groups(sequence_lengths(batch).tolist(), self.cfg.max_tokens_per_micro_batch)
+        size = self.cfg.micro_batch_size or batch.size
+        return [list(range(s, min(s + size, batch.size))) for s in range(0, batch.size, size)]
+
+    def micro_batches(self, batch: Experience) -> list[Experience]:
+        rows = self.micro_batch_rows(batch)
+        return [batch] if len(rows) == 1 else [batch.select(r) for r in rows]
+
+    def per_token_outputs(self, batch: Experience, fn) -> list[torch.Tensor | None]:
+        """``fn(micro) -> tuple of (b, R) tensors`` over the micro-batches, stitched back into
+        (B, R) tensors in the batch's row order (a token budget reorders rows)."""
+        groups = self.micro_batch_rows(batch)
+        results = [fn(batch if len(groups) == 1 else batch.select(rows)) for rows in groups]
+        order = torch.tensor([r for rows in groups for r in rows])
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+        stitched = []
+        for k in range(len(results[0])):
+            if results[0][k] is None:
+                stitched.append(None)
+                continue
+            cat = torch.cat([r[k] for r in results])
+            stitched.append(cat if len(groups) == 1 else cat[inverse.to(cat.device)])
+        return stitched
+
     # --- training --------------------------------------------------------------------------
     def train_step(self, minibatch: Experience, loss: EngineLoss) -> dict:
         """ONE optimizer step over this rank's share of a mini-batch (see the module docstring)."""
@@ -247,7 +277,7 @@ class DeepSpeedModelEngine:
             raise RuntimeError("this engine is frozen (built with train=False)")
         self.engine.train()
         counts = GlobalCounts.over_ranks(loss.count_masks(minibatch))
-        micros = minibatch.micro_batches(self.cfg.micro_batch_size)
+        micros = self.micro_batches(minibatch)
         world = self.dist.world_size
         n_local = len(micros)
         n_max = int(D.all_reduce_max(torch.tensor([n_local], dtype=torch.long, device=self.dist.device)).item())

@@ -1,0 +1,90 @@
+"""Padding-free passes: a micro-batch's sequences concatenated into one row, and micro-batches
+formed by a token budget.
+
+Long-CoT batches are uneven (a few hundred to tens of thousands of tokens per response), so the
+padded (b, P+R) layout spends most of its compute and memory on pads. Packed, the model sees one
+row of T = sum of real lengths tokens, positions restarting at 0 for every sequence; transformers
+turns restarting position ids (with no attention mask) into a block-diagonal causal mask (sdpa /
+eager on CPU) or variable-length flash attention (``flash_attention_2`` on GPU), so attention
+never crosses sequences.
+
+Only the model pass is packed. Logprobs, entropies and values come back in the (b, R) response
+layout that GAE and the losses read: those are a few floats per token, while the heavy tensors
+(hidden states, logits over the vocabulary) are computed for real tokens only, and the logits
+only at the N positions that predict a response token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vcppo.experience import Experience
+
+
+@dataclass
+class PackedBatch:
+    """b sequences without padding.
+
+        input_ids     (1, T) long  the real tokens of every sequence, one after the other
+        position_ids  (1, T) long  0 .. n_i - 1 within sequence i (as in the padded layout)
+        predict_index (N,)   long  packed position whose output predicts response token (row, col);
+                                   the state before that token, for the critic
+        rows, cols    (N,)   long  where each of the N response tokens sits in the (b, R) layout
+        shape         (b, R)
+    """
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    predict_index: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    shape: tuple[int, int]
+
+    def to_response_layout(self, per_token: torch.Tensor) -> torch.Tensor:
+        """(N,) values, one per response token -> (b, R), zeros at padded positions."""
+        out = per_token.new_zeros(self.shape)
+        out[self.rows, self.cols] = per_token
+        return out
+
+
+def pack(micro: Experience) -> PackedBatch:
+    """The packed form of a padded micro-batch (real tokens in row-major order)."""
+    real = micro.attention_mask.bool()
+    # packed index of every padded (row, column); meaningful at real tokens only
+    packed_index = (real.reshape(-1).cumsum(0) - 1).reshape(real.shape)
+    P, R = micro.prompt_len, micro.responses.shape[1]
+    rows, cols = micro.response_mask.nonzero(as_tuple=True)
+    # response token (row, t) sits at column P + t and is predicted from column P + t - 1
+    predict_index = packed_index[:, P - 1:P + R - 1][rows, cols]
+    return PackedBatch(input_ids=micro.input_ids[real].unsqueeze(0), position_ids=micro.position_ids[real].unsqueeze(0),
+                       predict_index=predict_index, rows=rows, cols=cols, shape=(micro.size, R))
+
+
+def sequence_lengths(batch: Experience) -> torch.Tensor:
+    """(B,) real tokens (prompt + response) per sequence: what a packed pass costs."""
+    return batch.attention_mask.sum(-1)
+
+
+def token_budget_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Row indices grouped into micro-batches of at most ``max_tokens`` real tokens.
+
+    First-fit decreasing: the longest sequences are placed first, each into the first group it
+    fits, so groups come out nearly full and few. A sequence longer than the budget gets a group
+    of its own (it cannot be split: attention spans the whole sequence). Groups are returned
+    longest first, each in ascending row order; the result depends only on the lengths.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be > 0, got {max_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for g, free in enumerate(room):
+            if lengths[i] <= free:
+                groups[g].append(i)
+                room[g] -= lengths[i]
+                break
+        else:
+            groups.append([i])
+            room.append(max_tokens - lengths[i])
+    return [sorted(g) for g in groups]
