@@ -135,3 +135,94 @@ def test_default_scorer_batch():
     assert rewards == [0.0]
     with pytest.raises(ValueError):
         score_batch(["a"], ["1", "2"])
+
+
+# --- bare final answers after </think> --------------------------------------------------------
+
+BARE_COUNTS = [  # (text after </think>, extracted answer)
+    ("42", "42"), ("\n\n-7", "-7"), (" 3/4", "3/4"), ("\u22127\n", "-7"), ("+007", "+007"),
+    ("1,234", "1,234"), ("0.25", "0.25"), ("42.", "42"), ("$\\frac{3}{4}$", "\\frac{3}{4}"),
+    ("\\(\\sqrt{2}\\)", "\\sqrt{2}"), ("\\[2^{10}\\]", "2^{10}"), ("**42**", "42"), ("x+1", "x+1"),
+    ("x = 3", "x = 3"), ("\\pi", "\\pi"), ("π", "π"), ("(1, 2)", "(1, 2)"), ("2 \\pi", "2 \\pi"),
+    ("\\frac{1}{2} \\cdot 3", "\\frac{1}{2} \\cdot 3"), ("B", "B"), ("1e-3", "1e-3"),
+]
+BARE_DOES_NOT_COUNT = [
+    "", "   \n ", "The answer is 42", "42 apples", "so 42", "sin x", "42 43", "1, 2", "42\n43",
+    "Final: 42", "# 42", "42?", "\\text{apples}", "-", "**", "x" * 201 + "+1", "(1+2", "1+2)", "\\boxed{12",
+]
+
+
+@pytest.mark.parametrize("tail,expected", BARE_COUNTS)
+def test_bare_final_answer_counts(tail, expected):
+    assert extract_answer(T + tail) == expected
+
+
+@pytest.mark.parametrize("tail", BARE_DOES_NOT_COUNT)
+def test_bare_final_answer_does_not_count(tail):
+    assert extract_answer(T + tail) is None
+
+
+@pytest.mark.parametrize("text,truth,expected", [
+    ("<think>x</think>42", "42", 1.0), ("<think>x</think>\n\n-7", "-7", 1.0),
+    ("<think>x</think> 3/4", "0.75", 1.0), ("<think>x</think>\\frac{6}{8}", "3/4", 1.0),
+    ("<think>x</think>41", "42", -1.0), ("<think>x</think>The answer is 42", "42", -1.0),
+    ("<think>42</think>", "42", -1.0),              # the answer only inside <think>
+    ("<think>x</think>\n\n", "42", -1.0),           # empty answer
+    ("<think>x\n42", "42", -1.0),                   # no </think>: truncated mid-thought
+])
+def test_bare_final_answer_scores(text, truth, expected):
+    assert score(text, truth) == expected
+
+
+def test_truncated_bare_answer_scores_wrong():
+    assert score("<think>x</think>42", "42", finish_reason="length") == -1.0
+    assert score("<think>x</think>42", "42", finish_reason="stop") == 1.0
+
+
+def test_boxed_and_answer_line_win_over_the_bare_text():
+    assert extract_answer(T + "\\boxed{5}") == "5"
+    assert extract_answer(T + "answer: 6") == "6"
+
+
+# --- score() never raises -----------------------------------------------------------------------
+
+def test_hundred_thousand_digit_answers_compare_exactly():
+    digits = "9" * 100_000
+    with pytest.raises(ValueError):
+        int(digits)  # Python's int-conversion limit, what score() used to hit
+    assert score(T + "\\boxed{" + digits + "}", digits) == 1.0
+    assert score(T + digits, digits) == 1.0                      # bare, too
+    assert score(T + "\\boxed{" + digits + "}", digits[:-1] + "8") == -1.0
+    assert score(T + "\\boxed{" + digits + "}", "9") == -1.0
+    assert parse_int("-" + digits) == -(10 ** 100_000 - 1)
+
+
+class _Unprintable:
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+
+@pytest.mark.parametrize("text,truth", [
+    (b"<think></think>\\boxed{3}", "3"), (3, "3"), (["a"], "3"), (T + "\\boxed{3}", _Unprintable()),
+    (T + "\\boxed{" + "{" * 50_000 + "}", "3"), (T + "\\boxed{\\frac{", "3"), (T + "\x00\ud800", "3"),
+    (T + "\\boxed{" + "1" * 499 + "/" + "}", "1/2"),
+])
+def test_score_never_raises(text, truth):
+    assert score(text, truth) == -1.0
+
+
+def test_score_never_raises_on_random_text():
+    import random
+    rng = random.Random(0)
+    alphabet = "0123456789+-*/^{}()[]\\$.,:= \nabxπ\u2212" + "</think>" + "\\boxed{" + "answer:"
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        truth = rng.choice(["3", "-1", "\\frac{1}{2}", "x+1", ""])
+        assert score(text, truth) in (1.0, -1.0)
+
+
+def test_many_unclosed_boxes_are_read_in_linear_time():
+    import time
+    start = time.perf_counter()
+    assert score(T + "\\boxed{1" * 200_000, "1") == -1.0
+    assert time.perf_counter() - start < 5.0  # quadratic rescanning took minutes

@@ -7,24 +7,41 @@ response with no ``</think>`` (e.g. truncated mid-thought) or cut at the length 
 Answer extraction (``extract_answer``), in the text after the last ``</think>``:
   1. the LAST ``\\boxed{...}`` (nested braces allowed);
   2. else the LAST ``answer: X`` / ``Answer: X`` (case-insensitive; X runs to the end of the line;
-     a trailing ``.`` is dropped).
+     a trailing ``.`` is dropped);
+  3. else the whole text, when it is a bare final answer (``bare_answer``): what many reasoning
+     models emit for short answers (``</think>42``, ``</think>\n\n-7``, ``</think> 3/4``).
 Unicode minus (U+2212) becomes ``-``; surrounding whitespace (and ``$``) is stripped.
 
-Comparison (``score``): if both sides are integers they are compared exactly as Python ints, of
-any size: a leading ``+``, leading zeros, and ``,``/``_``/space thousands separators in the
-standard 3-digit grouping are accepted (``+007`` == ``7``, ``1,234`` == ``1234``, ``-0`` == ``0``).
+A bare final answer is ONE line that is a single number or expression, once surrounding
+whitespace, ``$``, ``\\(...\\)`` / ``\\[...\\]`` and markdown ``**...**`` are stripped and one
+trailing ``.`` is dropped. It counts when it is an integer (any length, thousands separators
+allowed) or, up to ``MAX_BARE_EXPRESSION_CHARS``, a formula: digits, single-letter variables,
+LaTeX commands (``\\frac{3}{4}``, ``\\sqrt{2}``, ``\\pi``), operators and brackets. It does not
+count when it holds a word (``The answer is 42``, ``42 apples``, ``sin x``), two terms side by side
+(``42 43``), a comma outside brackets (``1, 2``), a second line, or characters that are not
+mathematics (``#``, ``?``). tests/rewards/test_verifier.py holds the list, case by case.
+
+Comparison (``score``): if both sides are integers they are compared exactly, of any size (as
+canonical digit strings, so Python's 4,300-digit int-conversion limit does not apply): a leading
+``+``, leading zeros, and ``,``/``_``/space thousands separators in the standard 3-digit grouping
+are accepted (``+007`` == ``7``, ``1,234`` == ``1234``, ``-0`` == ``0``).
 Otherwise equivalence is decided by ``math-verify`` (``parse`` + ``verify``). math-verify's
 timeouts are signal-based and only work on the main thread, so off the main thread they are
 disabled and the answer length is capped instead (``MAX_MATH_VERIFY_CHARS``).
 
+``score`` never raises: any input it cannot read (not a string, a ground truth whose ``str()``
+fails, an error inside math-verify) scores ``wrong``.
+
 Custom rewards: ``load_reward_fn("pkg.module:function")``; the function is called as
 ``fn(response_text, ground_truth, **info) -> float`` with info = ``finish_reason`` and any extra
-per-sample fields. ``RewardScorer`` applies a reward function to a batch; a sample whose reward
-function raises (or returns a non-finite value) scores ``wrong``, is counted, and is logged
-(rate-limited), and the batch goes on.
+per-sample fields. ``RewardScorer`` applies a reward function to a batch, serially in this
+process or in a process pool (:mod:`vcppo.rewards.pool`, hard timeout per sample); a sample whose
+reward function raises, times out, or returns a non-finite value scores ``wrong``, is counted,
+and is logged (rate-limited), and the batch goes on.
 """
 from __future__ import annotations
 
+import decimal
 import importlib
 import logging
 import math
@@ -37,9 +54,18 @@ logger = logging.getLogger(__name__)
 
 THINK_CLOSE = "</think>"
 MAX_MATH_VERIFY_CHARS = 500
+MAX_BARE_EXPRESSION_CHARS = 200
 _INT_RE = re.compile(r"[+-]?(?:\d+|\d{1,3}(?:([,_ ])\d{3})(?:\1\d{3})*)")
 _ANSWER_RE = re.compile(r"answer\s*[:：]\s*([^\n]*)", re.IGNORECASE)
 _BOXED = "\\boxed"
+# A bare answer: the characters of a formula (digits, letters, LaTeX, operators, brackets) ...
+_FORMULA_CHARS = re.compile(r"[0-9A-Za-z\\{}()\[\]^_+\-*/.,=<>!|':% \tπ√∞×·÷]+")
+# ... without a word (2+ letters that are not the name of a LaTeX command) ...
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+# ... or two terms with only blanks between them ("42 43", "x y").
+_SIDE_BY_SIDE = re.compile(r"[0-9A-Za-z}.)\]]\s+[0-9A-Za-z({\[]")
+_LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+_WRAPPERS = (("\\(", "\\)"), ("\\[", "\\]"), ("**", "**"))
 
 RewardFn = Callable[..., float]
 
@@ -50,12 +76,18 @@ def _normalise(text: str) -> str:
 
 
 def _last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` with balanced (nested) braces, or None."""
+    """Content of the last ``\\boxed{...}`` with balanced (nested) braces, or None.
+
+    Linear time: when the box at ``start`` never closes, an earlier box that is still open at
+    ``start`` cannot close either (its depth stays above the later one's), so earlier candidates
+    are only scanned up to the previous failed start.
+    """
+    limit = len(text)
     start = text.rfind(_BOXED + "{")
     while start != -1:
         i, depth = start + len(_BOXED) + 1, 1
         j = i
-        while j < len(text) and depth:
+        while j < limit and depth:
             if text[j] == "{":
                 depth += 1
             elif text[j] == "}":
@@ -63,13 +95,45 @@ def _last_boxed(text: str) -> str | None:
             j += 1
         if depth == 0:
             return text[i:j - 1]
+        limit = start
         start = text.rfind(_BOXED + "{", 0, start)  # unbalanced: try an earlier one
     return None
 
 
+def _one_bracketed_term(text: str) -> bool:
+    """Brackets balance, and no comma separates items at the top level (``1, 2`` is a list)."""
+    depth = 0
+    for ch in text:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth < 0 or (ch == "," and depth == 0):
+            return False
+    return depth == 0
+
+
+def bare_answer(tail: str) -> str | None:
+    """``tail`` (the text after the last ``</think>``) as a bare final answer, or None (see the
+    module docstring for what counts)."""
+    text = _normalise(tail)
+    for opening, closing in _WRAPPERS:
+        if text.startswith(opening) and text.endswith(closing) and len(text) >= len(opening) + len(closing):
+            text = _normalise(text[len(opening):len(text) - len(closing)])
+    text = text[:-1].rstrip() if text.endswith(".") else text
+    if not text or "\n" in text or "\r" in text:
+        return None
+    if canonical_int(text) is not None:
+        return text
+    if len(text) > MAX_BARE_EXPRESSION_CHARS or not _FORMULA_CHARS.fullmatch(text):
+        return None
+    without_commands = _LATEX_COMMAND.sub("\\\\", text)  # "\\cdot 3": a blank after a command separates nothing
+    if _WORD.search(text) or _SIDE_BY_SIDE.search(without_commands) or not _one_bracketed_term(text):
+        return None
+    return text if re.search(r"[0-9A-Za-zπ∞]", text) else None
+
+
 def extract_answer(response_text: str | None) -> str | None:
     """The final answer in ``response_text`` (see module docstring), or None if there is none."""
-    if not response_text or THINK_CLOSE not in response_text:
+    if not isinstance(response_text, str) or THINK_CLOSE not in response_text:
         return None
     tail = response_text.rsplit(THINK_CLOSE, 1)[1]
     boxed = _last_boxed(tail)
@@ -81,15 +145,30 @@ def extract_answer(response_text: str | None) -> str | None:
         ans = _normalise(matches[-1])
         ans = ans[:-1].rstrip() if ans.endswith(".") else ans
         return ans or None
-    return None
+    return bare_answer(tail)
 
 
-def parse_int(text: str) -> int | None:
-    """An integer written as in the module docstring, or None."""
+def canonical_int(text: str) -> str | None:
+    """An integer written as in the module docstring, as a canonical digit string (``"-12"``,
+    ``"0"``), or None. Strings, not ints: a 100,000-digit answer must not hit Python's
+    int-conversion limit (``int()`` raises ValueError past 4,300 digits)."""
     t = _normalise(text)
     if not _INT_RE.fullmatch(t):
         return None
-    return int(re.sub(r"[,_ ]", "", t))
+    digits = re.sub(r"[^0-9]", "", t).lstrip("0") or "0"
+    return "-" + digits if t.startswith("-") and digits != "0" else digits
+
+
+def parse_int(text: str) -> int | None:
+    """An integer written as in the module docstring, or None; of any number of digits."""
+    digits = canonical_int(text)
+    if digits is None:
+        return None
+    if len(digits) <= 4000:
+        return int(digits)
+    with decimal.localcontext() as exact:  # Decimal -> int has no digit limit
+        exact.prec = decimal.MAX_PREC
+        return int(decimal.Decimal(digits))
 
 
 def _math_verify_equal(pred: str, truth: str) -> bool:
@@ -111,7 +190,7 @@ def _math_verify_equal(pred: str, truth: str) -> bool:
 
 def is_equivalent(pred: str, truth: str) -> bool:
     """Exact integer comparison when both are integers, else math-verify equivalence."""
-    a, b = parse_int(pred), parse_int(str(truth))
+    a, b = canonical_int(pred), canonical_int(str(truth))
     if a is not None and b is not None:
         return a == b
     if _normalise(pred) == _normalise(str(truth)):
@@ -124,14 +203,16 @@ def score(response_text: str | None, ground_truth: Any, correct: float = 1.0, wr
     """``correct`` if the answer after the last ``</think>`` equals ``ground_truth``, else ``wrong``.
 
     Truncated responses (``finish_reason == "length"``) and responses without ``</think>`` or
-    without an answer score ``wrong``.
+    without an answer score ``wrong``. Never raises: an input it cannot read scores ``wrong``.
     """
-    if finish_reason == "length":
+    if finish_reason == "length" or ground_truth is None:
         return wrong
-    pred = extract_answer(response_text)
-    if pred is None or ground_truth is None:
+    try:
+        pred = extract_answer(response_text)
+        return correct if pred is not None and is_equivalent(pred, str(ground_truth)) else wrong
+    except Exception as e:  # a reward of -1 is the answer to unreadable input, not a crash
+        logger.debug("score() could not read %.200r vs %.200r: %r", response_text, ground_truth, e)
         return wrong
-    return correct if is_equivalent(pred, str(ground_truth)) else wrong
 
 
 def load_reward_fn(path: str) -> RewardFn:
