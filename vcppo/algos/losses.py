@@ -94,6 +94,7 @@ def policy_loss(
     agg: str = "token-mean",
     global_token_count: Optional[float] = None,
     global_seq_count: Optional[float] = None,
+    is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict]:
     """Clipped surrogate objective (PPO, arXiv 1707.06347 eq. 7) with clip-higher and dual-clip.
 
@@ -106,6 +107,9 @@ def policy_loss(
         eps_low, eps_high: clip range; eps_high > eps_low is clip-higher (VAPO: 0.2 / 0.28).
         dual_clip_c: None (off) or c > 1 (3.0 is common).
         agg, global_token_count, global_seq_count: see `aggregate_loss`.
+        is_weights: None, or (B, T) per-token importance weights multiplying l_t after clipping
+            (truncated IS for the sampler/trainer mismatch, `vcppo.algos.mismatch.tis_weights`);
+            treated as constants (detached here), so the gradient is the weighted gradient.
 
     Returns:
         loss (0-d), metrics:
@@ -130,6 +134,8 @@ def policy_loss(
     negative = adv < 0
     if dual_clip_c is not None:
         per_token = torch.where(negative, torch.minimum(per_token, -dual_clip_c * adv), per_token)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().float()
     loss = aggregate_loss(per_token, valid, agg, global_token_count, global_seq_count)
 
     with torch.no_grad():
