@@ -70,6 +70,9 @@ def test_typo_in_yaml_file_names_the_file(tmp_path):
     ("algorithm.dual_clip_c=1", "algorithm.dual_clip_c"),
     ("trainer.val_k=[1,8]", "trainer.val_k"),
     ("logging.wandb=maybe", "logging.wandb"),
+    ("algorithm.rollout_is_cap=0.5", "algorithm.rollout_is_cap"),
+    ("trainer.dynamic_sampling_max_tries=0", "trainer.dynamic_sampling_max_tries"),
+    ("reward.overlong_buffer_tokens=600", "reward.overlong_buffer_tokens"),  # > max_response_tokens (512)
 ])
 def test_out_of_range_values_name_the_field(override, field):
     with pytest.raises(ConfigError) as e:
@@ -87,6 +90,9 @@ def test_malformed_override_and_unknown_preset():
 def test_grpo_rejects_single_sample_groups():
     with pytest.raises(ConfigError, match="n_samples_per_prompt"):
         load_config("grpo", ["rollout.n_samples_per_prompt=1"])
+    with pytest.raises(ConfigError, match="n_samples_per_prompt.*dynamic_sampling"):
+        load_config("vcppo", ["rollout.n_samples_per_prompt=1", "trainer.dynamic_sampling=true"])
+    assert load_config("vcppo", ["algorithm.rollout_is_cap=1"]).algorithm.rollout_is_cap == 1.0
 
 
 def test_check_paths_names_the_missing_path(tmp_path):

@@ -231,6 +231,12 @@ def validate(cfg: Config) -> None:
     if cfg.algorithm.advantage_estimator == "grpo" and cfg.rollout.n_samples_per_prompt < 2:
         raise ConfigError("config key 'rollout.n_samples_per_prompt' must be >= 2 for GRPO "
                           "(advantages are normalised within a group)")
+    if cfg.trainer.dynamic_sampling and cfg.rollout.n_samples_per_prompt < 2:
+        raise ConfigError("config key 'rollout.n_samples_per_prompt' must be >= 2 with trainer.dynamic_sampling "
+                          "(a group of one sample always has equal rewards and would be dropped)")
+    if cfg.reward.overlong_buffer_tokens > cfg.rollout.max_response_tokens:
+        raise ConfigError(f"config key 'reward.overlong_buffer_tokens' ({cfg.reward.overlong_buffer_tokens}) "
+                          f"must be <= rollout.max_response_tokens ({cfg.rollout.max_response_tokens})")
 
 
 def finalize(cfg: Config) -> Config:

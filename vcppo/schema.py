@@ -134,6 +134,12 @@ class AlgorithmConfig:
     entropy_coef: float = _f(0.0, "Entropy bonus coefficient.", low=0.0)
     positive_lm_coef: float = _f(0.0, "VAPO positive-example LM loss weight (VAPO: 0.1).", low=0.0)
     grpo_scale_by_std: bool = _f(True, "GRPO: divide group-centred rewards by the group std.")
+    rollout_is_cap: Optional[float] = _f(None, "Truncated importance sampling for the sampler/trainer "
+                                         "mismatch: the policy-gradient loss of each token is weighted by "
+                                         "min(pi_old / pi_vLLM, cap); cap >= 1 (verl: 2); null: off.",
+                                         low=1.0)
+    mask_truncated: bool = _f(False, "DAPO overlong filtering: responses cut off at "
+                              "rollout.max_response_tokens are left out of the policy loss.")
 
 
 @dataclass
@@ -142,6 +148,17 @@ class RewardConfig:
                                  "ground_truth, **info) -> float); null = the built-in verifier.")
     correct_score: float = _f(1.0, "Reward of a correct final answer (paper: +1).")
     wrong_score: float = _f(-1.0, "Reward of a wrong / missing / truncated answer (paper: -1).")
+    num_workers: Optional[int] = _f(None, "Reward worker processes per rank (a stuck sample can be "
+                                    "killed); null = the cores the trainer leaves idle on the node, "
+                                    "at least 1; 0 = score serially in the trainer (breakpoint() works).",
+                                    low=0)
+    timeout_s: float = _f(5.0, "Wall-clock limit per sample in the worker processes; past it the sample "
+                          "scores wrong_score, counts in reward/num_timeouts, and its worker is replaced.",
+                          low=0.0, low_open=True)
+    overlong_buffer_tokens: int = _f(0, "DAPO soft overlong punishment: a response that runs into the last "
+                                     "N tokens before rollout.max_response_tokens loses up to "
+                                     "overlong_penalty, linearly in its length; 0: off.", low=0)
+    overlong_penalty: float = _f(1.0, "The soft overlong punishment at max_response_tokens (DAPO: 1).", low=0.0)
 
 
 @dataclass
@@ -165,6 +182,8 @@ class ValuePretrainConfig:
 class TrainerConfig:
     total_steps: int = _f(100, "PPO steps (each = one rollout batch).", low=0)
     prompts_per_step: int = _f(16, "Prompts per step over all ranks (x n_samples_per_prompt responses).", low=1)
+    balance_batch: bool = _f(True, "Several ranks: redistribute whole prompt groups after sampling so every "
+                             "rank trains on about the same number of real tokens.")
     seed: int = _f(0, "Seed of data order, sampling and initialisation.")
     output_root: str = _f("runs", "Directory under which run directories are created.")
     run_name: Optional[str] = _f(None, "Run directory name (default: <preset>-<timestamp>).")
@@ -178,6 +197,10 @@ class TrainerConfig:
     val_k: List[int] = _f([1, 4], "k values of the unbiased pass@k estimator (<= val_n_samples).")
     device: str = _f("auto", "'auto' (cuda if available), 'cuda' or 'cpu'.", choices=("auto", "cuda", "cpu"))
     deterministic: bool = _f(False, "Deterministic torch algorithms (CPU runs are deterministic anyway).")
+    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop prompts whose samples all got the same "
+                                "reward and sample more prompts until the step's batch is full.")
+    dynamic_sampling_max_tries: int = _f(4, "Sampling rounds per step at most, the first included; a batch "
+                                         "still short after them is filled up with dropped groups.", low=1)
 
 
 @dataclass

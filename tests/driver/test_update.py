@@ -4,6 +4,8 @@ whole mini-batch. Fast: plain tensors, no engine."""
 import pytest
 import torch
 
+from vcppo.algos import losses
+from vcppo.algos.mismatch import tis_weights
 from vcppo.driver.update import PolicyLoss, ValueLoss
 from vcppo.engines.deepspeed_engine import GlobalCounts, ModelOutputs
 from vcppo.experience import make_experience
@@ -20,6 +22,8 @@ def _batch(seed=0):
     b.old_values = torch.randn(mask.shape, generator=g) * mask
     b.returns = torch.randn(mask.shape, generator=g) * mask
     b.correct = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
+    b.sampler_logprobs = (b.old_logprobs + 0.5 * torch.randn(mask.shape, generator=g)) * mask
+    b.truncated = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
     return b
 
 
@@ -33,6 +37,8 @@ def _loss_of(loss, b, params, counts):
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 @pytest.mark.parametrize("make_loss", [
     lambda agg: PolicyLoss(AlgorithmConfig(loss_agg=agg, entropy_coef=0.01, positive_lm_coef=0.1, dual_clip_c=3.0)),
+    lambda agg: PolicyLoss(AlgorithmConfig(loss_agg=agg, rollout_is_cap=1.5, mask_truncated=True,
+                                           positive_lm_coef=0.1)),
     lambda agg: ValueLoss(CriticConfig(value_clip=0.2), agg),
 ])
 def test_micro_batch_losses_sum_to_the_full_batch_loss(agg, make_loss):
@@ -60,3 +66,49 @@ def test_counts_cover_the_positive_samples_for_vapo():
     assert counts.sequences == {"response": 6.0, "positive": 3.0}
     assert set(PolicyLoss(AlgorithmConfig()).count_masks(b)) == {"response"}
     assert PolicyLoss(AlgorithmConfig(entropy_coef=0.1)).needs_entropy
+
+
+def _grad_of(loss, b, base):
+    params = base.clone().requires_grad_(True)
+    counts = GlobalCounts.over_ranks(loss.count_masks(b))
+    value = _loss_of(loss, b, params, counts)
+    value.backward()
+    return value, params.grad
+
+
+def test_truncated_importance_sampling_through_the_policy_loss():
+    """The loss the engine optimises with ``algorithm.rollout_is_cap`` is the clipped surrogate with
+    every token weighted by min(pi_old / pi_sampler, cap); off (or sampler == trainer) it is the
+    plain one."""
+    b = _batch()
+    base = b.old_logprobs + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(2))
+    plain, g_plain = _grad_of(PolicyLoss(AlgorithmConfig()), b, base)
+    tis, g_tis = _grad_of(PolicyLoss(AlgorithmConfig(rollout_is_cap=1.5)), b, base)
+    w, m = tis_weights(b.old_logprobs, b.sampler_logprobs, b.response_mask, cap=1.5)
+    assert 0 < m["truncated_frac"].item() < 1 and (w[b.response_mask > 0] < 1).any()
+    expected, _ = losses.policy_loss(base * b.response_mask, b.old_logprobs, b.advantages, b.response_mask,
+                                     is_weights=w)
+    torch.testing.assert_close(tis, expected)
+    torch.testing.assert_close(g_tis, w * g_plain)
+    assert not torch.allclose(tis, plain)
+    b.sampler_logprobs = b.old_logprobs.clone()
+    same, g_same = _grad_of(PolicyLoss(AlgorithmConfig(rollout_is_cap=1.5)), b, base)
+    torch.testing.assert_close(same, plain)
+    torch.testing.assert_close(g_same, g_plain)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_mask_truncated_is_the_loss_without_the_truncated_samples(agg):
+    """DAPO's overlong filtering: the loss (value and gradient) equals the loss of the batch with the
+    truncated samples removed, and truncated samples get no gradient."""
+    b = _batch()
+    base = b.old_logprobs + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(3))
+    cfg = dict(loss_agg=agg, entropy_coef=0.01, positive_lm_coef=0.1)
+    masked, g_masked = _grad_of(PolicyLoss(AlgorithmConfig(mask_truncated=True, **cfg)), b, base)
+    kept = (b.truncated == 0).nonzero().flatten()
+    sub, g_sub = _grad_of(PolicyLoss(AlgorithmConfig(**cfg)), b.select(kept), base[kept])
+    torch.testing.assert_close(masked, sub)
+    torch.testing.assert_close(g_masked[kept], g_sub)
+    assert torch.count_nonzero(g_masked[b.truncated > 0]) == 0
+    full, _ = _grad_of(PolicyLoss(AlgorithmConfig(**cfg)), b, base)
+    assert not torch.allclose(full, masked)

@@ -49,6 +49,8 @@ def cache_key(cfg: Config) -> str:
         "gamma": cfg.algorithm.gamma,
         "reward": [cfg.reward.function, cfg.reward.correct_score, cfg.reward.wrong_score],
     }
+    if cfg.reward.overlong_buffer_tokens:  # only when on, so the keys of existing caches stay valid
+        relevant["overlong"] = [cfg.reward.overlong_buffer_tokens, cfg.reward.overlong_penalty]
     blob = json.dumps(relevant, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from vcppo.algos import stats
+from vcppo.algos.mismatch import mismatch_stats, tis_weights
 from vcppo.driver.context import RunContext
 from vcppo.driver.evaluate import evaluate
 from vcppo.engines.dist import gather_cat, global_sum
@@ -48,6 +49,7 @@ def _response_metrics(ctx: RunContext, batch: Experience, mask: torch.Tensor) ->
     m = {"reward/mean": gather_cat(batch.scores).mean().item(),
          "reward/accuracy": gather_cat(batch.correct).mean().item(),
          "reward/failures_total": float(global_sum(ctx.scorer.num_failures)),
+         "reward/timeouts_total": float(global_sum(ctx.scorer.num_timeouts)),  # stuck samples (reward pool)
          "response/length_mean": lengths.mean().item()}
     for q in (50, 90):
         m[f"response/length_p{q}"] = lengths.quantile(q / 100).item()
@@ -65,6 +67,17 @@ def _critic_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Ten
             "critic/value_first_token": values[:, 0].mean().item()}
 
 
+def mismatch_metrics(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor,
+                     tis_cap: float | None) -> dict:
+    """Sampler (vLLM) vs trainer logprobs of the step's tokens: mean / max |delta|, k3 KL, and the
+    truncated importance weights the policy loss uses when ``tis_cap`` is set."""
+    m = {f"mismatch/{k}": float(v) for k, v in mismatch_stats(old_logprobs, sampler_logprobs, mask).items()}
+    if tis_cap is not None:
+        _, tis = tis_weights(old_logprobs, sampler_logprobs, mask, tis_cap)
+        m.update({f"mismatch/tis_{k}": float(v) for k, v in tis.items()})
+    return m
+
+
 def step_metrics(ctx: RunContext, batch: Experience, timer: PhaseTimer) -> dict:
     """The per-step diagnostics, over the global batch (gathered from every rank). Fields the phase
     did not compute (no critic in GRPO, no old logprobs in value pretraining) are skipped."""
@@ -78,9 +91,8 @@ def step_metrics(ctx: RunContext, batch: Experience, timer: PhaseTimer) -> dict:
     if batch.old_values is not None:
         m.update(_critic_metrics(gather_cat(batch.old_values), gather_cat(batch.returns), mask))
     if batch.old_logprobs is not None:
-        diff = (gather_cat(batch.old_logprobs) - gather_cat(batch.sampler_logprobs)).abs() * mask
-        m["mismatch/logprob_abs_mean"] = (diff.sum() / mask.sum().clamp(min=1)).item()
-        m["mismatch/logprob_abs_max"] = diff.max().item()
+        m.update(mismatch_metrics(gather_cat(batch.old_logprobs), gather_cat(batch.sampler_logprobs), mask,
+                                  ctx.cfg.algorithm.rollout_is_cap))
     if batch.entropy is not None:
         m["actor/entropy"] = stats.masked_mean(gather_cat(batch.entropy), mask).item()
     if batch.kl is not None:

@@ -22,6 +22,7 @@ from vcppo.driver.advantages import compute_advantages
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.resume import resume_or_start, save_checkpoint
 from vcppo.driver.context import RunContext
+from vcppo.driver.dapo import sample_batch
 from vcppo.driver.metrics import PhaseTimer, log_validation, step_metrics
 from vcppo.driver.update import train_actor, train_critic
 from vcppo.driver.value_pretrain import value_pretrain
@@ -58,7 +59,7 @@ def ppo_step(ctx: RunContext, step: int) -> dict:
     critic and the actor, sync the actor into vLLM; the step's metrics."""
     alg, timer = ctx.cfg.algorithm, PhaseTimer()
     with timer("rollout"):
-        batch = ctx.sample_step("ppo", step)
+        batch, sample_metrics = sample_batch(ctx, "ppo", step)  # + DAPO dynamic sampling / overlong
     ctx.rollout.sleep()  # GPU: hand vLLM's memory to training; no-op on CPU
     with timer("old_logprobs"):
         batch.old_logprobs, batch.entropy = ctx.actor.forward_logprobs(batch, with_entropy=True)
@@ -85,6 +86,7 @@ def ppo_step(ctx: RunContext, step: int) -> dict:
         ctx.sync_weights()
     metrics = step_metrics(ctx, batch, timer)
     metrics.update(update_metrics)
+    metrics.update(sample_metrics)
     return metrics
 
 

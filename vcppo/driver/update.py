@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 
 from vcppo.algos import losses
+from vcppo.algos.dapo import mask_truncated
+from vcppo.algos.mismatch import tis_weights
 from vcppo.driver.context import RunContext
 from vcppo.engines.deepspeed_engine import (RESPONSE, DeepSpeedModelEngine, EngineLoss, GlobalCounts,
                                             ModelOutputs, response_counts)
@@ -18,25 +20,37 @@ POSITIVE = "positive"  # VAPO's positive-example NLL averages over correct sampl
 
 class PolicyLoss:
     """Clipped surrogate (+ entropy bonus, + VAPO's positive-example NLL), aggregated by
-    ``algorithm.loss_agg`` over the global mini-batch."""
+    ``algorithm.loss_agg`` over the global mini-batch; optionally re-weighted per token by truncated
+    importance sampling against the sampler's logprobs (``algorithm.rollout_is_cap``) and without
+    truncated responses (``algorithm.mask_truncated``, DAPO's overlong filtering)."""
 
     def __init__(self, alg: AlgorithmConfig):
         self.alg = alg
         self.needs_entropy = alg.entropy_coef > 0
 
+    def loss_mask(self, batch: Experience) -> torch.Tensor:
+        """(B, R): the tokens the policy loss averages over."""
+        if self.alg.mask_truncated:
+            return mask_truncated(batch.response_mask, batch.truncated)
+        return batch.response_mask
+
     def count_masks(self, minibatch: Experience) -> dict[str, torch.Tensor]:
-        masks = response_counts(minibatch)
+        masks = {RESPONSE: self.loss_mask(minibatch)}
         if self.alg.positive_lm_coef > 0:
-            masks[POSITIVE] = minibatch.response_mask * (minibatch.correct > 0)[:, None]
+            masks[POSITIVE] = masks[RESPONSE] * (minibatch.correct > 0)[:, None]
         return masks
 
     def __call__(self, outputs: ModelOutputs, micro: Experience, counts: GlobalCounts):
-        a, mask = self.alg, micro.response_mask
+        a, mask = self.alg, self.loss_mask(micro)
         norm = dict(agg=a.loss_agg, global_token_count=counts.tokens[RESPONSE],
                     global_seq_count=counts.sequences[RESPONSE])
+        weights = None
+        if a.rollout_is_cap is not None:
+            # The step's per-token weights are logged over the global batch (driver.metrics).
+            weights, _ = tis_weights(micro.old_logprobs, micro.sampler_logprobs, mask, a.rollout_is_cap)
         loss, metrics = losses.policy_loss(outputs.logprobs, micro.old_logprobs, micro.advantages, mask,
                                            eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c,
-                                           **norm)
+                                           is_weights=weights, **norm)
         metrics = {f"actor/{k}": v for k, v in metrics.items()}
         # The loss above is this micro-batch's share of the global mean; report its own mean.
         metrics["actor/pg_loss"] = loss.detach() * counts.local_share(RESPONSE, mask, a.loss_agg)

@@ -20,6 +20,7 @@ from vcppo.driver import critic_cache
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.resume import save_checkpoint
 from vcppo.driver.context import RunContext
+from vcppo.driver.dapo import sample_batch
 from vcppo.driver.metrics import PhaseTimer, step_metrics
 from vcppo.driver.update import train_critic
 from vcppo.schema import ValuePretrainConfig
@@ -67,7 +68,8 @@ def pretrain_step(ctx: RunContext, step: int) -> dict:
     """One critic-only step: sample, value, Monte-Carlo targets, critic update; its metrics."""
     cfg, timer = ctx.cfg, PhaseTimer()
     with timer("rollout"):
-        batch = ctx.sample_step("pretrain", step)
+        batch, sample_metrics = sample_batch(ctx, "pretrain", step)  # + DAPO overlong penalty, if set
+    ctx.rollout.sleep()  # GPU: hand vLLM's memory to the critic; woken before the next sampling
     with timer("values"):
         batch.old_values = ctx.critic.forward_values(batch)
     with timer("advantages"):
@@ -78,8 +80,10 @@ def pretrain_step(ctx: RunContext, step: int) -> dict:
             lam_actor=cfg.algorithm.lambda_actor, lam_critic=cfg.value_pretrain.lambda_critic)
     with timer("critic_update"):
         update = train_critic(ctx, batch, step)
+    ctx.rollout.wake_up()
     metrics = step_metrics(ctx, batch, timer)
     metrics.update(update)
+    metrics.update(sample_metrics)
     return metrics
 
 
