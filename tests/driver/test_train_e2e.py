@@ -119,6 +119,26 @@ def test_every_loss_option_runs(tiny_artifacts, tmp_path):
 
 
 @pytest.mark.slow
+def test_dapo_and_mismatch_options_run(tiny_artifacts, tmp_path):
+    """VAPO with DAPO's dynamic sampling, soft overlong punishment and overlong filtering, and
+    truncated importance sampling against vLLM's logprobs, on the real engines."""
+    extra = {"trainer.dynamic_sampling": True, "trainer.dynamic_sampling_max_tries": 3,
+             "reward.overlong_buffer_tokens": 16, "algorithm.mask_truncated": True,
+             "algorithm.rollout_is_cap": 2.0, "value_pretrain.steps": 1, "value_pretrain.reuse": False}
+    res = train("vapo", base_overrides(tiny_artifacts, tmp_path, **extra), cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    (pre,) = read_metrics(tmp_path / "vapo-seed0", "value_pretrain")
+    assert pre["reward/overlong_penalty_mean"] <= 0.0 and "dynamic_sampling/tries" not in pre
+    for rec in read_metrics(tmp_path / "vapo-seed0", "ppo"):
+        assert 1 <= rec["dynamic_sampling/tries"] <= 3
+        assert rec["dynamic_sampling/sampled_groups"] == 4 * rec["dynamic_sampling/tries"]
+        # fp32 on CPU: vLLM and the trainer agree to ~1e-5, so every weight is ~1 and none is cut
+        assert rec["mismatch/logprob_abs_max"] < 1e-3 and rec["mismatch/kl_k3"] < 1e-6
+        assert rec["mismatch/tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert rec["mismatch/tis_truncated_frac"] == 0.0
+
+
+@pytest.mark.slow
 def test_pretrained_critic_is_reused_across_runs(tiny_artifacts, tmp_path):
     first = train("vcppo", base_overrides(tiny_artifacts, tmp_path, **{"trainer.total_steps": 1}), cwd=tmp_path,
                   timeout=600)
