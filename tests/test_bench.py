@@ -61,3 +61,15 @@ def test_rollout_bench_runs_the_real_engines(tmp_path):
                 "critic_step_s", "sync_s"):
         assert figures[key] > 0, key
     assert figures["train_tokens"] == figures["vllm_tokens"]
+
+
+def test_reward_bench_compares_serial_and_pool_on_the_same_batch(tmp_path):
+    from vcppo.bench import reward as reward_bench
+    texts, truths, finish, hostile = reward_bench.make_batch(64, 2)
+    assert len(texts) == 64 and len(hostile) == 2
+    assert all(reward_bench.HOSTILE in texts[i] for i in hostile)
+    out = tmp_path / "sub" / "bench_reward.json"
+    result = reward_bench.main(["--samples", "24", "--hostile", "0", "--workers", "1", "--json", str(out)])
+    assert json.loads(out.read_text()) == result
+    (row,) = result["pool"]
+    assert row["same_rewards_on_the_rest"] and row["timeouts"] == 0 and result["serial_s"] > 0

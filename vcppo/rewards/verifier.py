@@ -245,57 +245,85 @@ class RewardScorer:
 
     ``reward_fn``: a callable ``fn(response_text, ground_truth, **info) -> float``, a dotted
     path for ``load_reward_fn``, or None for the built-in ``score`` (which is given
-    ``correct``/``wrong``). ``num_failures`` accumulates over the scorer's life; each call's
-    metrics give that batch's count.
+    ``correct``/``wrong``). ``num_workers=0`` scores serially in this process (``breakpoint()``
+    works inside a reward function); ``num_workers >= 1`` scores in a :class:`~vcppo.rewards.pool.
+    RewardPool` of that many processes, started here (their imports overlap the engines' start-up),
+    where a sample that takes longer than ``timeout_s`` scores ``wrong`` and counts as a timeout.
+    ``num_failures`` (timeouts included) and ``num_timeouts`` accumulate over the scorer's life;
+    each call's metrics give that batch's counts. Call :meth:`close` to stop the workers.
     """
 
     reward_fn: RewardFn | str | None = None
     correct: float = 1.0
     wrong: float = -1.0
     max_warnings: int = 5  # then one warning per 100 failures
+    num_workers: int = 0
+    timeout_s: float = 10.0
     num_failures: int = field(default=0, init=False)
+    num_timeouts: int = field(default=0, init=False)
     num_scored: int = field(default=0, init=False)
 
     def __post_init__(self):
+        sent_to_workers = self.reward_fn  # a path travels as text; workers import it themselves
         if isinstance(self.reward_fn, str):
-            self.reward_fn = load_reward_fn(self.reward_fn)
+            self.reward_fn = load_reward_fn(self.reward_fn)  # import errors surface here, at start-up
         self._builtin = self.reward_fn is None
         if self._builtin:
             self.reward_fn = score
+        self._pool = None
+        if self.num_workers > 0:
+            from vcppo.rewards.pool import RewardPool
+
+            self._pool = RewardPool(sent_to_workers, self.num_workers, self.timeout_s)
+
+    def _outcomes(self, items: list[tuple[str, Any, dict]]) -> list[tuple[str, Any]]:
+        if self._pool is not None:
+            return self._pool.map(items)
+        outcomes = []
+        for text, truth, kwargs in items:
+            try:
+                outcomes.append(("ok", float(self.reward_fn(text, truth, **kwargs))))
+            except Exception as e:
+                outcomes.append(("error", repr(e)))
+        return outcomes
+
+    def _reward(self, kind: str, value: Any) -> tuple[float, bool]:
+        """(reward, failed) of one outcome; a failure is logged, rate-limited."""
+        if kind == "ok" and math.isfinite(value):
+            return value, False
+        self.num_failures += 1
+        self.num_timeouts += kind == "timeout"
+        n = self.num_failures
+        if n <= self.max_warnings or n % 100 == 0:
+            what = f"returned {value}" if kind == "ok" else f"{kind}: {value}"
+            logger.warning("reward function failed (%d so far; sample scored %s): %s", n, self.wrong, what)
+        return self.wrong, True
 
     def __call__(self, texts: Sequence[str], truths: Sequence[Any],
                  finish_reasons: Sequence[str | None] | None = None,
                  infos: Sequence[dict] | None = None) -> tuple[list[float], dict[str, float]]:
         """Rewards for a batch and metrics: reward/mean, reward/accuracy, reward/num_failures,
-        reward/truncated_frac. ``accuracy`` is the fraction scoring ``correct``."""
+        reward/num_timeouts, reward/truncated_frac. ``accuracy`` is the fraction scoring ``correct``."""
         if len(texts) != len(truths):
             raise ValueError(f"{len(texts)} texts but {len(truths)} ground truths")
         finish_reasons = list(finish_reasons) if finish_reasons is not None else [None] * len(texts)
         infos = list(infos) if infos is not None else [{}] * len(texts)
-        rewards, failures = [], 0
+        items = []
         for text, truth, fr, info in zip(texts, truths, finish_reasons, infos):
             kwargs = dict(info, finish_reason=fr)
             if self._builtin:
                 kwargs.update(correct=self.correct, wrong=self.wrong)
-            try:
-                r = float(self.reward_fn(text, truth, **kwargs))
-                if not math.isfinite(r):
-                    raise ValueError(f"reward function returned {r}")
-            except Exception as e:
-                failures += 1
-                self.num_failures += 1
-                r = self.wrong
-                n = self.num_failures
-                if n <= self.max_warnings or n % 100 == 0:
-                    logger.warning("reward function failed (%d so far; sample scored %s): %r",
-                                   n, self.wrong, e)
-            rewards.append(r)
+            items.append((text, truth, kwargs))
+        timeouts_before = self.num_timeouts
+        judged = [self._reward(kind, value) for kind, value in self._outcomes(items)]
+        rewards = [r for r, _ in judged]
         self.num_scored += len(texts)
         n = max(len(rewards), 1)
         metrics = {
             "reward/mean": sum(rewards) / n,
             "reward/accuracy": sum(r == self.correct for r in rewards) / n,
-            "reward/num_failures": float(failures),
+            "reward/num_failures": float(sum(failed for _, failed in judged)),
+            "reward/num_timeouts": float(self.num_timeouts - timeouts_before),
             "reward/truncated_frac": sum(fr == "length" for fr in finish_reasons) / n,
         }
         return rewards, metrics
@@ -305,6 +333,12 @@ class RewardScorer:
         """Rewards and correctness flags: a sample is correct when it earned the ``correct`` score."""
         rewards, _ = self(texts, truths, finish_reasons)
         return rewards, [r == self.correct for r in rewards]
+
+    def close(self) -> None:
+        """Stop the worker processes (if any); serial scoring needs nothing."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 def score_batch(texts: Sequence[str], truths: Sequence[Any],
