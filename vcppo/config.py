@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -69,8 +71,18 @@ def _check_keys(data: DictConfig, where: str) -> None:
             raise _unknown_key(key, where)
 
 
+def _check_sections(data: DictConfig, where: str) -> None:
+    """``actor=[]`` or ``actor: 3`` replaces a whole section: name it (OmegaConf names '?')."""
+    sections = {f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.default_factory)}
+    for key, value in OmegaConf.to_container(data, resolve=False).items():
+        if key in sections and not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' is a section: set its keys (e.g. '{key}.<key>=...'), "
+                              f"not {value!r} ({where})")
+
+
 def _merge(base: DictConfig, data: DictConfig, where: str) -> DictConfig:
     _check_keys(data, where)
+    _check_sections(data, where)
     try:
         return OmegaConf.merge(base, data)
     except OmegaConfBaseException as e:
@@ -160,6 +172,8 @@ def load_config(config: str | Path | None = None, overrides: Sequence[str] = ())
         raise _config_error(e, "interpolation") from None
     if preset and cfg.preset == "custom":
         cfg.preset = preset
+    # YAML reads `false` as a bool, which OmegaConf turns into the string 'False'
+    cfg.data.use_chat_template = str(cfg.data.use_chat_template).lower()
     validate(cfg)
     return finalize(cfg)
 
@@ -217,8 +231,11 @@ def validate(cfg: Config) -> None:
         if value is not None:
             _check_range(key, value, meta)
     for section in ("actor", "critic", "sft", "rm"):
-        if len(getattr(cfg, section).betas) != 2:
+        betas = getattr(cfg, section).betas
+        if len(betas) != 2:
             raise ConfigError(f"config key '{section}.betas' must have two entries")
+        if not all(math.isfinite(b) and 0.0 <= b < 1.0 for b in betas):  # Adam's moment decay rates
+            raise ConfigError(f"config key '{section}.betas' entries must be in [0, 1), got {list(betas)}")
     for key, ks, n in (("trainer.val_k", cfg.trainer.val_k, cfg.trainer.val_n_samples),
                        ("eval.k", cfg.eval.k, cfg.eval.n_samples)):
         if n > 0 and any(k < 1 or k > n for k in ks):  # n = 0: greedy only, k unused
@@ -280,6 +297,61 @@ def check_paths(cfg: Config, command: str = "train") -> None:
             raise ConfigError(f"config key '{key}' is required")
         if not os.path.exists(value):
             raise ConfigError(f"config key '{key}': path does not exist: {value}")
+    for key in _OUTPUTS[command]:
+        check_writable(key, _get(cfg, key))
+    check_context_length(cfg, *_SAMPLING_MODEL[command])
+    if cfg.reward.function:
+        _check_reward_function(cfg.reward.function)
+
+
+# Where each command writes; the model its vLLM engine samples from, and whether its context is
+# sized by data.max_prompt_tokens (sft and rm size it by their longest prompt instead).
+_OUTPUTS = {"train": ["trainer.output_root"], "sft": ["sft.output_dir"], "rm": ["rm.output_dir"], "eval": []}
+_SAMPLING_MODEL = {"train": ("model.policy_path", True), "sft": ("sft.init_model", False),
+                   "rm": ("rm.policy_path", False), "eval": ("eval.model_path", True)}
+
+
+def check_writable(key: str, path: str) -> None:
+    """``path`` (which need not exist yet) can be created and written: probed in its nearest
+    existing ancestor, without creating anything (an empty policy directory would pass later
+    existence checks)."""
+    probe = Path(path).absolute()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"config key '{key}': cannot create {path}: {probe} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise ConfigError(f"config key '{key}': cannot write into {probe} (for {path}): {e.strerror or e}") from None
+
+
+def check_context_length(cfg: Config, model_key: str, with_prompt_budget: bool = True) -> None:
+    """A prompt plus a response must fit the model's context (vLLM would fail only after start-up)."""
+    config_file = Path(_get(cfg, model_key) or "") / "config.json"
+    if not config_file.is_file():
+        return
+    try:
+        limit = json.loads(config_file.read_text()).get("max_position_embeddings")
+    except (ValueError, OSError, AttributeError) as e:
+        raise ConfigError(f"config key '{model_key}': cannot read {config_file}: {e}") from None
+    needed = cfg.rollout.max_response_tokens + (cfg.data.max_prompt_tokens if with_prompt_budget else 0)
+    keys = "'data.max_prompt_tokens' + 'rollout.max_response_tokens'" if with_prompt_budget \
+        else "'rollout.max_response_tokens'"
+    if isinstance(limit, int) and needed > limit:
+        raise ConfigError(f"config key{'s' if with_prompt_budget else ''} {keys} ({needed}) exceed"
+                          f"{'' if with_prompt_budget else 's'} the context of {model_key} ({limit} tokens, "
+                          f"max_position_embeddings in {config_file})")
+
+
+def _check_reward_function(path: str) -> None:
+    from vcppo.rewards.verifier import load_reward_fn
+
+    try:
+        load_reward_fn(path)
+    except Exception as e:  # ImportError, AttributeError, TypeError, or the module's own error
+        raise ConfigError(f"config key 'reward.function': cannot load {path!r}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------

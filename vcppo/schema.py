@@ -54,7 +54,9 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     n_samples_per_prompt: int = _f(4, "Responses sampled per prompt (GRPO/VAPO group size).", low=1)
-    temperature: float = _f(1.0, "Sampling temperature.", low=0.0)
+    temperature: float = _f(1.0, "Sampling temperature of training and pass@k samples (> 0: the trainer "
+                            "divides logits by it; greedy evaluation needs no setting).", low=0.0,
+                            low_open=True)
     top_p: float = _f(1.0, "Nucleus sampling top-p.", low=0.0, high=1.0, low_open=True)
     max_response_tokens: int = _f(512, "Maximum generated tokens per response (the context budget).", low=1)
     stop: List[str] = _f([], "Extra stop strings (the tokenizer's EOS always stops).")
@@ -184,7 +186,8 @@ class TrainerConfig:
     prompts_per_step: int = _f(16, "Prompts per step over all ranks (x n_samples_per_prompt responses).", low=1)
     balance_batch: bool = _f(True, "Several ranks: redistribute whole prompt groups after sampling so every "
                              "rank trains on about the same number of real tokens.")
-    seed: int = _f(0, "Seed of data order, sampling and initialisation.")
+    seed: int = _f(0, "Seed of data order, sampling and initialisation (numpy accepts [0, 2**32)).",
+                   low=0, high=2**32 - 1)
     output_root: str = _f("runs", "Directory under which run directories are created.")
     run_name: Optional[str] = _f(None, "Run directory name (default: <preset>-<timestamp>).")
     save_every: int = _f(0, "Checkpoint every N steps (0: only at the end).", low=0)
