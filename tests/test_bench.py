@@ -73,3 +73,18 @@ def test_reward_bench_compares_serial_and_pool_on_the_same_batch(tmp_path):
     assert json.loads(out.read_text()) == result
     (row,) = result["pool"]
     assert row["same_rewards_on_the_rest"] and row["timeouts"] == 0 and result["serial_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_mismatch_bench_measures_both_dtypes(tmp_path):
+    """vLLM and the DeepSpeed actor in fp32 agree to ~1e-6 on CPU (anything larger is a bug);
+    in bf16 they differ by far more, and every figure is written."""
+    from tests.conftest import vcppo
+    res = vcppo("bench", "mismatch", "--size", "tiny", "--prompts", "4", "--n", "2", "--max-tokens", "16",
+                "--json", tmp_path / "mm.json", cwd=tmp_path, check=False, timeout=600)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    fp32, bf16 = json.loads((tmp_path / "mm.json").read_text())["results"]
+    assert (fp32["dtype"], bf16["dtype"]) == ("float32", "bfloat16") and fp32["tokens"] > 0
+    assert fp32["logprob_abs_max"] < 1e-4 and fp32["tis_weight_max"] < 1.001
+    assert bf16["logprob_abs_mean"] > 10 * fp32["logprob_abs_mean"] and bf16["kl_k3"] >= 0

@@ -2,10 +2,14 @@
 
     vcppo bench gae [--shapes 256x1024,...] [--repeats 5] [--threads N] [--json PATH]
     vcppo bench rollout [--model DIR] [--prompts 64 --n 4 --max-tokens 128] [--json PATH]
+    vcppo bench mismatch [--model DIR | --size small] [--dtypes float32,bfloat16] [--json PATH]
+    vcppo bench reward [--samples 512] [--hostile 4] [--workers 1,2] [--timeout 5] [--json PATH]
+    vcppo bench train [--models small,medium] [--batch 8] [--budget 4096] [--json PATH]
 
 ``gae`` (:mod:`vcppo.bench.gae`): the fused Decoupled-GAE vs the reference loop vs a copy floor.
 ``rollout`` (:mod:`vcppo.bench.rollout`): vLLM vs HF generate tokens/s, weight sync time and one
-training step split into its parts, on one rank. ``vcppo bench <benchmark> -h`` lists its options.
+training step split into its parts, on one rank. ``train`` (:mod:`vcppo.bench.train`): padded vs
+packed (padding-free) actor forward and train step on a long-tailed batch. ``vcppo bench <benchmark> -h`` lists its options.
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ from vcppo.cli import pick
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "gae": ("vcppo.bench.gae", "fused Decoupled-GAE vs the reference loop vs a memory-copy floor"),
     "rollout": ("vcppo.bench.rollout", "vLLM vs HF generate tokens/s, weight sync, training step split"),
+    "mismatch": ("vcppo.bench.mismatch", "vLLM vs trainer logprobs by dtype: |delta|, KL, TIS weights"),
+    "reward": ("vcppo.bench.reward", "reward scoring: serial vs the process pool, with hostile answers"),
+    "train": ("vcppo.bench.train", "padded vs packed actor passes on a long-tailed batch: tokens/s, peak memory"),
 }
 
 
