@@ -1,53 +1,81 @@
 #!/usr/bin/env bash
-# GPU verification on a single-GPU machine with no internet (budget: under 8 minutes).
-#   launch/gpu_check.sh [OUT_DIR]
-# 1. the `gpu`-marked tests (Triton GAE kernel on CUDA, bf16 paths)
-# 2. the GAE benchmark: Triton kernel vs fused torch vs reference loop vs a device copy floor
-# 3. a short real VC-PPO run of the `base` model (vLLM + DeepSpeed on CUDA): rollout tokens/s,
-#    seconds per step by phase, GPU memory peak — skipped, with the reason, where vllm or
-#    deepspeed is not importable (a CUDA vLLM wheel is far larger than what a bare GPU box can be
-#    handed; install the `gpu` extra first: `make install` on a CUDA machine does).
-# Everything it prints is also written under OUT_DIR (default: $OUT or runs/gpu_check).
+# GPU verification of the path a GPU cluster takes (issue #14), on one or two GPUs with no internet
+# (budget: about 10 minutes).
+#   launch/gpu_check.sh [OUT_DIR]             OUT_DIR: the argument, else $GPU_CHECK_OUT, else $OUT,
+#                                             else runs/gpu_check
+#   DRY_RUN=1 launch/gpu_check.sh [OUT_DIR]   print the plan (every command, the TP size) into
+#                                             OUT_DIR/summary.txt and run nothing (CPU-safe; tested)
+# Steps, each writing its figures under OUT_DIR (everything printed also lands in summary.txt):
+#   1. bf16          bf16 supported; bf16 matmul / log-softmax error against fp32      bf16.json
+#   2. gpu tests     pytest -m gpu (Triton GAE kernel on CUDA, bf16 paths)              gpu_tests.log
+#   3. GAE kernel    vcppo bench gae: Triton vs fused torch vs the loop vs a copy floor, and the
+#                    achieved GB/s of each against the floor's                         bench_gae.json, gae_bandwidth.json
+#   4. sleep / wake  vLLM (bf16, via RolloutEngine) frees memory on sleep(); the same greedy
+#                    outputs after wake_up()                                           sleep_wake.json
+#   5. mismatch      vLLM vs the DeepSpeed actor logprobs, fp32 vs bf16 (vcppo bench mismatch) mismatch.json
+#   6. training      a short VC-PPO run of the GPU_CHECK_MODEL (default tiny) model in bf16, with
+#                    TIS on (mismatch/ metrics): TP=2 over 2 ranks when 2+ GPUs are visible, else TP=1
+#                                                                                      train_summary.json
+# Steps 4-6 need vllm and deepspeed importable (install the `gpu` extra first: `make install` on a
+# CUDA machine does); they are skipped, with the reason, where they are not. Exit status: 0 when
+# every step that ran passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR="${1:-${OUT:-runs/gpu_check}}"
+OUT_DIR="${1:-${GPU_CHECK_OUT:-${OUT:-runs/gpu_check}}}"
 mkdir -p "$OUT_DIR"
 PY="${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
 export PYTHONUNBUFFERED=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 WANDB_MODE=offline
+NUM_GPUS="${NUM_GPUS:-$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' )}"
+TP=1
+[ "$NUM_GPUS" -ge 2 ] && TP=2
+MODEL_SIZE="${GPU_CHECK_MODEL:-tiny}"
+W="$OUT_DIR/work"
+STATUS=0
 log() { echo "[gpu_check $(date +%H:%M:%S)] $*" | tee -a "$OUT_DIR/summary.txt"; }
 
-log "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
-"$PY" -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.cuda.is_available()); sys.exit(0 if torch.cuda.is_available() else 1)" \
-  | tee -a "$OUT_DIR/summary.txt" || { log "no CUDA device visible: stopping"; exit 1; }
+# step NAME TIMEOUT_S CMD...: logs the command; runs it (output in OUT_DIR/NAME.log) unless DRY_RUN.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  log "$name: $*"
+  [ -n "${DRY_RUN:-}" ] && return 0
+  timeout "$limit" "$@" 2>&1 | tee "$OUT_DIR/$name.log" | tail -15
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { log "$name FAILED (exit $rc, see $OUT_DIR/$name.log)"; STATUS=1; }
+  return "$rc"
+}
 
-log "1/3 gpu tests"
-timeout 120 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT_DIR/gpu_tests.txt" | tail -5
-log "gpu tests exit code ${PIPESTATUS[0]}"
-
-log "2/3 GAE benchmark"
-timeout 150 "$PY" -m vcppo.cli bench gae --json "$OUT_DIR/bench_gae.json" 2>&1 | tee "$OUT_DIR/bench_gae.txt"
-
-log "3/3 short VC-PPO run of the base model"
-if ! "$PY" -c "import vllm, deepspeed" >/dev/null 2>&1; then
-  log "skipped: vllm and/or deepspeed are not importable here"
-  exit 0
+log "plan: ${NUM_GPUS} GPU(s) visible -> rollout.tensor_parallel_size=$TP over $TP rank(s); model $MODEL_SIZE; out $OUT_DIR"
+if [ -z "${DRY_RUN:-}" ]; then
+  log "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2 | tr '\n' ';')"
+  "$PY" -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.cuda.is_available()); sys.exit(0 if torch.cuda.is_available() else 1)" \
+    | tee -a "$OUT_DIR/summary.txt" || { log "no CUDA device visible: stopping"; exit 1; }
 fi
-W="$OUT_DIR/work"
-"$PY" -m vcppo.cli data make --task add --out "$W/data" --n 2000 --n-eval 64 >/dev/null
-"$PY" -m vcppo.cli model make --size base --out "$W/base" >/dev/null
-timeout 240 "$PY" -m vcppo.cli train vcppo model.policy_path="$W/base" \
+
+step bf16 60 "$PY" -m vcppo.bench.gpu_check bf16 "$OUT_DIR/bf16.json"
+step gpu_tests 180 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
+step bench_gae 150 "$PY" -m vcppo.cli bench gae --json "$OUT_DIR/bench_gae.json" \
+  && step gae_bandwidth 30 "$PY" -m vcppo.bench.gpu_check gae-bandwidth "$OUT_DIR/bench_gae.json" "$OUT_DIR/gae_bandwidth.json"
+
+if [ -z "${DRY_RUN:-}" ] && ! "$PY" -c "import vllm, deepspeed" >/dev/null 2>&1; then
+  log "steps 4-6 skipped: vllm and/or deepspeed are not importable here"
+  log "done: status $STATUS"
+  exit "$STATUS"
+fi
+step sleep_wake 180 "$PY" -m vcppo.bench.gpu_check sleep-wake "$OUT_DIR/sleep_wake.json"
+step mismatch 300 "$PY" -m vcppo.cli bench mismatch --size small --prompts 64 --n 4 --max-tokens 256 \
+  --json "$OUT_DIR/mismatch.json"
+
+step make_data 120 "$PY" -m vcppo.cli data make --task add --out "$W/data" --n 2000 --n-eval 64
+step make_model 120 "$PY" -m vcppo.cli model make --size "$MODEL_SIZE" --out "$W/model"
+step train 300 env NUM_GPUS="$TP" MASTER_PORT="${MASTER_PORT:-29561}" launch/single_node.sh vcppo \
+  model.policy_path="$W/model" model.dtype=bfloat16 rollout.tensor_parallel_size="$TP" \
   data.train_files="$W/data/train.parquet" data.val_files="$W/data/val.parquet" \
   trainer.output_root="$W/runs" trainer.run_name=gpu-check trainer.total_steps=4 trainer.prompts_per_step=64 \
-  rollout.n_samples_per_prompt=8 rollout.max_response_tokens=256 rollout.gpu_memory_utilization=0.4 \
-  rollout.enforce_eager=false value_pretrain.steps=2 trainer.val_every=0 trainer.val_max_prompts=64 \
-  trainer.save_every=0 actor.micro_batch_size=64 critic.micro_batch_size=64 logging.progress_bar=false \
-  2>&1 | tail -20 | tee "$OUT_DIR/train_tail.txt"
-"$PY" - "$W/runs/gpu-check" <<'PY' | tee -a "$OUT_DIR/summary.txt"
-import sys
-from vcppo.tracking import read_metrics
-recs = sorted(read_metrics(sys.argv[1], "ppo"), key=lambda r: r["step"])
-for r in recs:
-    phases = {k[5:-2]: round(v, 2) for k, v in r.items() if k.startswith("time/") and k.endswith("_s")}
-    print(f"step {r['step']}: rollout tok/s {r.get('perf/rollout_tokens_per_s', 0):.0f}, "
-          f"gpu mem peak {r.get('perf/gpu_mem_peak_gb', float('nan')):.1f} GB, seconds by phase {phases}")
-PY
+  rollout.n_samples_per_prompt=8 rollout.max_response_tokens=256 rollout.gpu_memory_utilization=0.3 \
+  rollout.enforce_eager=false value_pretrain.steps=2 value_pretrain.reuse=false trainer.val_every=0 \
+  trainer.val_max_prompts=64 trainer.save_every=0 algorithm.rollout_is_cap=2.0 \
+  actor.micro_batch_size=64 critic.micro_batch_size=64 logging.progress_bar=false \
+  && step train_summary 30 "$PY" -m vcppo.bench.gpu_check train-summary "$W/runs/gpu-check" "$OUT_DIR/train_summary.json"
+log "done: status $STATUS"
+exit "$STATUS"
