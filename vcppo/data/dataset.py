@@ -15,6 +15,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from vcppo.data.checks import DataError, all_too_long, check_rows, check_source
+
 logger = logging.getLogger(__name__)
 
 
@@ -24,7 +26,11 @@ def _read_table(path: str, split: str | None = None):
     if not os.path.exists(path):
         raise FileNotFoundError(f"prompt data not found: {path}")
     if os.path.isdir(path):
-        ds = datasets.load_from_disk(path)
+        try:
+            ds = datasets.load_from_disk(path)
+        except Exception as e:  # a saved zero-row Dataset has no data files: an IndexError inside datasets
+            raise DataError(f"cannot read {path} (a save_to_disk directory with zero rows, or damaged): "
+                            f"{type(e).__name__}: {str(e)[:300]}") from e
         if isinstance(ds, datasets.DatasetDict):
             if split is None:
                 if len(ds) != 1:
@@ -35,12 +41,17 @@ def _read_table(path: str, split: str | None = None):
             ds = ds[split]
         return ds
     ext = path.lower()
-    if ext.endswith(".parquet"):
-        return datasets.Dataset.from_parquet(path, keep_in_memory=True)
-    if ext.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
+    if not ext.endswith((".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")):
+        raise ValueError(f"unsupported prompt file {path!r}: expected .parquet, .jsonl/.json or a "
+                         "save_to_disk directory")
+    check_source(path)
+    try:
+        if ext.endswith(".parquet"):
+            return datasets.Dataset.from_parquet(path, keep_in_memory=True)
         return datasets.Dataset.from_json(path, keep_in_memory=True)
-    raise ValueError(f"unsupported prompt file {path!r}: expected .parquet, .jsonl/.json or a "
-                     "save_to_disk directory")
+    except Exception as e:  # datasets wraps the cause (e.g. mixed types in a column) in a generic error
+        cause = e.__cause__ or e.__context__ or e
+        raise DataError(f"cannot read {path}: {type(cause).__name__}: {str(cause)[:500]}") from e
 
 
 def format_prompt(tokenizer, prompt: str, use_chat_template: bool | str = "auto") -> str:
@@ -97,8 +108,10 @@ def load_prompts(path: str | os.PathLike, tokenizer, prompt_field: str = "prompt
 
     path: ``.parquet``, ``.jsonl``/``.json`` or a ``Dataset.save_to_disk`` dir (``split`` picks
     one split of a saved ``DatasetDict``). Missing file -> FileNotFoundError naming it; missing
-    field -> ValueError naming it and the available columns. ``max_prompt_tokens=None`` keeps
-    all. ``shuffle_seed=None`` keeps file order. ``limit`` keeps the first N after shuffling.
+    field -> ValueError naming it and the available columns; an empty file, undecodable bytes, a
+    wrongly typed field, empty prompts, null answers or prompts that are all too long ->
+    :class:`~vcppo.data.checks.DataError` naming the file and line / row / field (before any
+    engine starts). ``max_prompt_tokens=None`` keeps all. ``shuffle_seed=None`` keeps file order. ``limit`` keeps the first N after shuffling.
     """
     path = os.fspath(path)
     ds = _read_table(path, split)
@@ -114,6 +127,7 @@ def load_prompts(path: str | os.PathLike, tokenizer, prompt_field: str = "prompt
         if "answer" in ds.column_names:
             ds = ds.remove_columns("answer")
         ds = ds.rename_column(answer_field, "answer")
+    check_rows(ds, path, prompt_field, answer_field)
     if use_chat_template == "auto":
         use_chat_template = bool(getattr(tokenizer, "chat_template", None))
     use_chat_template = bool(use_chat_template)
@@ -127,10 +141,12 @@ def load_prompts(path: str | os.PathLike, tokenizer, prompt_field: str = "prompt
         return {"prompt_ids": [encode_prompt(tokenizer, str(p), use_chat_template) for p in batch["prompt"]]}
 
     ds = ds.map(_encode, batched=True, keep_in_memory=True, load_from_cache_file=False)
-    num_total = len(ds)
+    num_total, encoded = len(ds), ds
     if max_prompt_tokens is not None:
         ds = ds.filter(lambda ids: len(ids) <= max_prompt_tokens, input_columns="prompt_ids",
                        keep_in_memory=True, load_from_cache_file=False)
+        if len(ds) == 0:
+            raise all_too_long(num_total, min(map(len, encoded["prompt_ids"])), max_prompt_tokens, path)
     num_dropped = num_total - len(ds)
     if num_dropped:
         logger.warning("dropped %d of %d prompts from %s longer than max_prompt_tokens=%d",
