@@ -4,7 +4,7 @@ Layout of one checkpoint ``<run_dir>/checkpoints/step_000040/``::
 
     actor/            DeepSpeed checkpoint (weights, optimizer, LR scheduler), every rank's shard
     critic/           the same for the critic (absent for GRPO)
-    rng_rank{r}.pt    torch / numpy / python RNG states of rank r
+    rng_rank{r}.json  torch (CPU and CUDA) / numpy / python RNG states of rank r, as JSON
     state.json        phase, step counters, data position, ...   (written last)
 
 A checkpoint is complete when its directory has lost the ``.tmp`` suffix: every rank writes into
@@ -13,10 +13,17 @@ only a ``.tmp`` directory, which is ignored and cleaned up.
 
 Checkpoints are tagged by the global step (pretraining steps + PPO steps), so the newest one sorts
 last whichever phase wrote it.
+
+Nothing is loaded by unpickling: a crafted file in a checkpoint directory must not run code on
+resume. Our own files are JSON; DeepSpeed's states are loaded with ``torch.load(weights_only=True)``
+(:mod:`vcppo.engines.safe_checkpoint`). Checkpoints written before this change hold
+``rng_rank{r}.pt``; it is read with ``weights_only=True`` and numpy's array types allowed.
 """
 from __future__ import annotations
 
+import base64
 import json
+import logging
 import os
 import random
 import re
@@ -27,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+logger = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -53,19 +61,62 @@ def staging_dir(run_dir: str | os.PathLike, tag: int) -> Path:
     return checkpoint_root(run_dir) / f"step_{tag:06d}.tmp"
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used as it is; the message names the file."""
+
+
+def _bytes_to_text(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _text_to_bytes(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every RNG the run draws from, as JSON-able values (no pickle)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, words, gauss_next = random.getstate()
+    cuda = [_bytes_to_text(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else []
+    return {"torch": _bytes_to_text(torch.get_rng_state()), "cuda": cuda,
+            "numpy": {"name": name, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
+                      "cached_gaussian": float(cached)},
+            "python": {"version": version, "words": list(words), "gauss_next": gauss_next}}
 
 
 def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    torch.set_rng_state(_text_to_bytes(state["torch"]) if isinstance(state["torch"], str) else state["torch"])
+    if state.get("cuda") and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([_text_to_bytes(s) for s in state["cuda"]])
+    n = state["numpy"]
+    if isinstance(n, dict):
+        n = (n["name"], np.asarray(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    np.random.set_state(n)
+    py = state["python"]
+    if isinstance(py, dict):
+        py = (py["version"], tuple(py["words"]), py["gauss_next"])
+    random.setstate(py)
+
+
+def _rng_file(directory: Path, rank: int) -> Path:
+    return directory / f"rng_rank{rank}.json"
 
 
 def write_rank_files(stage: Path, rank: int) -> None:
     stage.mkdir(parents=True, exist_ok=True)
-    torch.save(rng_state(), stage / f"rng_rank{rank}.pt")
+    _rng_file(stage, rank).write_text(json.dumps(rng_state()))
+
+
+def _legacy_rng_state(path: Path) -> dict:
+    """An ``rng_rank{r}.pt`` of an older checkpoint: tensors and numpy arrays only, never code."""
+    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core (what older pickles name)
+    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, weights_only=True)
+    except Exception as e:  # pickle.UnpicklingError for anything beyond those types
+        raise CheckpointError(f"{path}: refusing to load (it holds more than RNG arrays; a crafted file "
+                              f"would run code if unpickled): {str(e).splitlines()[0][:300]}") from None
 
 
 def commit(stage: Path, state: dict, keep_last: int) -> Path:
@@ -116,8 +167,18 @@ def find_resume_point(run_dir: str | os.PathLike, resume: str) -> Path | None:
 
 
 def load_state(ckpt: Path, rank: int) -> RunState:
+    """The run state, with this rank's RNG states restored (a missing RNG file is reported: the
+    run continues, but no longer bit-exact)."""
     state = RunState(**json.loads((ckpt / "state.json").read_text()))
-    rng_file = ckpt / f"rng_rank{rank}.pt"
+    rng_file, legacy = _rng_file(ckpt, rank), ckpt / f"rng_rank{rank}.pt"
     if rng_file.exists():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        try:
+            set_rng_state(json.loads(rng_file.read_text()))
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{rng_file}: not a valid RNG state ({e!r})") from None
+    elif legacy.exists():
+        set_rng_state(_legacy_rng_state(legacy))
+    else:
+        logger.warning("%s has no RNG state of rank %d (%s): continuing from the seeded RNGs; the "
+                       "resumed run will not repeat an uninterrupted one exactly", ckpt, rank, rng_file.name)
     return state

@@ -9,7 +9,7 @@ import dataclasses
 
 from vcppo.driver import checkpoint as ckpt
 from vcppo.driver.context import RunContext
-
+from vcppo.engines.safe_checkpoint import use_weights_only_loading
 
 
 def save_checkpoint(ctx: RunContext, state: ckpt.RunState) -> None:
@@ -40,6 +40,9 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
         return ckpt.RunState(phase=first_phase)
     ctx.log.info(f"resuming from {point}")
     state = ckpt.load_state(point, ctx.dist.rank)
+    for engine in (ctx.actor, ctx.critic):  # nothing in a checkpoint directory may run code
+        if engine is not None:
+            use_weights_only_loading(engine.engine)
     if (point / "actor").exists():
         ctx.actor.load_checkpoint(str(point / "actor"))
     if ctx.critic is not None:
