@@ -36,7 +36,7 @@ def test_single_node_launcher_two_ranks_runs_vcppo(tiny_artifacts, tmp_path):
     # 4 prompts x 2 samples over both ranks are in the metrics (gathered from each rank).
     assert all(r["perf/response_tokens"] > 0 for r in ppo)
     ckpt = sorted((run / "checkpoints").iterdir())[-1]
-    assert (ckpt / "rng_rank0.pt").exists() and (ckpt / "rng_rank1.pt").exists()
+    assert (ckpt / "rng_rank0.json").exists() and (ckpt / "rng_rank1.json").exists()
     assert "terminate called" not in res.stderr
 
 
