@@ -9,8 +9,8 @@ actor (ZeRO-3, one rank, the same dtype, as ``model.dtype`` sets both in a run) 
 tokens. Reported over the sampled tokens: mean, p99 and max of |log pi_trainer - log pi_vLLM|, the
 k3 estimate of KL(vLLM || trainer), and the truncated importance weights at ``--cap`` (mean, max,
 share truncated) that ``algorithm.rollout_is_cap`` would apply (:mod:`vcppo.algos.mismatch`).
-The prompts are random token ids; with the default ``--size`` the model is a random Qwen2 of that
-size (``--model`` points at a trained one, e.g. the demo's SFT policy).
+The prompts are random token ids, or the first rows of ``--data``; without ``--model`` the model is
+a random Qwen2 of ``--size`` (``--model`` points at a trained one, e.g. the demo's SFT policy).
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def _parse(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="vcppo bench mismatch", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="HF model dir (default: a random model of --size)")
     ap.add_argument("--size", default="small", help="factory size when --model is not given")
+    ap.add_argument("--data", default=None, help="prompts from this file (e.g. the task's val.parquet) "
+                    "instead of random token ids")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=24)
@@ -38,6 +40,21 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--json", default=None, help="write the figures to this file")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: one dtype, JSON out
     return ap.parse_args(argv)
+
+
+def _prompts(args, vocab: int) -> list[list[int]]:
+    """``--prompts`` prompts: the first rows of ``--data`` (tokenised as in training), or random ids."""
+    import torch
+    if args.data:
+        from transformers import AutoTokenizer
+
+        from vcppo.data.dataset import load_prompts
+        rows = load_prompts(args.data, AutoTokenizer.from_pretrained(args.model), max_prompt_tokens=None,
+                            shuffle_seed=None, limit=args.prompts).rows()
+        return [list(r["prompt_ids"]) for r in rows]
+    g = torch.Generator().manual_seed(0)
+    return [[int(x) for x in torch.randint(5, min(vocab, 80), (args.prompt_len,), generator=g)]
+            for _ in range(args.prompts)]
 
 
 def measure(args) -> dict:
@@ -54,12 +71,10 @@ def measure(args) -> dict:
     dtype = args.worker
     info = dist.init_distributed(args.device)
     vocab = AutoConfig.from_pretrained(args.model).vocab_size
-    g = torch.Generator().manual_seed(0)
-    prompts = [[int(x) for x in torch.randint(5, min(vocab, 80), (args.prompt_len,), generator=g)]
-               for _ in range(args.prompts)]
+    prompts = _prompts(args, vocab)
     t0 = time.perf_counter()
     rollout = RolloutEngine(args.model, RolloutConfig(gpu_memory_utilization=None), info, seed=0,
-                            max_model_len=args.prompt_len + args.max_tokens + 8, dtype=dtype)
+                            max_model_len=max(map(len, prompts)) + args.max_tokens + 8, dtype=dtype)
     samples = rollout.generate(prompts, n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1)
     t_sample = time.perf_counter() - t0
     from vcppo.engines.actor import ActorEngine  # after vLLM (its start-up scan must precede numba)
@@ -90,6 +105,7 @@ def _run_worker(args, dtype: str) -> dict:
     cmd = [sys.executable, "-m", "vcppo.bench.mismatch", "--worker", dtype, "--model", args.model,
            "--prompts", str(args.prompts), "--prompt-len", str(args.prompt_len), "--n", str(args.n),
            "--max-tokens", str(args.max_tokens), "--cap", str(args.cap), "--device", args.device]
+    cmd += ["--data", args.data] if args.data else []
     res = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0"))
     lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
     if res.returncode != 0 or not lines:
