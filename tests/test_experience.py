@@ -52,3 +52,44 @@ def test_select_split_and_micro_batches_carry_every_field():
     for f in dataclasses.fields(Experience):
         v = getattr(b, f.name)
         assert (getattr(moved, f.name) is None) == (v is None)
+
+
+def _filled(prompts, responses, pad_id=0):
+    from vcppo.experience import make_experience as mk
+    b = mk(prompts, responses, pad_id=pad_id)
+    b.scores = torch.arange(b.size, dtype=torch.float32)
+    b.advantages = (torch.arange(b.size * b.responses.shape[1], dtype=torch.float32)
+                    .view(b.size, -1) + 1) * b.response_mask
+    return b
+
+
+def test_concat_experiences_equals_laying_out_all_rows_at_once():
+    from vcppo.experience import concat_experiences
+    p1, r1 = [[1, 2], [3]], [[7], [8, 9]]
+    p2, r2 = [[4, 5, 6]], [[10, 11, 12, 13]]
+    a, b = _filled(p1, r1, pad_id=99), _filled(p2, r2, pad_id=99)
+    joined = concat_experiences([a, b])
+    whole = make_experience(p1 + p2, r1 + r2, pad_id=99)
+    for f in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask"):
+        assert torch.equal(getattr(joined, f), getattr(whole, f)), f
+    assert joined.prompt_len == whole.prompt_len
+    assert joined.scores.tolist() == [0.0, 1.0, 0.0]
+    # response-aligned fields are padded with zeros on the right, values kept
+    assert joined.advantages.tolist()[0] == [1.0, 0.0, 0.0, 0.0]
+    assert joined.advantages.tolist()[2] == [1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(ValueError, match="field 'returns'"):
+        b.returns = torch.zeros_like(b.advantages)
+        concat_experiences([a, b])
+
+
+def test_compact_drops_all_pad_columns_and_keeps_positions():
+    from vcppo.experience import compact
+    b = _filled([[1, 2, 3], [4]], [[7], [8, 9, 10]])
+    short = compact(b.select([1]))  # a 1-token prompt and a 3-token response
+    assert short.prompt_len == 1 and short.responses.shape == (1, 3)
+    assert short.input_ids.tolist() == [[4, 8, 9, 10]]
+    assert short.position_ids.tolist() == [[0, 1, 2, 3]]
+    assert short.advantages.tolist() == b.advantages[1:2].tolist()
+    other = compact(b.select([0]))
+    assert other.prompt_len == 3 and other.responses.shape == (1, 1)
+    assert other.input_ids.tolist() == [[1, 2, 3, 7]] and other.scores.tolist() == [0.0]

@@ -131,3 +131,80 @@ def make_experience(prompt_ids: list[list[int]], response_ids: list[list[int]], 
     return Experience(input_ids=input_ids.to(device), attention_mask=attn.to(device),
                       position_ids=position_ids.to(device), responses=input_ids[:, P:].clone().to(device),
                       response_mask=attn[:, P:].to(torch.float32).to(device), prompt_len=P)
+
+
+LAYOUT_FIELDS = ("input_ids", "attention_mask", "position_ids")  # (B, L) = (B, P + R)
+
+
+def _pad_value(batch: Experience) -> int:
+    """The pad id a batch was laid out with (0 when it has no pad position at all)."""
+    pads = batch.input_ids[batch.attention_mask == 0]
+    return int(pads[0]) if pads.numel() else 0
+
+
+def _relayout(batch: Experience, P: int, R: int, pad_id: int) -> Experience:
+    """``batch`` re-padded to prompt width ``P`` and response width ``R`` (each >= the needed one):
+    columns are added (or all-pad columns dropped) on the left of the prompt and on the right of
+    the response, so every real token keeps its position id."""
+    p0, r0 = batch.prompt_len, batch.responses.shape[1]
+    dp, dr = P - p0, R - r0
+
+    def fit(t: Tensor, left: int, right: int, fill) -> Tensor:
+        if left < 0:
+            t = t[:, -left:]
+        if right < 0:
+            t = t[:, :t.shape[1] + right]
+        pad = (max(left, 0), max(right, 0))
+        if pad == (0, 0):
+            return t
+        shape = (t.shape[0], pad[0] + t.shape[1] + pad[1])
+        out = torch.full(shape, fill, dtype=t.dtype, device=t.device)
+        out[:, pad[0]:pad[0] + t.shape[1]] = t
+        return out
+
+    changes: dict = {}
+    for f in dataclasses.fields(batch):
+        v = getattr(batch, f.name)
+        if not isinstance(v, Tensor) or v.dim() != 2:
+            continue
+        if f.name in LAYOUT_FIELDS:
+            changes[f.name] = fit(v, dp, dr, pad_id if f.name == "input_ids" else 0)
+        else:  # (B, R) response-aligned
+            changes[f.name] = fit(v, 0, dr, pad_id if f.name == "responses" else 0)
+    attn = changes["attention_mask"]
+    changes["position_ids"] = (attn.cumsum(-1) - 1).clamp(min=0)
+    return dataclasses.replace(batch, prompt_len=P, **changes)
+
+
+def compact(batch: Experience) -> Experience:
+    """``batch`` without the prompt columns that are padding in every row and the response columns
+    masked in every row (a row subset of a wide batch keeps the batch's width otherwise)."""
+    prompt_real = batch.attention_mask[:, :batch.prompt_len].sum(0) > 0
+    P = batch.prompt_len - int(prompt_real.long().argmax()) if bool(prompt_real.any()) else 1
+    real_cols = (batch.response_mask.sum(0) > 0).nonzero()
+    R = int(real_cols.max()) + 1 if real_cols.numel() else 1
+    return _relayout(batch, P, R, _pad_value(batch))
+
+
+def concat_experiences(batches: list[Experience], pad_id: int | None = None) -> Experience:
+    """The rows of several batches (any prompt / response widths) in one batch, in order.
+
+    Every field set in one batch must be set in all. ``pad_id`` defaults to the pad id found in
+    the batches (0 if none has a pad position).
+    """
+    if not batches:
+        raise ValueError("concat_experiences: no batches")
+    names = [f.name for f in dataclasses.fields(Experience)]
+    for f in names:
+        set_in = [getattr(b, f) is not None for b in batches]
+        if any(set_in) and not all(set_in):
+            raise ValueError(f"concat_experiences: field {f!r} is set in some batches but not in others")
+    if len(batches) == 1:
+        return batches[0]
+    if pad_id is None:
+        pad_id = next((_pad_value(b) for b in batches if bool((b.attention_mask == 0).any())), 0)
+    P = max(b.prompt_len for b in batches)
+    R = max(b.responses.shape[1] for b in batches)
+    wide = [_relayout(b, P, R, pad_id) for b in batches]
+    return dataclasses.replace(wide[0], **{f: torch.cat([getattr(b, f) for b in wide])
+                                            for f in names if isinstance(getattr(wide[0], f), Tensor)})

@@ -21,6 +21,7 @@ def main(argv):
     ap.add_argument("--out", required=True)
     ap.add_argument("--vllm", action="store_true")
     ap.add_argument("--budget", type=int, default=0, help="max_tokens_per_micro_batch (0: one row per micro-batch)")
+    ap.add_argument("--packed", action="store_true", help="padding-free passes")
     args = ap.parse_args(argv)
 
     from tests.engines.token_loss import nll_loss, value_mse_loss
@@ -44,8 +45,9 @@ def main(argv):
     mine = full.select(slice(info.rank * per, (info.rank + 1) * per))
 
     acfg = ActorConfig(lr=1e-3, micro_batch_size=1, grad_clip=0.0, warmup_steps=0,
-                       max_tokens_per_micro_batch=args.budget)
-    ccfg = CriticConfig(lr=1e-3, micro_batch_size=1, grad_clip=0.0, max_tokens_per_micro_batch=args.budget)
+                       max_tokens_per_micro_batch=args.budget, packed=args.packed)
+    ccfg = CriticConfig(lr=1e-3, micro_batch_size=1, grad_clip=0.0, max_tokens_per_micro_batch=args.budget,
+                        packed=args.packed)
     result = {}
     rollout = None
     if args.vllm:
@@ -55,15 +57,18 @@ def main(argv):
     actor = ActorEngine(args.model, acfg, info, total_optimizer_steps=10)
     critic = CriticEngine("policy", args.model, ccfg, info, total_optimizer_steps=10)
 
-    n_micro = len(actor.micro_batch_rows(mine))  # the engine averages metrics over micro-batches
-    result["micro_batches_per_rank"] = dist.all_gather_object(n_micro)
+    result["micro_batches_per_rank"] = dist.all_gather_object(len(actor.micro_batch_rows(mine)))
+    n_tokens = float(full.response_mask.sum())
+
+    def global_mean(per_token):  # the loss the step optimises, evaluated independently of train_step
+        return float(dist.all_reduce_sum(torch.tensor([float((per_token * mine.response_mask).sum())]))) / n_tokens
+
+    a_loss = global_mean(-actor.forward_logprobs(mine)[0])
     am = actor.train_step(mine, nll_loss())
-    # loss_fn values summed over micro-batches and ranks = the global loss
-    a_loss = dist.all_reduce_sum(torch.tensor([am["loss_sum"] * n_micro]))
+    c_loss = global_mean(0.5 * (critic.forward_values(mine) - mine.returns) ** 2)
     cm = critic.train_step(mine, value_mse_loss())
     cm2 = critic.train_step(mine, value_mse_loss())  # 2nd step: head non-zero -> backbone grads
-    c_loss = dist.all_reduce_sum(torch.tensor([cm["loss_sum"] * n_micro]))
-    result.update(actor_loss=float(a_loss), actor_grad_norm=am["grad_norm"], critic_loss=float(c_loss),
+    result.update(actor_loss=a_loss, actor_grad_norm=am["grad_norm"], critic_loss=c_loss,
                   critic_grad_norm=cm["grad_norm"], critic_grad_norm2=cm2["grad_norm"])
     actor_w = actor.full_state_dict()
     critic_w = critic.full_state_dict()

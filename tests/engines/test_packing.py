@@ -43,3 +43,23 @@ def test_token_budget_groups_fit_the_budget_and_cover_every_row_once():
 def test_sequence_lengths_count_prompt_and_response():
     b = make_experience(PROMPTS, RESPONSES, pad_id=0)
     assert sequence_lengths(b).tolist() == [4, 5, 4]
+
+
+def test_balanced_partitions_even_out_costs_and_cover_every_item_once():
+    from vcppo.engines.packing import balanced_partitions
+    g = torch.Generator().manual_seed(0)
+    # long-tailed costs (most short, a few long): what long-CoT groups look like
+    costs = (torch.rand(64, generator=g) ** 4 * 2000 + 32).tolist()
+    for parts in (1, 2, 4, 8):
+        sets = balanced_partitions(costs, parts)
+        assert sorted(i for s in sets for i in s) == list(range(len(costs)))
+        loads = [sum(costs[i] for i in s) for s in sets]
+        # LPT bound: the heaviest set is at most the mean plus the largest single item
+        assert max(loads) <= sum(costs) / parts + max(costs) + 1e-6
+        assert balanced_partitions(costs, parts) == sets  # deterministic
+    sets = balanced_partitions(costs, 4)
+    contiguous = [sum(costs[i * 16:(i + 1) * 16]) for i in range(4)]
+    assert max(sum(costs[i] for i in s) for s in sets) < max(contiguous)  # better than slicing here
+    assert balanced_partitions([5.0, 1.0, 1.0, 1.0, 1.0, 1.0], 2) == [[0], [1, 2, 3, 4, 5]]
+    with pytest.raises(ValueError, match="parts"):
+        balanced_partitions(costs, 0)

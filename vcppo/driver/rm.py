@@ -17,7 +17,7 @@ import torch
 
 from vcppo.config import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
-from vcppo.driver.sampling import collect_experience, rank_slice
+from vcppo.driver.sampling import collect_experience, rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.critic import CriticEngine
 from vcppo.engines.deepspeed_engine import RESPONSE, GlobalCounts, ModelOutputs, response_counts
@@ -83,11 +83,11 @@ def sample_splits(cfg: Config, dist: DistInfo) -> dict[str, Experience]:
     scorer = make_scorer(cfg)
     data = {}
     for name, split_rows in (("train", rows[n_held:]), ("heldout", rows[:n_held])):
-        offset, mine = rank_slice(split_rows, dist.rank, dist.world_size)
-        data[name] = collect_experience(mine, first_index=offset, rollout=rollout, scorer=scorer,
-                                        pad_id=pad_token_id(tok), device=dist.device, sampling=cfg.rollout,
-                                        n=r.samples_per_prompt,
-                                        seed=seed * 1000 + dist.rank + (7 if name == "heldout" else 0))
+        sampled, kept = rollout_share(len(split_rows), dist, cfg.rollout.tensor_parallel_size)
+        data[name] = collect_experience(split_rows[sampled.start:sampled.stop], first_index=sampled.start,
+                                        keep=kept, rollout=rollout, scorer=scorer, pad_id=pad_token_id(tok),
+                                        device=dist.device, sampling=cfg.rollout, n=r.samples_per_prompt,
+                                        seed=seed * 1000 + rollout.replica + (7 if name == "heldout" else 0))
     rollout.close()
     return data
 

@@ -253,11 +253,23 @@ class DeepSpeedModelEngine:
         rows = self.micro_batch_rows(batch)
         return [batch] if len(rows) == 1 else [batch.select(r) for r in rows]
 
+    def passes_on_every_rank(self, n_local: int) -> int:
+        """The most micro-batches any rank has: ZeRO-3 gathers parameters with collectives inside
+        every forward, so all ranks must run the same number of passes (the ones short of it run
+        extra passes whose outputs they throw away). A collective itself: call it before the
+        passes, on every rank."""
+        if self.dist.world_size == 1:
+            return n_local
+        return int(D.all_reduce_max(torch.tensor([n_local], dtype=torch.long, device=self.dist.device)).item())
+
     def per_token_outputs(self, batch: Experience, fn) -> list[torch.Tensor | None]:
         """``fn(micro) -> tuple of (b, R) tensors`` over the micro-batches, stitched back into
         (B, R) tensors in the batch's row order (a token budget reorders rows)."""
         groups = self.micro_batch_rows(batch)
+        n_passes = self.passes_on_every_rank(len(groups))  # agreed BEFORE any pass's collectives
         results = [fn(batch if len(groups) == 1 else batch.select(rows)) for rows in groups]
+        for _ in range(n_passes - len(groups)):
+            fn(batch.select(groups[-1]))  # keeps the collectives in step; output unused
         order = torch.tensor([r for rows in groups for r in rows])
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(len(order))
@@ -280,7 +292,7 @@ class DeepSpeedModelEngine:
         micros = self.micro_batches(minibatch)
         world = self.dist.world_size
         n_local = len(micros)
-        n_max = int(D.all_reduce_max(torch.tensor([n_local], dtype=torch.long, device=self.dist.device)).item())
+        n_max = self.passes_on_every_rank(n_local)
         sums: dict[str, float] = {}
         counts_by_key: dict[str, int] = {}
         for i in range(n_max):

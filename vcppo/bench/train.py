@@ -1,0 +1,210 @@
+"""`vcppo bench train`: padded vs packed (padding-free) training passes on a long-tailed batch.
+
+    vcppo bench train [--models small,medium] [--batch 8] [--min-len 32] [--max-len 2048]
+                      [--micro-batch 4] [--budget 4096] [--repeats 2] [--threads 2] [--json PATH]
+
+The batch: ``--batch`` sequences with prompts of 16-48 tokens and long-tailed response lengths
+(``min + (max - min) * u**3``, u uniform: most responses short, a few near ``--max-len``), the
+shape of a long-CoT step, so most of the padded (B, P + R) layout is padding (printed).
+
+Per model and layout, in a fresh process each (so peak memory is that layout's own), through the
+real :class:`~vcppo.engines.actor.ActorEngine` (DeepSpeed, one rank, fp32):
+  * forward     — ``forward_logprobs`` of the whole batch (old logprobs / reference pass)
+  * train step  — one ``train_step`` with the PPO policy loss (forward + backward + AdamW)
+  * padded      — ``micro_batch_size = --micro-batch`` rows per pass, every row L = P + R wide
+  * packed      — sequences concatenated without pads under a ``--budget``-token micro-batch budget
+Padded and packed processes alternate ``--rounds`` times (A B A B), so drift in the load of a
+shared machine hits both layouts alike.
+Figures: real tokens / s (median of every timed call after one warm-up per process) and peak resident memory
+above the process's memory before the phase (RSS sampled every 2 ms; freed memory is returned to
+the OS between phases), and the packed / padded ratios of both.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+
+
+def _parse(argv) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="vcppo bench train", description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="small,medium", help="model sizes (vcppo.models.factory.SIZES)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--min-len", type=int, default=32)
+    ap.add_argument("--max-len", type=int, default=2048)
+    ap.add_argument("--micro-batch", type=int, default=4, help="padded: sequences per micro-batch")
+    ap.add_argument("--budget", type=int, default=4096, help="packed: real tokens per micro-batch")
+    ap.add_argument("--repeats", type=int, default=2, help="timed calls per phase and process")
+    ap.add_argument("--rounds", type=int, default=2, help="padded/packed processes alternated this many times")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "MODEL_DIR,LAYOUT,OUT_JSON"
+    return ap.parse_args(argv)
+
+
+def long_tailed_batch(n: int, min_len: int, max_len: int, seed: int, vocab: int = 90):
+    """An :class:`Experience` of ``n`` sequences with long-tailed response lengths, rollout and
+    PPO fields filled as a real step would (old logprobs are set by the caller)."""
+    from vcppo.experience import make_experience
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, generator=g)
+    lengths = (min_len + (max_len - min_len) * u ** 3).long().tolist()
+    prompts = [torch.randint(5, vocab, (int(k),), generator=g).tolist() for k in torch.randint(16, 49, (n,), generator=g)]
+    responses = [torch.randint(5, vocab, (k,), generator=g).tolist() for k in lengths]
+    b = make_experience(prompts, responses, pad_id=0)
+    b.advantages = torch.randn(b.response_mask.shape, generator=g) * b.response_mask
+    b.correct = (torch.rand(n, generator=g) > 0.5).float()
+    return b
+
+
+class PeakRSS:
+    """Peak resident memory above the level at entry, sampled every 2 ms in a thread."""
+
+    def __init__(self):
+        import psutil
+        self.proc = psutil.Process()
+
+    def __enter__(self):
+        _release_freed_memory()
+        self.base = self.peak = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+        self.mib = (self.peak - self.base) / 2 ** 20
+
+
+def _release_freed_memory():
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:  # not glibc: the figures then include retained memory
+        pass
+
+
+def _timed(fn, repeats: int) -> list[float]:
+    fn()  # warm-up
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def run_layout(model_dir: str, layout: str, args) -> dict:
+    """One layout's figures, in this process (the --worker side)."""
+    from vcppo.algos import losses  # noqa: F401  (import cost outside the timed region)
+    from vcppo.driver.update import PolicyLoss
+    from vcppo.engines import dist
+    from vcppo.engines.actor import ActorEngine
+    from vcppo.schema import ActorConfig, AlgorithmConfig
+
+    torch.set_num_threads(args.threads)
+    info = dist.init_distributed("cpu")
+    packed = layout == "packed"
+    cfg = ActorConfig(lr=1e-6, micro_batch_size=args.micro_batch, packed=packed,
+                      max_tokens_per_micro_batch=args.budget if packed else 0)
+    actor = ActorEngine(model_dir, cfg, info, total_optimizer_steps=10 * (args.repeats + 1))
+    batch = long_tailed_batch(args.batch, args.min_len, args.max_len, args.seed)
+    real = float(batch.attention_mask.sum())
+    res = {"layout": layout, "real_tokens": real, "padded_tokens": float(batch.attention_mask.numel()),
+           "micro_batches": len(actor.micro_batch_rows(batch))}
+    with PeakRSS() as mem:
+        times = _timed(lambda: actor.forward_logprobs(batch), args.repeats)
+    res["forward"] = {"tokens_per_s": real / statistics.median(times), "s": times, "peak_mib": mem.mib}
+    batch.old_logprobs, _ = actor.forward_logprobs(batch)
+    loss = PolicyLoss(AlgorithmConfig())
+    with PeakRSS() as mem:
+        times = _timed(lambda: actor.train_step(batch, loss), args.repeats)
+    res["train_step"] = {"tokens_per_s": real / statistics.median(times), "s": times, "peak_mib": mem.mib}
+    dist.shutdown()
+    return res
+
+
+def _spawn(model_dir: str, layout: str, argv: list[str]) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    env = dict(os.environ, OMP_NUM_THREADS=str(_parse(argv).threads))
+    cmd = [sys.executable, "-m", "vcppo.bench.train", *argv, "--worker", f"{model_dir},{layout},{out}"]
+    subprocess.run(cmd, check=True, env=env)
+    with open(out) as f:
+        return json.load(f)
+
+
+def main(argv=None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parse(argv)
+    if args.worker:
+        model_dir, layout, out = args.worker.split(",")
+        with open(out, "w") as f:
+            json.dump(run_layout(model_dir, layout, args), f)
+        return {}
+    from vcppo.models.factory import count_params, make_model
+    results = {"config": {k: v for k, v in vars(args).items() if k not in ("worker", "json")}, "models": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.models.split(","):
+            model_dir = os.path.join(tmp, size)
+            n_params = count_params(make_model(size, None, model_dir, max_position_embeddings=args.max_len + 64))
+            runs = {"padded": [], "packed": []}
+            for _ in range(args.rounds):  # A B A B: drift in machine load hits both layouts alike
+                for lay in runs:
+                    runs[lay].append(_spawn(model_dir, lay, argv))
+            row = {"params": n_params, **{lay: _merge_rounds(r) for lay, r in runs.items()}}
+            for phase in ("forward", "train_step"):
+                pad, pk = row["padded"][phase], row["packed"][phase]
+                row[phase + "_speedup"] = pk["tokens_per_s"] / pad["tokens_per_s"]
+                row[phase + "_memory_ratio"] = pk["peak_mib"] / max(pad["peak_mib"], 1e-9)
+            results["models"][size] = row
+            _print_row(size, row)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+def _merge_rounds(rounds: list[dict]) -> dict:
+    """One layout's figures over its processes: median time of every timed call, highest peak."""
+    out = dict(rounds[0])
+    for phase in ("forward", "train_step"):
+        times = [t for r in rounds for t in r[phase]["s"]]
+        out[phase] = {"tokens_per_s": out["real_tokens"] / statistics.median(times), "s": times,
+                      "peak_mib": max(r[phase]["peak_mib"] for r in rounds)}
+    return out
+
+
+def _print_row(size: str, row: dict) -> None:
+    pad = row["padded"]
+    print(f"\n{size}: {row['params'] / 1e6:.1f}M params | {pad['real_tokens']:.0f} real tokens in a "
+          f"{pad['padded_tokens']:.0f}-token padded layout ({1 - pad['real_tokens'] / pad['padded_tokens']:.0%} "
+          f"padding) | micro-batches padded {pad['micro_batches']}, packed {row['packed']['micro_batches']}")
+    print(f"  {'phase':<11}{'padded tok/s':>14}{'packed tok/s':>14}{'speedup':>9}"
+          f"{'padded MiB':>12}{'packed MiB':>12}{'mem ratio':>11}")
+    for phase in ("forward", "train_step"):
+        a, b = row["padded"][phase], row["packed"][phase]
+        print(f"  {phase:<11}{a['tokens_per_s']:>14.0f}{b['tokens_per_s']:>14.0f}{row[phase + '_speedup']:>8.2f}x"
+              f"{a['peak_mib']:>12.0f}{b['peak_mib']:>12.0f}{row[phase + '_memory_ratio']:>11.2f}")
+
+
+if __name__ == "__main__":
+    main()
