@@ -136,7 +136,7 @@ def test_unpicklable_callable_is_refused():
     with pytest.raises(TypeError, match="num_workers=0"):
         RewardPool(lambda text, truth, **info: 1.0, num_workers=1, timeout_s=1)
     with pytest.raises(ValueError):
-        RewardPool(None, num_workers=1, timeout_s=float("inf"))
+        RewardPool("vcppo.rewards.verifier:score", num_workers=1, timeout_s=float("inf"))
 
 
 def test_serial_path_runs_in_this_process(helpers):

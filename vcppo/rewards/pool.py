@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
+from vcppo.rewards.loading import load_reward_fn
+
 logger = logging.getLogger(__name__)
 
 Item = tuple[str, Any, dict]        # (response text, ground truth, keyword arguments)
@@ -50,15 +52,11 @@ def default_num_workers(cores: int, local_world_size: int, busy_cores_per_rank: 
     return max(1, idle // max(1, local_world_size))
 
 
-def resolve_reward_fn(reward_fn: Callable | str | None) -> Callable:
-    from vcppo.rewards.verifier import load_reward_fn, score
-
-    if reward_fn is None:
-        return score
+def resolve_reward_fn(reward_fn: Callable | str) -> Callable:
     return load_reward_fn(reward_fn) if isinstance(reward_fn, str) else reward_fn
 
 
-def _worker_main(conn: Connection, reward_fn: Callable | str | None) -> None:
+def _worker_main(conn: Connection, reward_fn: Callable | str) -> None:
     """A worker's loop: chunks in, one answer per sample out; exits when the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     fn = resolve_reward_fn(reward_fn)
@@ -102,10 +100,10 @@ def _stop_workers(workers: list[_Worker]) -> None:
 
 
 class RewardPool:
-    """``num_workers`` processes scoring with ``reward_fn`` (a callable that pickles by reference,
-    a ``'module:function'`` path, or None for the built-in verifier); see the module docstring."""
+    """``num_workers`` processes scoring with ``reward_fn`` (a ``'module:function'`` path, or a
+    callable that pickles by reference); see the module docstring."""
 
-    def __init__(self, reward_fn: Callable | str | None, num_workers: int, timeout_s: float,
+    def __init__(self, reward_fn: Callable | str, num_workers: int, timeout_s: float,
                  start_method: str | None = None):
         if num_workers < 1 or not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"RewardPool needs num_workers >= 1 and a finite timeout_s > 0, got "

@@ -42,17 +42,19 @@ and is logged (rate-limited), and the batch goes on.
 from __future__ import annotations
 
 import decimal
-import importlib
 import logging
 import math
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
+
+from vcppo.rewards.loading import RewardFn, load_reward_fn
 
 logger = logging.getLogger(__name__)
 
 THINK_CLOSE = "</think>"
+BUILTIN_REWARD = "vcppo.rewards.verifier:score"
 MAX_MATH_VERIFY_CHARS = 500
 MAX_BARE_EXPRESSION_CHARS = 200
 _INT_RE = re.compile(r"[+-]?(?:\d+|\d{1,3}(?:([,_ ])\d{3})(?:\1\d{3})*)")
@@ -67,7 +69,6 @@ _SIDE_BY_SIDE = re.compile(r"[0-9A-Za-z}.)\]]\s+[0-9A-Za-z({\[]")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
 _WRAPPERS = (("\\(", "\\)"), ("\\[", "\\]"), ("**", "**"))
 
-RewardFn = Callable[..., float]
 
 
 def _normalise(text: str) -> str:
@@ -215,30 +216,6 @@ def score(response_text: str | None, ground_truth: Any, correct: float = 1.0, wr
         return wrong
 
 
-def load_reward_fn(path: str) -> RewardFn:
-    """Import a reward function from ``"pkg.module:function"`` (``"pkg.module.function"`` also works)."""
-    if not isinstance(path, str) or not path.strip():
-        raise ValueError(f"reward function path must be 'module:function', got {path!r}")
-    if ":" in path:
-        mod_name, attr = path.split(":", 1)
-    elif "." in path:
-        mod_name, attr = path.rsplit(".", 1)
-    else:
-        raise ValueError(f"reward function path must be 'module:function', got {path!r}")
-    try:
-        module = importlib.import_module(mod_name)
-    except ModuleNotFoundError as e:
-        raise ImportError(f"cannot import module {mod_name!r} for reward function {path!r}: {e}") from e
-    fn = module
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise AttributeError(f"module {mod_name!r} has no attribute {attr!r} (reward function {path!r})")
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise TypeError(f"reward function {path!r} is not callable ({type(fn).__name__})")
-    return fn
-
-
 @dataclass
 class RewardScorer:
     """Score batches with a reward function; failures score ``wrong`` and are counted.
@@ -264,7 +241,8 @@ class RewardScorer:
     num_scored: int = field(default=0, init=False)
 
     def __post_init__(self):
-        sent_to_workers = self.reward_fn  # a path travels as text; workers import it themselves
+        # a path travels as text and workers import it themselves; the built-in verifier likewise
+        sent_to_workers = BUILTIN_REWARD if self.reward_fn is None else self.reward_fn
         if isinstance(self.reward_fn, str):
             self.reward_fn = load_reward_fn(self.reward_fn)  # import errors surface here, at start-up
         self._builtin = self.reward_fn is None
