@@ -5,11 +5,16 @@ Layout of one checkpoint ``<run_dir>/checkpoints/step_000040/``::
     actor/            DeepSpeed checkpoint (weights, optimizer, LR scheduler), every rank's shard
     critic/           the same for the critic (absent for GRPO)
     rng_rank{r}.json  torch (CPU and CUDA) / numpy / python RNG states of rank r, as JSON
-    state.json        phase, step counters, data position, ...   (written last)
+    state.json        phase, step counters, data position, ...
+    manifest.json     size and SHA-256 of every other file (written last; verified on resume)
 
 A checkpoint is complete when its directory has lost the ``.tmp`` suffix: every rank writes into
-``step_N.tmp``, all ranks meet at a barrier, then the main rank renames it. A crash mid-write leaves
-only a ``.tmp`` directory, which is ignored and cleaned up.
+``step_N.tmp``, all ranks meet at a barrier and hash their share of the files, then the main rank
+writes the manifest and renames the directory. A crash mid-write leaves only a ``.tmp`` directory,
+which is ignored and cleaned up; old checkpoints are renamed to ``.deleting`` before they are
+deleted, so a crash mid-delete leaves nothing that looks like a checkpoint. On resume the newest
+checkpoint whose files match its manifest is used; a damaged one (truncated, missing or changed
+file) is reported and skipped.
 
 Checkpoints are tagged by the global step (pretraining steps + PPO steps), so the newest one sorts
 last whichever phase wrote it.
@@ -33,6 +38,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from vcppo.driver import manifest
+from vcppo.schema import ConfigError
 
 logger = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -61,8 +69,9 @@ def staging_dir(run_dir: str | os.PathLike, tag: int) -> Path:
     return checkpoint_root(run_dir) / f"step_{tag:06d}.tmp"
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used as it is; the message names the file."""
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used as it is; the message names the file. A ConfigError: the
+    user must act (move it away, or set trainer.resume), and the CLI prints it and exits 2."""
 
 
 def _bytes_to_text(t: torch.Tensor) -> str:
@@ -119,51 +128,107 @@ def _legacy_rng_state(path: Path) -> dict:
                               f"would run code if unpickled): {str(e).splitlines()[0][:300]}") from None
 
 
-def commit(stage: Path, state: dict, keep_last: int) -> Path:
-    """Main rank only, after every rank has written into ``stage``: seal and rename."""
+def _delete(path: Path) -> None:
+    """Rename first, then delete: a kill mid-delete leaves a ``.deleting`` directory (cleaned up
+    later), never a half-deleted ``step_N`` that looks like a checkpoint."""
+    doomed = path.with_name(path.name + ".deleting")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def commit(stage: Path, state: dict, keep_last: int, manifest_parts: list[dict] | None = None) -> Path:
+    """Main rank only, after every rank has written into ``stage``: write ``state.json`` and the
+    manifest (``manifest_parts``: the ranks' hashed shares, see :mod:`vcppo.driver.manifest`;
+    None hashes everything here), seal by renaming, and prune to the last ``keep_last``."""
     (stage / "state.json").write_text(json.dumps(state, indent=1))
+    manifest.write_manifest(stage, manifest_parts if manifest_parts is not None else [manifest.hash_share(stage)])
     final = stage.with_suffix("")
     if final.exists():  # the same step saved again after a resume
-        shutil.rmtree(final)
+        _delete(final)
     os.replace(stage, final)
-    complete = list_complete(stage.parent)
-    for old in complete[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in list_complete(stage.parent)[:-keep_last]:
+        _delete(old)
     return final
 
 
+def _is_complete(p: Path) -> bool:
+    """Sealed with a manifest, or a checkpoint written before manifests existed (state.json and
+    pickled RNG files; every newer checkpoint has JSON RNG files and a manifest)."""
+    if (p / manifest.MANIFEST).is_file():
+        return True
+    return (p / "state.json").is_file() and any(p.glob("rng_rank*.pt")) and not any(p.glob("rng_rank*.json"))
+
+
 def list_complete(root: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+    """Complete checkpoints, oldest first (complete: sealed; intact: see :func:`find_resume_point`)."""
     root = Path(root)
     if not root.is_dir():
         return []
     found = []
     for p in root.iterdir():
         m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / "state.json").exists():
+        if m and p.is_dir() and _is_complete(p):
             found.append((int(m.group(1)), p))
     return [p for _, p in sorted(found)]
 
 
 def clean_partial(root: str | os.PathLike) -> None:
+    """Remove what a crash left: unsealed ``.tmp`` dirs, ``.deleting`` dirs, and ``step_N`` dirs
+    that are not complete checkpoints."""
     root = Path(root)
-    if root.is_dir():
-        for p in root.glob("*.tmp"):
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        stray_step = _STEP_DIR.match(p.name) and p.is_dir() and not _is_complete(p)
+        if p.is_dir() and (p.name.endswith((".tmp", ".deleting")) or stray_step):
             shutil.rmtree(p, ignore_errors=True)
 
 
-def find_resume_point(run_dir: str | os.PathLike, resume: str) -> Path | None:
-    """``resume``: 'auto' -> the newest complete checkpoint of this run (or None), 'never' -> None,
-    otherwise a checkpoint directory that must exist."""
+_VERDICTS: dict[tuple, list[str]] = {}  # a checkpoint is hashed once per process, not per caller
+
+
+def checkpoint_problems(path: Path, rank: int = 0, world_size: int = 1, gather=None) -> list[str]:
+    """What is wrong with checkpoint ``path`` over all ranks (``gather``: an all-gather of Python
+    objects, e.g. ``vcppo.engines.dist.all_gather_object``; every rank must call). Legacy
+    checkpoints without a manifest are not verified."""
+    if not (path / manifest.MANIFEST).is_file() and _is_complete(path):
+        logger.warning("%s predates checkpoint manifests: resuming from it unverified", path)
+        return []
+    stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(path.rglob("*")) if f.is_file())
+    key = (str(path.resolve()), stamp, rank, world_size)  # any change to a file is a new verdict
+    if key not in _VERDICTS:
+        mine = manifest.problems(path, rank, world_size)
+        everyone = gather(mine) if gather is not None else [mine]
+        _VERDICTS[key] = sorted({p for part in everyone for p in part})
+    return _VERDICTS[key]
+
+
+def find_resume_point(run_dir: str | os.PathLike, resume: str, rank: int = 0, world_size: int = 1,
+                      gather=None) -> Path | None:
+    """``resume``: 'auto' -> the newest complete AND intact checkpoint of this run (a damaged one is
+    reported and skipped in favour of the previous one; None if there is none), 'never' -> None,
+    otherwise a checkpoint directory that must exist and be intact. Collective when ``gather``
+    is given (see :func:`checkpoint_problems`)."""
     if resume == "never":
         return None
-    if resume == "auto":
-        complete = list_complete(checkpoint_root(run_dir))
-        return complete[-1] if complete else None
-    path = Path(resume)
-    if not (path / "state.json").exists():
-        raise FileNotFoundError(f"trainer.resume: {path} is not a complete checkpoint (no state.json)")
-    return path
+    if resume != "auto":
+        path = Path(resume)
+        if not (path / "state.json").exists():
+            raise FileNotFoundError(f"trainer.resume: {path} is not a complete checkpoint (no state.json)")
+        found = checkpoint_problems(path, rank, world_size, gather)
+        if found:
+            raise CheckpointError(f"trainer.resume: checkpoint {path} is damaged: {'; '.join(found[:5])}")
+        return path
+    complete = list_complete(checkpoint_root(run_dir))
+    for path in reversed(complete):
+        found = checkpoint_problems(path, rank, world_size, gather)
+        if not found:
+            return path
+        logger.warning("checkpoint %s is damaged, skipping it for the previous one: %s", path, "; ".join(found[:5]))
+    if complete:
+        raise CheckpointError(f"every checkpoint of {run_dir} is damaged ({', '.join(p.name for p in complete)}); "
+                              "move them away, or start over with trainer.resume=never")
+    return None
 
 
 def load_state(ckpt: Path, rank: int) -> RunState:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from vcppo.config import save_config, to_dict
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.checkpoint import find_resume_point
 from vcppo.driver.critic_cache import cached_critic
-from vcppo.driver.sampling import collect_experience, rank_slice
+from vcppo.driver.sampling import balance_across_ranks, collect_experience, rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.critic import CriticEngine
@@ -26,6 +27,7 @@ from vcppo.engines.dist import DistInfo
 from vcppo.engines.reference import ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import Experience
+from vcppo.rewards.pool import default_num_workers
 from vcppo.rewards.verifier import RewardScorer
 from vcppo.schema import Config, ConfigError
 from vcppo.tracking import MetricsLogger
@@ -50,8 +52,20 @@ def load_prompt_set(cfg: Config, path: str, tokenizer, *, max_prompt_tokens: int
                         limit=limit)
 
 
+def reward_workers(cfg: Config) -> int:
+    """``reward.num_workers``, or by default the cores this node's ranks leave idle, per rank."""
+    if cfg.reward.num_workers is not None:
+        return cfg.reward.num_workers
+    on_gpu = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
+    busy = 1 if on_gpu else torch.get_num_threads()  # a GPU rank mostly keeps one core feeding it
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return default_num_workers(len(os.sched_getaffinity(0)), ranks_here, busy)
+
+
 def make_scorer(cfg: Config) -> RewardScorer:
-    return RewardScorer(cfg.reward.function, correct=cfg.reward.correct_score, wrong=cfg.reward.wrong_score)
+    """The reward scorer of every command; its worker processes start now, alongside the engines."""
+    return RewardScorer(cfg.reward.function, correct=cfg.reward.correct_score, wrong=cfg.reward.wrong_score,
+                        num_workers=reward_workers(cfg), timeout_s=cfg.reward.timeout_s)
 
 
 def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resume: bool = False) -> MetricsLogger:
@@ -141,7 +155,9 @@ class RunContext:
         if cfg.data.val_files:
             val_rows = load_prompt_set(cfg, cfg.data.val_files, tokenizer, max_prompt_tokens=max_tokens,
                                        shuffle_seed=None, limit=cfg.trainer.val_max_prompts).rows()
-        resuming = find_resume_point(run_dir, cfg.trainer.resume) is not None
+        # verified here, before the engines start: a damaged checkpoint is skipped (or named)
+        resuming = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
+                                     gather=D.all_gather_object) is not None
         log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resuming)
         if dist.is_main:
             save_config(cfg, run_dir)
@@ -158,17 +174,19 @@ class RunContext:
     # ---------------------------------------------------------------------------------------------
     def sample_seed(self, phase: str, step: int) -> int:
         """Sampling seed of one step on this rank: reproducible (resume gives the same samples),
-        different across phases, steps and ranks."""
-        key = f"{self.cfg.trainer.seed}/{phase}/{step}/{self.dist.rank}".encode()
+        different across phases, steps and rollout groups (the same on the ranks of one group)."""
+        key = f"{self.cfg.trainer.seed}/{phase}/{step}/{self.rollout.replica}".encode()
         return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
 
     def sample_step(self, phase: str, step: int) -> Experience:
         """This step's prompts (this rank's share of the global batch), sampled and scored."""
         rows = self.prompts.next_batch(self.cfg.trainer.prompts_per_step)
-        offset, mine = rank_slice(rows, self.dist.rank, self.dist.world_size)
-        return collect_experience(mine, first_index=offset, rollout=self.rollout, scorer=self.scorer,
-                                  pad_id=self.pad_id, device=self.dist.device, sampling=self.cfg.rollout,
-                                  seed=self.sample_seed(phase, step))
+        sampled, kept = rollout_share(len(rows), self.dist, self.cfg.rollout.tensor_parallel_size)
+        batch = collect_experience(rows[sampled.start:sampled.stop], first_index=sampled.start, keep=kept,
+                                   rollout=self.rollout, scorer=self.scorer, pad_id=self.pad_id,
+                                   device=self.dist.device, sampling=self.cfg.rollout,
+                                   seed=self.sample_seed(phase, step))
+        return balance_across_ranks(batch, self.dist) if self.cfg.trainer.balance_batch else batch
 
     def sync_weights(self) -> float:
         """Stream the actor's (gathered) weights into vLLM; seconds."""
@@ -190,6 +208,7 @@ class RunContext:
 
     def close(self) -> None:
         self.log.close()
+        self.scorer.close()
         try:
             self.rollout.close()
         finally:

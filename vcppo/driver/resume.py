@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 
 from vcppo.driver import checkpoint as ckpt
+from vcppo.driver import manifest
 from vcppo.driver.context import RunContext
+from vcppo.engines import dist as D
 from vcppo.engines.safe_checkpoint import use_weights_only_loading
 
 
@@ -21,9 +23,11 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState) -> None:
     if ctx.critic is not None:
         ctx.critic.save_checkpoint(str(stage / "critic"))
     ctx.barrier()
+    # every rank hashes its share of the files for the manifest (the gather is also a barrier)
+    parts = D.all_gather_object(manifest.hash_share(stage, ctx.dist.rank, ctx.dist.world_size))
     if ctx.dist.is_main:
         state.data = ctx.prompts.state_dict()
-        final = ckpt.commit(stage, dataclasses.asdict(state), ctx.cfg.trainer.keep_last)
+        final = ckpt.commit(stage, dataclasses.asdict(state), ctx.cfg.trainer.keep_last, manifest_parts=parts)
         ctx.log.info(f"checkpoint {final}")
     ctx.barrier()
 
@@ -33,10 +37,11 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
     fresh start (stale partial checkpoints removed)."""
     cfg = ctx.cfg
     first_phase = "value_pretrain" if (ctx.critic is not None and cfg.value_pretrain.enabled) else "ppo"
-    point = ckpt.find_resume_point(ctx.run_dir, cfg.trainer.resume)
+    point = ckpt.find_resume_point(ctx.run_dir, cfg.trainer.resume, ctx.dist.rank, ctx.dist.world_size,
+                                   gather=D.all_gather_object)
+    if ctx.dist.is_main:  # what a crash left behind (unsealed, half-deleted) is never resumed from
+        ckpt.clean_partial(ckpt.checkpoint_root(ctx.run_dir))
     if point is None:
-        if ctx.dist.is_main:
-            ckpt.clean_partial(ckpt.checkpoint_root(ctx.run_dir))
         return ckpt.RunState(phase=first_phase)
     ctx.log.info(f"resuming from {point}")
     state = ckpt.load_state(point, ctx.dist.rank)
