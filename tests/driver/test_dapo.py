@@ -180,3 +180,21 @@ def test_two_ranks_agree_on_the_number_of_rounds():
     assert groups1 == [3, 3, 6, 6]            # rank 1: group 3, then round 1's prompt 2 (id 2 + 4)
     assert m0 == m1                           # metrics are global
     assert m0["dynamic_sampling/dropped_groups"] == 4.0 and m0["dynamic_sampling/sampled_groups"] == 8.0
+
+
+def test_rollout_sleeps_only_on_gpu_and_when_configured():
+    from vcppo.engines.rollout import RolloutEngine
+    from vcppo.schema import RolloutConfig
+
+    def engine(on_gpu, free):
+        e = object.__new__(RolloutEngine)  # the real methods, a recording stand-in for vllm.LLM
+        e.on_gpu, e._asleep, e.calls = on_gpu, False, []
+        e.cfg = RolloutConfig(free_memory_during_training=free)
+        e.llm = SimpleNamespace(sleep=lambda level: e.calls.append(f"sleep{level}"),
+                                wake_up=lambda: e.calls.append("wake_up"))
+        return e
+
+    for on_gpu, free, expected in ((True, True, ["sleep1", "wake_up"]), (True, False, []), (False, True, [])):
+        e = engine(on_gpu, free)
+        e.sleep(), e.sleep(), e.wake_up(), e.wake_up()  # idempotent: one sleep, one wake
+        assert e.calls == expected, (on_gpu, free)
