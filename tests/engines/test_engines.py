@@ -279,17 +279,21 @@ def _uneven_batch():
     return b
 
 
+from vcppo.engines.packing import VARLEN_ATTENTION  # noqa: E402
+
 PACKED_TOL = dict(rtol=1e-4, atol=2e-5)  # fp32: packed vs padded differ only by GEMM shapes (~5e-7 seen)
 
 
 def test_packed_passes_equal_padded_ones(info, tiny_model_dir):
     """Logprobs, entropies, values, losses and gradients: the packed layout (one row, positions
-    restarting per sequence, block-diagonal attention) gives what the padded layout gives."""
+    restarting per sequence, attention within each sequence) gives what the padded layout gives."""
     b = _uneven_batch()
     out = {}
     for packed in (False, True):
         actor = _actor(info, tiny_model_dir, micro_batch_size=4, packed=packed)
         critic = _critic(info, "policy", tiny_model_dir, micro_batch_size=4, packed=packed)
+        if packed:  # per-sequence attention, not transformers' dense (T, T) block mask
+            assert actor.attention == critic.attention == VARLEN_ATTENTION
         lp, ent = actor.forward_logprobs(b, with_entropy=True)
         am = actor.train_step(b, nll_loss())
         critic.train_step(b, value_mse_loss())          # the zero head learns first ...

@@ -63,3 +63,28 @@ def test_balanced_partitions_even_out_costs_and_cover_every_item_once():
     assert balanced_partitions([5.0, 1.0, 1.0, 1.0, 1.0, 1.0], 2) == [[0], [1, 2, 3, 4, 5]]
     with pytest.raises(ValueError, match="parts"):
         balanced_partitions(costs, 0)
+
+
+def test_varlen_sdpa_attention_equals_a_block_diagonal_causal_mask():
+    from vcppo.engines.packing import sequence_starts, varlen_sdpa_attention
+    lengths = [1, 5, 3, 7]
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    assert sequence_starts(position_ids) == [0, 1, 6, 9, 16]
+    g = torch.Generator().manual_seed(0)
+    T, H, Hkv, D = sum(lengths), 4, 2, 8
+    q, k, v = (torch.randn(1, h, T, D, generator=g) for h in (H, Hkv, Hkv))
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    mask = (seq[:, None] == seq[None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
+    expect = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=mask, scale=0.3)
+    module = torch.nn.Module().eval()
+    out, weights = varlen_sdpa_attention(module, q, k, v, None, scaling=0.3, position_ids=position_ids)
+    assert weights is None and out.shape == (1, T, H, D)
+    torch.testing.assert_close(out, expect.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    # a token never sees another sequence: changing sequence 0 leaves sequence 1's outputs alone
+    v2 = v.clone()
+    v2[:, :, 0] += 5
+    out2, _ = varlen_sdpa_attention(module, q, k, v2, None, scaling=0.3, position_ids=position_ids)
+    assert torch.equal(out2[:, 1:], out[:, 1:]) and not torch.equal(out2[:, :1], out[:, :1])
+    with pytest.raises(ValueError, match="position_ids"):
+        varlen_sdpa_attention(module, q, k, v, None)

@@ -27,7 +27,7 @@ import torch
 
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
-from vcppo.engines.packing import sequence_lengths, token_budget_groups
+from vcppo.engines.packing import sequence_lengths, token_budget_groups, use_packed_attention
 from vcppo.experience import Experience
 from vcppo.schema import EngineConfig, OptimConfig
 
@@ -162,6 +162,8 @@ class DeepSpeedModelEngine:
         self.zero_stage = cfg.zero_stage
         self.ds_config = self._ds_config(cfg, train)
         module = self._build_under_zero_init()
+        if cfg.packed:
+            self.attention = use_packed_attention(module, dist.device)
         if train and cfg.gradient_checkpointing:
             self._enable_gradient_checkpointing(module)
         if train:
