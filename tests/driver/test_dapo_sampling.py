@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 from vcppo.driver.dapo import apply_overlong_penalty, sample_batch
 from vcppo.driver.ppo import ppo_step
 from vcppo.driver.value_pretrain import pretrain_step
+from vcppo.engines.dist import DistInfo
 from vcppo.experience import make_experience
 from vcppo.schema import Config
 
@@ -40,7 +41,7 @@ def scored(groups: list[list[float]], first: int = 0, lengths: list[int] | None 
 class FakeCtx:
     """The parts of RunContext the phases touch; records the order of the calls that matter."""
 
-    def __init__(self, rounds, **cfg):
+    def __init__(self, rounds, rank=0, world_size=1, **cfg):
         self.cfg = Config()
         self.cfg.trainer.prompts_per_step = 4
         self.cfg.rollout.n_samples_per_prompt = N
@@ -60,9 +61,11 @@ class FakeCtx:
                                          (b.sampler_logprobs.clone(), torch.zeros_like(b.response_mask)))[1],
                                      train_step=record("actor_update", {}))
         self.sync_weights = record("weight_sync", 0.0)
+        self.dist = DistInfo(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"),
+                             backend="gloo", is_main=rank == 0)
 
-    def sample_step(self, phase, step):
-        self.calls.append(f"sample:{phase}")
+    def sample_step(self, phase, step, balance=True):
+        self.calls.append(f"sample:{phase}" + ("" if balance else ":unbalanced"))
         return self.rounds.pop(0)
 
 
@@ -72,7 +75,7 @@ def test_dynamic_sampling_refills_with_informative_groups():
     r1 = scored([[1, 1], [1, -1], [-1, 1], [1, -1]], prompt_len=4, lengths=[9, 1, 2, 8, 7, 7, 1, 1])
     ctx = FakeCtx([r0, r1], **{"trainer.dynamic_sampling": True})
     batch, m = sample_batch(ctx, "ppo", step=3)
-    assert ctx.calls == ["sample:ppo", "sample:ppo/retry1"]
+    assert ctx.calls == ["sample:ppo:unbalanced", "sample:ppo/retry1:unbalanced"]
     assert batch.size == 4 * N
     # ids of round 1 are shifted by prompts_per_step (4) so groups of different rounds never merge
     assert batch.group.tolist() == [0, 0, 2, 2, 5, 5, 6, 6]
@@ -101,7 +104,7 @@ def test_dynamic_sampling_is_a_no_op_when_every_group_is_informative_or_when_off
     r0 = scored([[1, -1], [-1, 1], [1, -1], [-1, 1]])
     ctx = FakeCtx([r0], **{"trainer.dynamic_sampling": True})
     batch, m = sample_batch(ctx, "ppo", step=1)
-    assert ctx.calls == ["sample:ppo"] and m["dynamic_sampling/tries"] == 1.0
+    assert ctx.calls == ["sample:ppo:unbalanced"] and m["dynamic_sampling/tries"] == 1.0
     assert torch.equal(batch.input_ids, r0.input_ids) and torch.equal(batch.scores, r0.scores)
     off = FakeCtx([scored([[1, 1]] * 4)])
     batch, m = sample_batch(off, "ppo", step=1)
@@ -161,11 +164,13 @@ def _two_rank_worker(rank, port, out):
     tdist.init_process_group("gloo", rank=rank, world_size=2)
     # Each rank holds 2 of the step's 4 prompts. Rank 0's first round is all informative, rank 1's
     # has one informative group: both ranks must run the second round (same prompt stream).
-    first = [scored([[1, -1], [-1, 1]], first=0), scored([[1, 1], [1, -1]], first=2)][rank]
-    second = [scored([[1, 1], [1, 1]], first=0), scored([[-1, 1], [1, 1]], first=2)][rank]
-    ctx = FakeCtx([first, second, scored([[1, -1], [1, -1]])], **{"trainer.dynamic_sampling": True})
-    batch, m = sample_batch(ctx, "ppo", step=1)
-    out[rank] = (ctx.calls, batch.group.tolist(), m)
+    for balance in (False, True):
+        first = [scored([[1, -1], [-1, 1]], first=0), scored([[1, 1], [1, -1]], first=2)][rank]
+        second = [scored([[1, 1], [1, 1]], first=0), scored([[-1, 1], [1, 1]], first=2, lengths=[30, 30, 2, 2])][rank]
+        ctx = FakeCtx([first, second, scored([[1, -1], [1, -1]])], rank=rank, world_size=2,
+                      **{"trainer.dynamic_sampling": True, "trainer.balance_batch": balance})
+        batch, m = sample_batch(ctx, "ppo", step=1)
+        out[(rank, balance)] = (ctx.calls, batch.group.tolist(), batch.response_mask.sum(1).tolist(), m)
     tdist.barrier()
     tdist.destroy_process_group()
 
@@ -174,12 +179,20 @@ def _two_rank_worker(rank, port, out):
 def test_two_ranks_agree_on_the_number_of_rounds():
     out = mp.Manager().dict()
     mp.start_processes(_two_rank_worker, args=(_port(), out), nprocs=2, start_method="spawn", join=True)
-    (calls0, groups0, m0), (calls1, groups1, m1) = out[0], out[1]
-    assert calls0 == calls1 == ["sample:ppo", "sample:ppo/retry1"]
+    (calls0, groups0, _, m0), (calls1, groups1, _, m1) = out[(0, False)], out[(1, False)]
+    assert calls0 == calls1 == ["sample:ppo:unbalanced", "sample:ppo/retry1:unbalanced"]
     assert groups0 == [0, 0, 1, 1]            # rank 0 was full after round 0
     assert groups1 == [3, 3, 6, 6]            # rank 1: group 3, then round 1's prompt 2 (id 2 + 4)
     assert m0 == m1                           # metrics are global
     assert m0["dynamic_sampling/dropped_groups"] == 4.0 and m0["dynamic_sampling/sampled_groups"] == 8.0
+    # Balanced once at the end: the same four groups, whole, with their rows' lengths; the
+    # 60-token group 6 now shares no rank with the next-longest one.
+    (_, g0, len0, b0), (_, g1, len1, b1) = out[(0, True)], out[(1, True)]
+    assert sorted(set(g0) | set(g1)) == [0, 1, 3, 6] and not set(g0) & set(g1)
+    assert all(g.count(x) == N for g in (g0, g1) for x in set(g))
+    assert sorted(len0 + len1) == sorted(out[(0, False)][2] + out[(1, False)][2])
+    assert b0 == b1 == m0
+    assert (6 in g0) != (6 in g1) and len(g0 if 6 in g0 else g1) == N
 
 
 def test_rollout_sleeps_only_on_gpu_and_when_configured():

@@ -178,15 +178,17 @@ class RunContext:
         key = f"{self.cfg.trainer.seed}/{phase}/{step}/{self.rollout.replica}".encode()
         return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
 
-    def sample_step(self, phase: str, step: int) -> Experience:
-        """This step's prompts (this rank's share of the global batch), sampled and scored."""
+    def sample_step(self, phase: str, step: int, balance: bool = True) -> Experience:
+        """This step's prompts (this rank's share of the global batch), sampled and scored; with
+        ``balance`` (and ``trainer.balance_batch``) whole groups then move between ranks to even out
+        their tokens (dynamic sampling balances once, after its last round: driver/dapo.py)."""
         rows = self.prompts.next_batch(self.cfg.trainer.prompts_per_step)
         sampled, kept = rollout_share(len(rows), self.dist, self.cfg.rollout.tensor_parallel_size)
         batch = collect_experience(rows[sampled.start:sampled.stop], first_index=sampled.start, keep=kept,
                                    rollout=self.rollout, scorer=self.scorer, pad_id=self.pad_id,
                                    device=self.dist.device, sampling=self.cfg.rollout,
                                    seed=self.sample_seed(phase, step))
-        return balance_across_ranks(batch, self.dist) if self.cfg.trainer.balance_batch else batch
+        return balance_across_ranks(batch, self.dist) if balance and self.cfg.trainer.balance_batch else batch
 
     def sync_weights(self) -> float:
         """Stream the actor's (gathered) weights into vLLM; seconds."""

@@ -10,7 +10,8 @@ rewards differ. Rounds continue while ANY rank has fewer kept groups than its sh
 round (an all-reduced decision, so all ranks make the same number of rounds, read the same prompt
 stream and enter the same collectives), up to ``trainer.dynamic_sampling_max_tries``. Each rank
 then keeps its first ``share`` informative groups, topped up with dropped groups if the rounds ran
-out: every rank ends with as many samples as without dynamic sampling.
+out: every rank ends with as many groups as its own prompt share. With ``trainer.balance_batch``
+the final batch is then balanced across ranks once (whole groups move by real tokens).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from vcppo.algos.dapo import informative_groups, overlong_penalty
 from vcppo.driver.context import RunContext
+from vcppo.driver.sampling import balance_across_ranks
 from vcppo.engines import dist as D
 from vcppo.experience import Experience, compact, concat_experiences
 from vcppo.schema import Config
@@ -55,7 +57,7 @@ def dynamic_sample(ctx: RunContext, phase: str, step: int) -> tuple[Experience, 
     n_kept, share, tries = 0, None, 0
     while True:
         # Round 0 is exactly the batch the step samples without dynamic sampling (same seed).
-        batch = ctx.sample_step(phase if tries == 0 else f"{phase}/retry{tries}", step)
+        batch = ctx.sample_step(phase if tries == 0 else f"{phase}/retry{tries}", step, balance=False)
         # Group ids are the prompt's index within its round (< prompts_per_step): keep them unique.
         batch.group = batch.group + tries * tr.prompts_per_step
         share = num_groups(batch) if share is None else share
@@ -74,6 +76,8 @@ def dynamic_sample(ctx: RunContext, phase: str, step: int) -> tuple[Experience, 
     if missing:
         parts.append(first_groups(concat_experiences(spare), missing))
     out = compact(concat_experiences([p for p in parts if p is not None]))
+    if tr.balance_batch:  # once, on the final batch (each round's own balance would be undone)
+        out = balance_across_ranks(out, ctx.dist)
     dropped = sum(num_groups(b) for b in spare)
     return out, {"dynamic_sampling/tries": float(tries),
                  "dynamic_sampling/dropped_groups": D.global_sum(dropped),
