@@ -313,7 +313,7 @@ class RewardScorer:
         return rewards, [r == self.correct for r in rewards]
 
     def close(self) -> None:
-        """Stop the worker processes (if any); serial scoring needs nothing."""
+        """Stop the worker processes (if any); a closed scorer scores serially from then on."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None
