@@ -70,9 +70,9 @@ def test_zero_row_save_to_disk_dir(tmp_path, tok):
 
 
 @pytest.mark.parametrize("rows,named", [
-    ([GOOD, {"prompt": 5, "answer": "1"}], r"prompt field 'q' must hold text, but row 2 holds int '5'"),
-    ([GOOD, {"prompt": ["a"], "answer": "1"}], r"prompt field 'q' must hold text, but row 2 holds list"),
-    ([{"prompt": 5, "answer": "1"}], r"prompt field 'q' must hold text, but row 1 holds int"),
+    ([GOOD, {"prompt": 5, "answer": "1"}], r"prompt field 'q' must hold text or a list of chat messages .*, but row 2 holds int '5'"),
+    ([GOOD, {"prompt": ["a"], "answer": "1"}], r"prompt field 'q' must hold text or a list of chat messages .*, but row 2 holds list"),
+    ([{"prompt": 5, "answer": "1"}], r"prompt field 'q' must hold text or a list of chat messages .*, but row 1 holds int"),
     ([GOOD, {"prompt": "", "answer": "1"}], r"1 empty or null prompt\(s\) in field 'q' \(row 2\)"),
     ([GOOD, {"prompt": "   ", "answer": "1"}, {"prompt": None, "answer": "1"}],
      r"2 empty or null prompt\(s\) in field 'q' \(rows 2, 3\)"),

@@ -7,9 +7,9 @@ a vLLM + DeepSpeed start-up, and the message says where to look instead of a bar
 - ``check_source(path)``: before ``datasets`` reads the file. JSON / JSON-lines: every line is
   UTF-8 (else file, line and column named); JSON-lines: every non-blank line is a JSON object; not
   empty. Parquet: readable, at least one row.
-- ``check_rows(ds, path, ...)``: after reading. The prompt field holds text; no prompt is null or
-  blank; the answer field holds text or numbers; no answer is null (rows named, 1-based, in file
-  order).
+- ``check_rows(ds, path, ...)``: after reading. The prompt field holds text or lists of chat
+  messages (each with a text role and content); no prompt is null or blank; the answer field
+  holds text or numbers; no answer is null (rows named, 1-based, in file order).
 """
 from __future__ import annotations
 
@@ -97,19 +97,39 @@ def _first_of_type(values: list, allowed, feature) -> str:
     return f"the column's type is {feature}"
 
 
+def is_chat_messages(feature) -> bool:
+    item = getattr(feature, "feature", None)  # a list column of {"role", "content", ...} structs
+    return isinstance(item, dict) and {"role", "content"} <= set(item)
+
+
+def _check_messages(prompts: list, path: str, prompt_field: str) -> None:
+    """Chat-message prompts: a non-empty list per row, every message with a text role and content."""
+    empty = [i for i, p in enumerate(prompts) if not p]
+    if empty:
+        raise DataError(f"{path}: {len(empty)} empty or null message list(s) in prompt field '{prompt_field}' "
+                        f"({_rows(empty)})")
+    bad = [i for i, p in enumerate(prompts)
+           if any(not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str) for m in p)]
+    if bad:
+        raise DataError(f"{path}: prompt field '{prompt_field}' holds chat messages, and in {_rows(bad)} "
+                        "a message's 'role' or 'content' is null")
+
+
 def check_rows(ds, path: str, prompt_field: str, answer_field: str) -> None:
     """The row-level checks of the module docstring, on the columns already renamed to
     ``prompt`` / ``answer`` (``prompt_field`` / ``answer_field`` are their names in the file)."""
     if len(ds) == 0:
         raise DataError(f"{path} has zero rows")
     prompt, answer = ds.features["prompt"], ds.features["answer"]
-    if not _is_text(prompt):
-        raise DataError(f"{path}: prompt field '{prompt_field}' must hold text, but "
-                        f"{_first_of_type(ds['prompt'], str, prompt)}")
+    if is_chat_messages(prompt):
+        _check_messages(ds["prompt"], path, prompt_field)
+    elif not _is_text(prompt):
+        raise DataError(f"{path}: prompt field '{prompt_field}' must hold text or a list of chat messages "
+                        f"({{\"role\", \"content\"}}), but {_first_of_type(ds['prompt'], str, prompt)}")
     if not _is_scalar(answer):
         raise DataError(f"{path}: answer field '{answer_field}' must hold text or numbers, but "
                         f"{_first_of_type(ds['answer'], (str, int, float), answer)}")
-    blank = [i for i, p in enumerate(ds["prompt"]) if p is None or not p.strip()]
+    blank = [i for i, p in enumerate(ds["prompt"]) if p is None or (isinstance(p, str) and not p.strip())]
     if blank:
         raise DataError(f"{path}: {len(blank)} empty or null prompt(s) in field '{prompt_field}' ({_rows(blank)})")
     missing = [i for i, a in enumerate(ds["answer"]) if a is None]

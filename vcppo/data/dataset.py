@@ -16,6 +16,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from vcppo.data.checks import DataError, all_too_long, check_rows, check_source
+from vcppo.data.fields import reward_info_fields, use_column
+from vcppo.rewards.routing import GroundTruth
 
 logger = logging.getLogger(__name__)
 
@@ -54,22 +56,35 @@ def _read_table(path: str, split: str | None = None):
         raise DataError(f"cannot read {path}: {type(cause).__name__}: {str(cause)[:500]}") from e
 
 
-def format_prompt(tokenizer, prompt: str, use_chat_template: bool | str = "auto") -> str:
+def format_prompt(tokenizer, prompt: str | list[dict], use_chat_template: bool | str = "auto") -> str:
     """The text the policy sees: the chat template with a generation prompt, or the raw prompt.
 
-    ``use_chat_template="auto"`` uses the template iff the tokenizer has one.
+    ``prompt`` is text (one user turn) or a list of chat messages (``{"role", "content"}``, verl's
+    format), which always needs the chat template: with ``use_chat_template=False`` or a tokenizer
+    without one it is a ValueError (joining the messages some other way would show the policy a
+    format it was never trained on). ``use_chat_template="auto"`` uses the template iff the
+    tokenizer has one. Anything else (a number, a dict) is a TypeError, never its ``str()``.
     """
+    has_template = bool(getattr(tokenizer, "chat_template", None))
     if use_chat_template == "auto":
-        use_chat_template = bool(getattr(tokenizer, "chat_template", None))
-    if use_chat_template:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("use_chat_template=True but the tokenizer has no chat template")
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                             add_generation_prompt=True, tokenize=False)
-    return prompt
+        use_chat_template = has_template
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+        messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+        if not use_chat_template:
+            raise ValueError("the prompt is a list of chat messages, which needs the tokenizer's chat template: "
+                             "set data.use_chat_template to auto or true (and use a tokenizer that has one)")
+    else:
+        raise TypeError(f"a prompt must be text or a list of chat messages, got {type(prompt).__name__}")
+    if not use_chat_template:
+        return prompt
+    if not has_template:
+        raise ValueError("use_chat_template=True but the tokenizer has no chat template")
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def encode_prompt(tokenizer, prompt: str, use_chat_template: bool | str = "auto") -> list[int]:
+def encode_prompt(tokenizer, prompt: str | list[dict], use_chat_template: bool | str = "auto") -> list[int]:
     """Token ids of ``format_prompt(...)`` (no extra special tokens: the template has them)."""
     return list(tokenizer.encode(format_prompt(tokenizer, prompt, use_chat_template),
                                  add_special_tokens=False))
@@ -77,99 +92,117 @@ def encode_prompt(tokenizer, prompt: str, use_chat_template: bool | str = "auto"
 
 @dataclass
 class PromptSet:
-    """Loaded prompts. ``dataset`` columns: ``prompt`` (raw text), ``prompt_ids`` (list[int]),
-    ``answer`` (str) and every other column of the source (e.g. ``solution``)."""
+    """Loaded prompts. ``dataset`` columns: ``prompt`` (text or chat messages), ``prompt_ids``
+    (list[int]), ``answer`` (str) and every other column of the source (e.g. ``solution``).
+
+    Rows handed out (``rows()``, ``stream()``, ``[i]``) hold the answer as a
+    :class:`~vcppo.rewards.routing.GroundTruth` carrying the row's ``reward_info_fields``."""
 
     dataset: Any  # datasets.Dataset
     num_total: int
     num_dropped: int
     use_chat_template: bool
     path: str
+    reward_info_fields: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, i):
-        return self.dataset[i]
+        return with_reward_info(self.dataset[i], self.reward_info_fields)
 
     def rows(self) -> list[dict]:
         """Every row as a dict (validation and evaluation walk small sets in order)."""
-        return [self.dataset[i] for i in range(len(self.dataset))]
+        return [self[i] for i in range(len(self.dataset))]
 
     def stream(self, seed: int = 0, shuffle: bool = True) -> "PromptStream":
-        return PromptStream(self.dataset, seed=seed, shuffle=shuffle)
+        return PromptStream(self.dataset, seed=seed, shuffle=shuffle, reward_info_fields=self.reward_info_fields)
+
+
+def with_reward_info(row: dict, fields: tuple[str, ...]) -> dict:
+    """``row`` with its answer as a GroundTruth holding ``fields`` (what the reward function gets)."""
+    if row.get("answer") is not None:
+        row["answer"] = GroundTruth(row["answer"], {f: row.get(f) for f in fields})
+    return row
+
+
+def _select_fields(ds, path: str, prompt_field: str, answer_field: str):
+    """``ds`` with the prompt and the answer (a column or a dotted path) as ``prompt`` / ``answer``."""
+    ds = use_column(ds, prompt_field, "prompt", "prompt_field", path)
+    ds = use_column(ds, answer_field, "answer", "answer_field", path)
+    check_rows(ds, path, prompt_field, answer_field)
+    from datasets import Value
+
+    if ds.features["answer"] != Value("string"):
+        ds = ds.cast_column("answer", Value("string"))  # integers, floats -> their text
+    return ds
+
+
+def _length_filter(ds, max_prompt_tokens: int | None, path: str):
+    """(kept rows, number dropped) by prompt length; an error when none is left."""
+    if max_prompt_tokens is None:
+        return ds, 0
+    kept = ds.filter(lambda ids: len(ids) <= max_prompt_tokens, input_columns="prompt_ids",
+                     keep_in_memory=True, load_from_cache_file=False)
+    if len(kept) == 0:
+        raise all_too_long(len(ds), min(map(len, ds["prompt_ids"])), max_prompt_tokens, path)
+    if len(kept) < len(ds):
+        logger.warning("dropped %d of %d prompts from %s longer than max_prompt_tokens=%d",
+                       len(ds) - len(kept), len(ds), path, max_prompt_tokens)
+    return kept, len(ds) - len(kept)
 
 
 def load_prompts(path: str | os.PathLike, tokenizer, prompt_field: str = "prompt",
                  answer_field: str = "answer", max_prompt_tokens: int | None = 512,
                  use_chat_template: bool | str = "auto", shuffle_seed: int | None = 0,
-                 split: str | None = None, limit: int | None = None) -> PromptSet:
+                 split: str | None = None, limit: int | None = None,
+                 reward_info: list[str] | None = None) -> PromptSet:
     """Load, tokenise, length-filter and shuffle prompts.
 
     path: ``.parquet``, ``.jsonl``/``.json`` or a ``Dataset.save_to_disk`` dir (``split`` picks
-    one split of a saved ``DatasetDict``). Missing file -> FileNotFoundError naming it; missing
-    field -> ValueError naming it and the available columns; an empty file, undecodable bytes, a
-    wrongly typed field, empty prompts, null answers or prompts that are all too long ->
+    one split of a saved ``DatasetDict``). The prompt field holds text or chat messages; the
+    answer field may be a dotted path (``reward_model.ground_truth``); ``reward_info`` names the
+    columns the reward function gets (default: ``data_source`` / ``extra_info`` where present) —
+    see :mod:`vcppo.data.fields`. Missing file -> FileNotFoundError naming it; missing field ->
+    DataError (a ValueError) naming it and the available columns; an empty file, undecodable
+    bytes, a wrongly typed field, empty prompts, null answers or prompts that are all too long ->
     :class:`~vcppo.data.checks.DataError` naming the file and line / row / field (before any
-    engine starts). ``max_prompt_tokens=None`` keeps all. ``shuffle_seed=None`` keeps file order. ``limit`` keeps the first N after shuffling.
+    engine starts). ``max_prompt_tokens=None`` keeps all. ``shuffle_seed=None`` keeps file order.
+    ``limit`` keeps the first N after shuffling.
     """
     path = os.fspath(path)
-    ds = _read_table(path, split)
-    cols = list(ds.column_names)
-    for name, fld in (("prompt_field", prompt_field), ("answer_field", answer_field)):
-        if fld not in cols:
-            raise ValueError(f"{name} {fld!r} is not a column of {path}; available columns: {cols}")
-    if prompt_field != "prompt":
-        if "prompt" in cols:
-            ds = ds.remove_columns("prompt")
-        ds = ds.rename_column(prompt_field, "prompt")
-    if answer_field != "answer":
-        if "answer" in ds.column_names:
-            ds = ds.remove_columns("answer")
-        ds = ds.rename_column(answer_field, "answer")
-    check_rows(ds, path, prompt_field, answer_field)
+    ds = _select_fields(_read_table(path, split), path, prompt_field, answer_field)
+    info_fields = reward_info_fields(list(ds.column_names), reward_info, path)
     if use_chat_template == "auto":
         use_chat_template = bool(getattr(tokenizer, "chat_template", None))
     use_chat_template = bool(use_chat_template)
 
-    from datasets import Value
-
-    if ds.features["answer"] != Value("string"):
-        ds = ds.cast_column("answer", Value("string"))  # integers, floats -> their text
-
     def _encode(batch):
-        return {"prompt_ids": [encode_prompt(tokenizer, str(p), use_chat_template) for p in batch["prompt"]]}
+        return {"prompt_ids": [encode_prompt(tokenizer, p, use_chat_template) for p in batch["prompt"]]}
 
     ds = ds.map(_encode, batched=True, keep_in_memory=True, load_from_cache_file=False)
-    num_total, encoded = len(ds), ds
-    if max_prompt_tokens is not None:
-        ds = ds.filter(lambda ids: len(ids) <= max_prompt_tokens, input_columns="prompt_ids",
-                       keep_in_memory=True, load_from_cache_file=False)
-        if len(ds) == 0:
-            raise all_too_long(num_total, min(map(len, encoded["prompt_ids"])), max_prompt_tokens, path)
-    num_dropped = num_total - len(ds)
-    if num_dropped:
-        logger.warning("dropped %d of %d prompts from %s longer than max_prompt_tokens=%d",
-                       num_dropped, num_total, path, max_prompt_tokens)
+    num_total = len(ds)
+    ds, num_dropped = _length_filter(ds, max_prompt_tokens, path)
     if shuffle_seed is not None:
         ds = ds.shuffle(seed=shuffle_seed, keep_in_memory=True).flatten_indices(keep_in_memory=True)
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     logger.info("loaded %d prompts from %s (chat template: %s)", len(ds), path, use_chat_template)
-    return PromptSet(ds, num_total=num_total, num_dropped=num_dropped,
-                     use_chat_template=use_chat_template, path=path)
+    return PromptSet(ds, num_total=num_total, num_dropped=num_dropped, use_chat_template=use_chat_template,
+                     path=path, reward_info_fields=info_fields)
 
 
 class PromptStream:
     """Endless batches over a dataset; epoch e visits every row once in the order
     ``permutation(seed + e)``. Resumable: ``state_dict()`` -> ``{"epoch", "index", "seed"}``."""
 
-    def __init__(self, dataset, seed: int = 0, shuffle: bool = True):
+    def __init__(self, dataset, seed: int = 0, shuffle: bool = True, reward_info_fields: tuple[str, ...] = ()):
         if len(dataset) == 0:
             raise ValueError("cannot stream an empty prompt set (all prompts filtered out?)")
         self.dataset = dataset
         self.seed = int(seed)
         self.shuffle = shuffle
+        self.reward_info_fields = tuple(reward_info_fields)
         self.epoch = 0
         self.index = 0
         self._order = self._make_order(0)
@@ -192,7 +225,7 @@ class PromptStream:
             out.extend(int(i) for i in self._order[self.index:self.index + take])
             self.index += take
         rows = self.dataset.select(out)
-        return [rows[i] for i in range(len(rows))]
+        return [with_reward_info(rows[i], self.reward_info_fields) for i in range(len(rows))]
 
     def __iter__(self) -> Iterator[dict]:
         while True:

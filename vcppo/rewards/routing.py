@@ -1,0 +1,83 @@
+"""Per-row reward routing: a row's ``data_source`` picks its reward function, and the row's
+reward-info fields (``data_source``, ``extra_info``, ...) reach it as keyword arguments (#15).
+
+``GroundTruth`` is the answer of one prompt row carrying that row's reward info. The data loader
+hands it out as ``row["answer"]``, so every caller that passes ``row["answer"]`` to the scorer
+(sampling, validation, evaluation) passes the info too, without knowing the fields; the scorer
+unpacks it and gives reward functions the plain answer text.
+
+``RewardRouter`` is a reward function itself (picklable: its functions travel as
+``"module:function"`` paths and are imported where it runs), so the worker-process pool and
+serial scoring treat it like any other.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vcppo.rewards.loading import RewardFn, load_reward_fn
+
+BUILTIN_REWARD = "vcppo.rewards.verifier:score"
+
+
+class GroundTruth(str):
+    """A ground-truth answer (it is the answer text) with its row's ``reward_info`` dict."""
+
+    reward_info: dict
+
+    def __new__(cls, answer: str, reward_info: dict | None = None):
+        truth = super().__new__(cls, answer)
+        truth.reward_info = dict(reward_info or {})
+        return truth
+
+    def __reduce__(self):
+        return GroundTruth, (str(self), self.reward_info)
+
+
+def split_ground_truth(truth: Any) -> tuple[Any, dict]:
+    """(the plain answer, its row's reward info): what a reward function is called with."""
+    if isinstance(truth, GroundTruth):
+        return str(truth), dict(truth.reward_info)
+    return truth, {}
+
+
+@dataclass
+class RewardRouter:
+    """``fn(response_text, ground_truth, **info)`` that calls ``by_source[info["data_source"]]``, or
+    ``default`` (None: the built-in verifier, given ``correct`` / ``wrong``) for other sources."""
+
+    by_source: dict[str, RewardFn | str]
+    default: RewardFn | str | None = None
+    correct: float = 1.0
+    wrong: float = -1.0
+    _loaded: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_loaded"}  # workers import for themselves
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _loaded={})
+
+    def _load(self, spec: RewardFn | str | None) -> RewardFn:
+        spec = BUILTIN_REWARD if spec is None else spec
+        if not isinstance(spec, str):
+            return spec
+        if spec not in self._loaded:
+            self._loaded[spec] = load_reward_fn(spec)
+        return self._loaded[spec]
+
+    def load_all(self) -> None:
+        """Import every function now, so a bad path fails at start-up rather than at the first sample."""
+        for spec in [*self.by_source.values(), self.default]:
+            self._load(spec)
+
+    def spec_for(self, data_source: Any) -> RewardFn | str | None:
+        if isinstance(data_source, str) and data_source in self.by_source:
+            return self.by_source[data_source]
+        return self.default
+
+    def __call__(self, response_text: str, ground_truth: Any, **info: Any) -> float:
+        spec = self.spec_for(info.get("data_source"))
+        if spec is None or spec == BUILTIN_REWARD:  # the verifier's scores are the configured ones
+            info.update(correct=self.correct, wrong=self.wrong)
+        return self._load(spec)(response_text, ground_truth, **info)
