@@ -62,11 +62,17 @@ def _leaf_keys(data: Any, prefix: str = "") -> list[str]:
     return [k for key, value in data.items() for k in _leaf_keys(value, f"{prefix}{key}.")]
 
 
+# Keys whose value is a mapping the user fills with names of their own.
+_MAPPING_KEYS = ("reward.functions_by_source.",)
+
+
 def _check_keys(data: DictConfig, where: str) -> None:
     """Name the full unknown key ('critc.lr', not OmegaConf's 'critc') and suggest the right one."""
     known = set(all_keys())
     sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
     for key in _leaf_keys(OmegaConf.to_container(data, resolve=False)):
+        if key.startswith(_MAPPING_KEYS):  # entries of a mapping (reward.functions_by_source.NAME)
+            continue
         if key not in known and key not in sections:
             raise _unknown_key(key, where)
 
@@ -302,6 +308,8 @@ def check_paths(cfg: Config, command: str = "train") -> None:
     check_context_length(cfg, *_SAMPLING_MODEL[command])
     if cfg.reward.function:
         _check_reward_function(cfg.reward.function)
+    for source, path in cfg.reward.functions_by_source.items():
+        _check_reward_function(path, f"reward.functions_by_source.{source}")
 
 
 # Where each command writes; the model its vLLM engine samples from, and whether its context is
@@ -345,13 +353,13 @@ def check_context_length(cfg: Config, model_key: str, with_prompt_budget: bool =
                           f"max_position_embeddings in {config_file})")
 
 
-def _check_reward_function(path: str) -> None:
+def _check_reward_function(path: str, key: str = "reward.function") -> None:
     from vcppo.rewards.verifier import load_reward_fn
 
     try:
         load_reward_fn(path)
     except Exception as e:  # ImportError, AttributeError, TypeError, or the module's own error
-        raise ConfigError(f"config key 'reward.function': cannot load {path!r}: {e}") from None
+        raise ConfigError(f"config key '{key}': cannot load {path!r}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------

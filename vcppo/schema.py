@@ -10,7 +10,7 @@ unless set (e.g. SFT saves to ``model.policy_path``, the policy RL starts from).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 
 class ConfigError(ValueError):
@@ -44,8 +44,13 @@ class ModelConfig:
 class DataConfig:
     train_files: str = _f("", "Training prompts: a .parquet / .jsonl file or a datasets save_to_disk dir.")
     val_files: Optional[str] = _f(None, "Validation prompts (same formats); validation is off if unset.")
-    prompt_field: str = _f("prompt", "Column holding the prompt text.")
-    answer_field: str = _f("answer", "Column holding the ground-truth answer.")
+    prompt_field: str = _f("prompt", "Column holding the prompt: text, or a list of chat messages "
+                           "{role, content} (verl's format; needs the chat template).")
+    answer_field: str = _f("answer", "Column holding the ground-truth answer, or a dotted path into nested "
+                           "fields (verl: reward_model.ground_truth).")
+    reward_info_fields: Optional[List[str]] = _f(None, "Columns passed to the reward function as keyword "
+                                                 "arguments; null = data_source and extra_info where the "
+                                                 "file has them.")
     max_prompt_tokens: int = _f(256, "Prompts longer than this (in tokens) are dropped, and counted.", low=1)
     use_chat_template: str = _f("auto", "Wrap prompts with the tokenizer's chat template: auto / true / false.",
                                 choices=("auto", "true", "false"))
@@ -148,6 +153,8 @@ class AlgorithmConfig:
 class RewardConfig:
     function: Optional[str] = _f(None, "Custom reward function 'module:function' (fn(response_text, "
                                  "ground_truth, **info) -> float); null = the built-in verifier.")
+    functions_by_source: Dict[str, str] = _f({}, "Reward function per data_source ({source: 'module:function'}); "
+                                             "rows of other sources use reward.function.")
     correct_score: float = _f(1.0, "Reward of a correct final answer (paper: +1).")
     wrong_score: float = _f(-1.0, "Reward of a wrong / missing / truncated answer (paper: -1).")
     num_workers: Optional[int] = _f(None, "Reward worker processes per rank (a stuck sample can be "

@@ -49,7 +49,7 @@ def load_prompt_set(cfg: Config, path: str, tokenizer, *, max_prompt_tokens: int
     chat = {"auto": "auto", "true": True, "false": False}[cfg.data.use_chat_template]
     return load_prompts(path, tokenizer, prompt_field=cfg.data.prompt_field, answer_field=cfg.data.answer_field,
                         max_prompt_tokens=max_prompt_tokens, use_chat_template=chat, shuffle_seed=shuffle_seed,
-                        limit=limit)
+                        limit=limit, reward_info=cfg.data.reward_info_fields)
 
 
 def reward_workers(cfg: Config) -> int:
@@ -65,7 +65,8 @@ def reward_workers(cfg: Config) -> int:
 def make_scorer(cfg: Config) -> RewardScorer:
     """The reward scorer of every command; its worker processes start now, alongside the engines."""
     return RewardScorer(cfg.reward.function, correct=cfg.reward.correct_score, wrong=cfg.reward.wrong_score,
-                        num_workers=reward_workers(cfg), timeout_s=cfg.reward.timeout_s)
+                        num_workers=reward_workers(cfg), timeout_s=cfg.reward.timeout_s,
+                        functions_by_source=dict(cfg.reward.functions_by_source))
 
 
 def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resume: bool = False) -> MetricsLogger:

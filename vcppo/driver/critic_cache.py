@@ -49,6 +49,8 @@ def cache_key(cfg: Config) -> str:
         "gamma": cfg.algorithm.gamma,
         "reward": [cfg.reward.function, cfg.reward.correct_score, cfg.reward.wrong_score],
     }
+    if cfg.reward.functions_by_source:  # only when set, like the overlong keys below
+        relevant["reward_by_source"] = [dict(cfg.reward.functions_by_source), cfg.data.reward_info_fields]
     if cfg.reward.overlong_buffer_tokens:  # only when on, so the keys of existing caches stay valid
         relevant["overlong"] = [cfg.reward.overlong_buffer_tokens, cfg.reward.overlong_penalty]
     blob = json.dumps(relevant, sort_keys=True, default=str).encode()

@@ -33,8 +33,9 @@ disabled and the answer length is capped instead (``MAX_MATH_VERIFY_CHARS``).
 fails, an error inside math-verify) scores ``wrong``.
 
 Custom rewards: ``load_reward_fn("pkg.module:function")``; the function is called as
-``fn(response_text, ground_truth, **info) -> float`` with info = ``finish_reason`` and any extra
-per-sample fields. ``RewardScorer`` applies a reward function to a batch, serially in this
+``fn(response_text, ground_truth, **info) -> float`` with info = ``finish_reason`` and the row's
+reward-info fields (``data_source``, ``extra_info``, ...: :mod:`vcppo.rewards.routing`); with
+``functions_by_source`` a row's ``data_source`` picks the function. ``RewardScorer`` applies a reward function to a batch, serially in this
 process or in a process pool (:mod:`vcppo.rewards.pool`, hard timeout per sample); a sample whose
 reward function raises, times out, or returns a non-finite value scores ``wrong``, is counted,
 and is logged (rate-limited), and the batch goes on.
@@ -50,11 +51,11 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from vcppo.rewards.loading import RewardFn, load_reward_fn
+from vcppo.rewards.routing import BUILTIN_REWARD, RewardRouter, split_ground_truth
 
 logger = logging.getLogger(__name__)
 
 THINK_CLOSE = "</think>"
-BUILTIN_REWARD = "vcppo.rewards.verifier:score"
 MAX_MATH_VERIFY_CHARS = 500
 MAX_BARE_EXPRESSION_CHARS = 200
 _INT_RE = re.compile(r"[+-]?(?:\d+|\d{1,3}(?:([,_ ])\d{3})(?:\1\d{3})*)")
@@ -228,6 +229,11 @@ class RewardScorer:
     where a sample that takes longer than ``timeout_s`` scores ``wrong`` and counts as a timeout.
     ``num_failures`` (timeouts included) and ``num_timeouts`` accumulate over the scorer's life;
     each call's metrics give that batch's counts. Call :meth:`close` to stop the workers.
+
+    ``functions_by_source`` (``{data_source: "module:function"}``): rows of those sources are scored
+    by their function, the others by ``reward_fn`` (a :class:`~vcppo.rewards.routing.RewardRouter`).
+    A ground truth that is a :class:`~vcppo.rewards.routing.GroundTruth` adds its row's reward info
+    to the keyword arguments.
     """
 
     reward_fn: RewardFn | str | None = None
@@ -236,11 +242,16 @@ class RewardScorer:
     max_warnings: int = 5  # then one warning per 100 failures
     num_workers: int = 0
     timeout_s: float = 10.0
+    functions_by_source: dict[str, str] | None = None
     num_failures: int = field(default=0, init=False)
     num_timeouts: int = field(default=0, init=False)
     num_scored: int = field(default=0, init=False)
 
     def __post_init__(self):
+        if self.functions_by_source:
+            self.reward_fn = RewardRouter(dict(self.functions_by_source), default=self.reward_fn,
+                                          correct=self.correct, wrong=self.wrong)
+            self.reward_fn.load_all()  # import errors surface here, at start-up
         # a path travels as text and workers import it themselves; the built-in verifier likewise
         sent_to_workers = BUILTIN_REWARD if self.reward_fn is None else self.reward_fn
         if isinstance(self.reward_fn, str):
@@ -287,8 +298,9 @@ class RewardScorer:
         finish_reasons = list(finish_reasons) if finish_reasons is not None else [None] * len(texts)
         infos = list(infos) if infos is not None else [{}] * len(texts)
         items = []
-        for text, truth, fr, info in zip(texts, truths, finish_reasons, infos):
-            kwargs = dict(info, finish_reason=fr)
+        for text, row_truth, fr, info in zip(texts, truths, finish_reasons, infos):
+            truth, row_info = split_ground_truth(row_truth)
+            kwargs = {**row_info, **info, "finish_reason": fr}
             if self._builtin:
                 kwargs.update(correct=self.correct, wrong=self.wrong)
             items.append((text, truth, kwargs))
