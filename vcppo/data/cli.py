@@ -3,11 +3,14 @@
     vcppo data make --task add --out data/add            # DIR: train/val/test.parquet + stats.json
     vcppo data make --task add --out data/add --n 20000 --n-eval 500 --difficulty 7 --seed 0
     vcppo data make --task add --split val --out val.parquet --n 256   # one split, one file
+    vcppo data make --task add --out data/add_verl --format verl   # verl's parquet format
     vcppo data stats FILE.parquet [--tokenizer DIR]      # trace length min/median/max
 
 With ``--split all`` (the default) ``--out`` is a directory; with one split it is a file
 (``.parquet`` or ``.jsonl``). ``--n`` is the train size (or the size of the single split);
-``--n-eval`` the size of val and test.
+``--n-eval`` the size of val and test. ``--format verl`` writes verl's format (``prompt`` as chat
+messages, ``reward_model.ground_truth``, ``data_source`` = ``vcppo/<task>``, ``extra_info``); train on
+it with ``data.answer_field=reward_model.ground_truth``.
 """
 from __future__ import annotations
 
@@ -27,6 +30,12 @@ def _write(rows: list[dict], path: str) -> None:
         df.to_parquet(path, index=False)
     else:
         raise SystemExit(f"vcppo data: output file must end in .parquet or .jsonl: {path}")
+
+
+def _formatted(rows: list[dict], fmt: str, task: str, split: str) -> list[dict]:
+    from vcppo.data.fields import to_verl_rows
+
+    return to_verl_rows(rows, f"vcppo/{task}", split) if fmt == "verl" else rows
 
 
 def _read_rows(path: str) -> list[dict]:
@@ -53,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     mk.add_argument("--difficulty", type=int, default=None, help="digits per operand (add; default 7)")
     mk.add_argument("--operands", type=int, default=None, help="numbers to add (add; default 2)")
     mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--format", default="plain", choices=("plain", "verl"),
+                    help="plain: prompt / answer / solution columns; verl: verl's parquet format")
     st = sub.add_parser("stats", help="trace length statistics of a data file")
     st.add_argument("path")
     st.add_argument("--tokenizer", default=None, help="count with this tokenizer (default: char-level)")
@@ -74,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         for split, n in sizes.items():
             rows = tasks.generate(args.task, split, n, args.difficulty, args.seed, args.operands)
             path = os.path.join(args.out, f"{split}.parquet")
-            _write(rows, path)
+            _write(_formatted(rows, args.format, args.task, split), path)
             stats[split] = tasks.trace_length_stats(rows)
             print(f"{split}: {n} rows -> {path}  trace tokens {stats[split]}")
         spec = tasks.make_spec(args.task, args.difficulty, args.operands)
@@ -85,6 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         n = args.n or (20000 if args.split == "train" else 500)
         rows = tasks.generate(args.task, args.split, n, args.difficulty, args.seed, args.operands)
-        _write(rows, args.out)
+        _write(_formatted(rows, args.format, args.task, args.split), args.out)
         print(f"{args.split}: {n} rows -> {args.out}  trace tokens {tasks.trace_length_stats(rows)}")
     return 0

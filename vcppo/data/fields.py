@@ -76,3 +76,20 @@ def reward_info_fields(columns: list[str], requested: list[str] | None, path: st
         raise DataError(f"data.reward_info_fields: {reserved} would shadow arguments the scorer passes "
                         f"to reward functions ({list(RESERVED_REWARD_ARGUMENTS)}); rename the column(s)")
     return tuple(requested)
+
+
+def to_verl_rows(rows: list[dict], data_source: str, split: str) -> list[dict]:
+    """Task rows (``prompt``, ``answer``, ``solution``, ...) in verl's format: the prompt as one user
+    message, the answer at ``reward_model.ground_truth``, ``data_source`` and ``extra_info``
+    (split, index and the task's other fields). ``solution`` stays a top-level column, so
+    ``vcppo sft`` and ``vcppo data stats`` read the same file."""
+    out = []
+    for index, row in enumerate(rows):
+        extra = {k: v for k, v in row.items() if k not in ("prompt", "answer", "solution")}
+        out.append({"data_source": data_source,
+                    "prompt": [{"role": "user", "content": row["prompt"]}],
+                    "ability": "math",
+                    "reward_model": {"style": "rule", "ground_truth": row["answer"]},
+                    "extra_info": {"split": split, "index": index, **extra},
+                    "solution": row["solution"]})
+    return out
