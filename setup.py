@@ -10,6 +10,7 @@ COMMON = [
     "datasets==5.2.0",
     "math-verify==0.9.0",
     "wandb==0.31.0",
+    "tensorboard==2.21.0",         # logging.tensorboard (torch.utils.tensorboard writes the event files)
     "accelerate==1.15.0",          # lets from_pretrained build models under deepspeed.zero.Init (ZeRO-3)
     "tqdm>=4.66",
     "matplotlib>=3.8",

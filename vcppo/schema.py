@@ -219,6 +219,8 @@ class LoggingConfig:
     wandb_mode: str = _f("offline", "offline (default, sync later with `wandb sync`), online, disabled.",
                          choices=("offline", "online", "disabled"))
     wandb_project: str = _f("vcppo", "W&B project.")
+    tensorboard: bool = _f(False, "Also write TensorBoard event files to <run dir>/tensorboard (tags "
+                           "<phase>/<metric>; needs the tensorboard package).")
     progress_bar: bool = _f(True, "Show a progress bar on rank 0.")
     profile_buckets: int = _f(16, "Buckets of the advantage-vs-position profile.", low=1)
 

@@ -1,5 +1,7 @@
 """Where metrics go: ``metrics.jsonl`` in the run directory (always), Weights & Biases (offline by
-default, so nothing leaves the machine unless the user asks), and a console progress bar.
+default, so nothing leaves the machine unless the user asks), TensorBoard event files in
+``<run dir>/tensorboard`` (``logging.tensorboard``; tags ``<phase>/<metric>``, scalars only), and a
+console progress bar.
 
 Only the main rank writes; other ranks get a logger whose calls do nothing, so the driver can
 call it unconditionally.
@@ -33,12 +35,14 @@ def _to_builtin(value: Any) -> Any:
 class MetricsLogger:
     def __init__(self, run_dir: str | os.PathLike, config: dict, *, enabled: bool = True,
                  use_wandb: bool = True, wandb_mode: str = "offline", wandb_project: str = "vcppo",
-                 run_name: str | None = None, progress_bar: bool = True, resume: bool = False):
+                 run_name: str | None = None, progress_bar: bool = True, resume: bool = False,
+                 use_tensorboard: bool = False):
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self._bar = None
         self._bar_phase = None
         self._wandb = None
+        self._tensorboard = None
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -52,6 +56,10 @@ class MetricsLogger:
                                      id=run_id, resume="allow" if resume else None,
                                      dir=str(self.run_dir), mode=wandb_mode, config=config,
                                      reinit="finish_previous")
+        if use_tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            # a resumed run adds a new event file beside the old ones; TensorBoard reads them as one run
+            self._tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
     # -- progress -----------------------------------------------------------------------------
     def start_phase(self, phase: str, total: int, initial: int = 0) -> None:
@@ -83,11 +91,13 @@ class MetricsLogger:
         record = {"phase": phase, "step": step, "time": time.time()}
         record.update({k: _to_builtin(v) for k, v in metrics.items()})
         self._jsonl.write(json.dumps(record) + "\n")
+        scalars = {f"{phase}/{k}": v for k, v in record.items()
+                   if isinstance(v, (int, float)) and k not in ("step", "time")}
         if self._wandb is not None:
-            scalars = {f"{phase}/{k}": v for k, v in record.items()
-                       if isinstance(v, (int, float)) and k not in ("step", "time")}
-            scalars["global_step"] = step
-            self._wandb.log(scalars)
+            self._wandb.log(dict(scalars, global_step=step))
+        if self._tensorboard is not None:
+            for tag, value in scalars.items():
+                self._tensorboard.add_scalar(tag, float(value), global_step=step, walltime=record["time"])
         if self._bar is not None:
             post = {short: f"{record[k]:.3g}" for k, short in _POSTFIX_KEYS
                     if isinstance(record.get(k), (int, float))}
@@ -102,6 +112,9 @@ class MetricsLogger:
             self._bar.close()
             self._bar = None
         self._jsonl.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None

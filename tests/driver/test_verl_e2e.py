@@ -1,6 +1,7 @@
 """A verl-format data file trains as it is (#15): `vcppo data make --format verl`, then `vcppo train`
 with data.answer_field=reward_model.ground_truth and a reward function picked by data_source,
-which sees each row's extra_info (the real engines: vLLM CPU, DeepSpeed on gloo)."""
+which sees each row's extra_info (the real engines: vLLM CPU, DeepSpeed on gloo); metrics also go
+to TensorBoard."""
 import json
 import textwrap
 
@@ -33,7 +34,7 @@ def test_verl_format_file_trains(tiny_artifacts, tmp_path):
         "data.train_files": tmp_path / "verl/train.parquet", "data.val_files": tmp_path / "verl/val.parquet",
         "data.answer_field": "reward_model.ground_truth",
         "reward.functions_by_source.vcppo/add": "verl_e2e_reward:add_reward",
-        "reward.num_workers": 1, "logging.wandb": False})
+        "reward.num_workers": 1, "logging.wandb": False, "logging.tensorboard": True})
     res = train("grpo", overrides, cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     ppo = sorted(read_metrics(tmp_path / "grpo-seed0", "ppo"), key=lambda r: r["step"])
@@ -44,3 +45,6 @@ def test_verl_format_file_trains(tiny_artifacts, tmp_path):
     assert all(c["extra_info"]["split"] in ("train", "val") and isinstance(c["extra_info"]["index"], int)
                for c in calls)
     assert all(c["truth"].isdigit() for c in calls)  # the plain ground truth, from reward_model.ground_truth
+    from tests.test_tracking import scalars
+    board = scalars(tmp_path / "grpo-seed0")  # logging.tensorboard, beside metrics.jsonl
+    assert [step for step, _ in board["ppo/reward/mean"]] == [1, 2]

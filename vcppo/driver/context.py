@@ -74,7 +74,7 @@ def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resum
     lg = cfg.logging
     return MetricsLogger(out_dir, to_dict(cfg), enabled=dist.is_main, use_wandb=lg.wandb, wandb_mode=lg.wandb_mode,
                          wandb_project=lg.wandb_project, run_name=run_name, progress_bar=lg.progress_bar,
-                         resume=resume)
+                         resume=resume, use_tensorboard=lg.tensorboard)
 
 
 def optimizer_steps_per_rl_step(optim) -> int:
