@@ -2,6 +2,7 @@
 
     vcppo model make --size tiny --out runs/models/tiny [--tokenizer DIR] [--seed 0] [--max-pos N]
     vcppo model tokenizer --out DIR
+    vcppo model tokenizer --out DIR --bpe [--vocab-size 512] [--think-added] [--task add]   # Qwen2.5-style BPE
     vcppo model info DIR
 """
 from __future__ import annotations
@@ -21,8 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     mk.add_argument("--tokenizer", default=None, help="saved tokenizer dir (default: build the char tokenizer)")
     mk.add_argument("--seed", type=int, default=0)
     mk.add_argument("--max-pos", type=int, default=None, help="max_position_embeddings (default 4096)")
-    tk = sub.add_parser("tokenizer", help="build and save the char-level tokenizer")
+    tk = sub.add_parser("tokenizer", help="build and save the char-level tokenizer (or --bpe: a trained BPE)")
     tk.add_argument("--out", required=True)
+    tk.add_argument("--bpe", action="store_true", help="train a Qwen2.5-style byte-level BPE on task data")
+    tk.add_argument("--vocab-size", type=int, default=512)
+    tk.add_argument("--think-added", action="store_true", help="<think> / </think> as added tokens (default: text)")
+    tk.add_argument("--task", default="add", help="task whose train split the BPE is trained on")
     inf = sub.add_parser("info", help="print a checkpoint's size and special tokens")
     inf.add_argument("path")
     args = p.parse_args(argv)
@@ -33,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         model = make_model(args.size, args.tokenizer, args.out, seed=args.seed,
                            max_position_embeddings=args.max_pos)
         print(f"wrote {args.size} Qwen2 model ({count_params(model) / 1e6:.2f}M params) to {args.out}")
+    elif args.cmd == "tokenizer" and args.bpe:
+        from vcppo.data import tasks
+        from vcppo.models.bpe_tokenizer import task_corpus, train_bpe_tokenizer
+
+        rows = tasks.generate(args.task, "train", 2000, None, 0)
+        tok = train_bpe_tokenizer(task_corpus(rows), args.out, args.vocab_size, args.think_added)
+        print(f"wrote byte-level BPE tokenizer ({len(tok)} tokens) to {args.out}")
     elif args.cmd == "tokenizer":
         from vcppo.models.tokenizer import build_tokenizer
 
