@@ -102,8 +102,11 @@ def mean_metrics(records: list[dict]) -> dict:
 def run_update(engine: DeepSpeedModelEngine, loss: EngineLoss, optim: ActorConfig, batch: Experience,
                seed: int, step: int, role: str) -> dict:
     """PPO epochs x mini-batches of optimizer steps; metrics averaged, engine figures prefixed."""
-    out = mean_metrics([engine.train_step(mb, loss) for mb in minibatches(batch, optim, seed, step)])
-    for k in ("grad_norm", "lr"):
+    records = [engine.train_step(mb, loss) for mb in minibatches(batch, optim, seed, step)]
+    out = mean_metrics(records)
+    # a count, not a mean: optimizer steps skipped for non-finite values (the same on every rank)
+    out["nonfinite_skipped"] = sum(r.get("nonfinite_skipped", 0.0) for r in records)
+    for k in ("grad_norm", "lr", "nonfinite_skipped"):
         if k in out:
             out[f"{role}/{k}"] = out.pop(k)
     return out

@@ -14,6 +14,13 @@ the caller hands over its rank's share of a mini-batch and an :class:`EngineLoss
      (a rank with fewer micro-batches runs zero-weight passes).
 The gradient applied is then d(loss on the global mini-batch)/dθ, whatever the number of ranks
 or micro-batches (tests/engines/test_distributed.py: 2 ranks == 1 rank).
+  5. never applies a non-finite step: when any rank's loss or advantages are non-finite, that
+     rank back-propagates NaN, so the global gradient norm is NaN on every rank; ZeRO 1-3 then
+     discard the gradients and skip the step themselves (DeepSpeed's overflow path: no update,
+     no LR-scheduler step, ``skipped_steps`` + 1), and without ZeRO the engine skips ``step()``
+     after zeroing the gradients. Every rank therefore skips the same steps; ``train_step``
+     reports ``nonfinite_skipped`` = 1.0 for such a step (tests/engines/test_nonfinite.py).
+Weights are checked before they are written: :meth:`DeepSpeedModelEngine.check_finite_weights`.
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.packing import sequence_lengths, token_budget_groups, use_packed_attention
 from vcppo.experience import Experience
-from vcppo.schema import EngineConfig, OptimConfig
+from vcppo.schema import ConfigError, EngineConfig, OptimConfig
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -132,6 +139,26 @@ class EngineLoss(Protocol):
 
 # -------------------------------------------------------------------------------------------------
 # The engine
+
+
+class NonFiniteError(ConfigError):
+    """Training met non-finite values it cannot step past (weights, or too many skipped steps).
+    A ConfigError, like CheckpointError: the user must act (lower the lr, fix the data or the
+    reward), and the CLI prints the one-line reason and exits 2 instead of a traceback."""
+
+
+def nonfinite_inputs(minibatch: Experience) -> bool:
+    """Any NaN/inf in the inputs a loss trains on (advantages, value targets, old logprobs/values)."""
+    for name in ("advantages", "returns", "old_logprobs", "old_values"):
+        t = getattr(minibatch, name, None)
+        if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return True
+    return False
+
+
+def _local_data(p: torch.nn.Parameter) -> torch.Tensor:
+    """This rank's share of a parameter (its ZeRO-3 partition, else the whole tensor)."""
+    return p.ds_tensor if hasattr(p, "ds_tensor") else p.data
 
 
 def _strip_prefixes(name: str) -> str:
@@ -297,6 +324,7 @@ class DeepSpeedModelEngine:
         n_max = self.passes_on_every_rank(n_local)
         sums: dict[str, float] = {}
         counts_by_key: dict[str, int] = {}
+        bad_inputs, poisoned = nonfinite_inputs(minibatch), False
         for i in range(n_max):
             dummy = i >= n_local  # this rank ran out: a zero-weight pass keeps collectives in step
             micro = micros[min(i, n_local - 1)]
@@ -304,6 +332,10 @@ class DeepSpeedModelEngine:
             value, metrics = loss(self._forward_outputs(micro, loss.needs_entropy), micro, counts)
             if dummy:
                 value = value * 0.0
+            elif bad_inputs or not bool(torch.isfinite(value.detach()).all()):
+                # contract 5: NaN gradients make the global norm NaN, so every rank skips the step
+                # (an inf loss can have finite gradients; NaN times any gradient is NaN)
+                value, poisoned = value * float("nan"), True
             self.engine.backward(value * world, scale_wrt_gas=False)
             if not dummy:
                 for k, v in (metrics or {}).items():
@@ -311,7 +343,12 @@ class DeepSpeedModelEngine:
                     counts_by_key[k] = counts_by_key.get(k, 0) + 1
         lr = self.get_lr()  # the lr this step uses
         manual_gn = self._grad_norm_without_zero() if self.zero_stage == 0 else None
-        self.engine.step()
+        if manual_gn is not None and not math.isfinite(manual_gn):
+            self.engine.zero_grad()  # without ZeRO nothing else would keep NaN out of the weights
+            applied = False
+        else:
+            self.engine.step()
+            applied = manual_gn is not None or self.engine.was_step_applied()
         # Metrics: mean over this rank's micro-batches, then mean over ranks (same keys everywhere).
         keys = sorted(sums)
         local = torch.tensor([sums[k] / counts_by_key[k] for k in keys], dtype=torch.float64,
@@ -320,7 +357,20 @@ class DeepSpeedModelEngine:
         gn = manual_gn if manual_gn is not None else self.engine.get_global_grad_norm()
         out["grad_norm"] = float(gn) if gn is not None else float("nan")
         out["lr"] = lr
+        out["nonfinite_skipped"] = 0.0 if applied else 1.0
+        if poisoned and applied:  # DeepSpeed applied a step from NaN gradients: never expected
+            raise RuntimeError("a step with non-finite loss/advantages was applied by DeepSpeed")
         return out
+
+    def check_finite_weights(self, what: str) -> None:
+        """Raise :class:`NonFiniteError` when any weight is NaN/inf (collective: every rank
+        checks its own partition, the verdict is summed over ranks); called before anything
+        holding these weights is written."""
+        local = sum(int(not bool(torch.isfinite(_local_data(p)).all())) for p in self.module.parameters())
+        bad = int(D.all_reduce_sum(torch.tensor([local], dtype=torch.float64, device=D.comm_device())).item())
+        if bad:
+            raise NonFiniteError(f"refusing to write {what}: {bad} weight tensor(s) hold NaN/inf "
+                                 "(the last good checkpoint is kept)")
 
     def _grad_norm_without_zero(self) -> float:
         """DeepSpeed reports no global grad norm without ZeRO: compute it from the local grads."""
@@ -367,7 +417,9 @@ class DeepSpeedModelEngine:
 
     # --- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
-        """DeepSpeed checkpoint (partitioned weights + optimizer + LR scheduler), all ranks call."""
+        """DeepSpeed checkpoint (partitioned weights + optimizer + LR scheduler), all ranks call;
+        refused (:class:`NonFiniteError`) when a weight is non-finite."""
+        self.check_finite_weights(f"checkpoint {directory}")
         os.makedirs(directory, exist_ok=True)
         self.engine.save_checkpoint(directory, tag="ds", save_latest=True)
 
