@@ -51,7 +51,7 @@ class FakeCtx:
         self.rounds, self.calls = list(rounds), []
         record = lambda name, out=None: (lambda *a, **k: (self.calls.append(name), out)[1])  # noqa: E731
         self.rollout = SimpleNamespace(sleep=record("sleep"), wake_up=record("wake_up"))
-        self.scorer = SimpleNamespace(num_failures=0, num_timeouts=0)
+        self.scorer = SimpleNamespace(num_failures=0, num_timeouts=0, num_scored=0)
         self.reference = None
         self.critic = SimpleNamespace(forward_values=lambda b: (self.calls.append("values"),
                                                                  torch.zeros_like(b.response_mask))[1],

@@ -55,6 +55,8 @@ class RunState:
     pretrain_ev: list = field(default_factory=list)    # explained variance per pretraining step
     pretrain_loss: list = field(default_factory=list)  # value loss per pretraining step
     data: dict = field(default_factory=dict)           # the prompt stream's position
+    nonfinite_streak: int = 0         # steps in a row with a skipped non-finite optimizer step
+    reward_fail_streak: int = 0       # steps in a row whose every sample's reward failed
 
     @property
     def global_step(self) -> int:

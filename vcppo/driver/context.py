@@ -203,7 +203,11 @@ class RunContext:
             (self.run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=1))
 
     def export_final(self) -> None:
-        """HF-format policy (and critic) for `vcppo eval` and downstream use."""
+        """HF-format policy (and critic) for `vcppo eval` and downstream use; refused
+        (NonFiniteError) before anything is written when a weight is non-finite."""
+        self.actor.check_finite_weights("the final actor export")
+        if self.critic is not None:
+            self.critic.check_finite_weights("the final critic export")
         self.actor.export_hf(str(self.run_dir / "final" / "actor"))
         if self.critic is not None:
             self.critic.export(str(self.run_dir / "final" / "critic"))

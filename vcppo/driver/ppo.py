@@ -23,6 +23,7 @@ from vcppo.driver.checkpoint import RunState
 from vcppo.driver.resume import resume_or_start, save_checkpoint
 from vcppo.driver.context import RunContext
 from vcppo.driver.dapo import sample_batch
+from vcppo.driver.guards import reward_tally, step_reward_failures, update_streaks
 from vcppo.driver.metrics import PhaseTimer, log_validation, step_metrics
 from vcppo.driver.update import train_actor, train_critic
 from vcppo.driver.value_pretrain import value_pretrain
@@ -58,8 +59,10 @@ def ppo_step(ctx: RunContext, step: int) -> dict:
     """Sample, score, evaluate the batch under the current models, estimate advantages, update the
     critic and the actor, sync the actor into vLLM; the step's metrics."""
     alg, timer = ctx.cfg.algorithm, PhaseTimer()
+    tally = reward_tally(ctx.scorer)
     with timer("rollout"):
         batch, sample_metrics = sample_batch(ctx, "ppo", step)  # + DAPO dynamic sampling / overlong
+    sample_metrics.update(step_reward_failures(ctx.scorer, tally))
     ctx.rollout.sleep()  # GPU: hand vLLM's memory to training; no-op on CPU
     with timer("old_logprobs"):
         batch.old_logprobs, batch.entropy = ctx.actor.forward_logprobs(batch, with_entropy=True)
@@ -101,6 +104,7 @@ def ppo_loop(ctx: RunContext, state: RunState) -> None:
         metrics = ppo_step(ctx, step)
         state.step = step
         ctx.log.log(metrics, step=step, phase="ppo")
+        update_streaks(state, metrics, cfg.trainer, f"PPO step {step}")  # may abort, before any save
         if cfg.trainer.val_every and step % cfg.trainer.val_every == 0 and step != total:
             log_validation(ctx, step=step)
         if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == total:

@@ -21,6 +21,7 @@ from vcppo.driver.checkpoint import RunState
 from vcppo.driver.resume import save_checkpoint
 from vcppo.driver.context import RunContext
 from vcppo.driver.dapo import sample_batch
+from vcppo.driver.guards import reward_tally, step_reward_failures, update_streaks
 from vcppo.driver.metrics import PhaseTimer, step_metrics
 from vcppo.driver.update import train_critic
 from vcppo.schema import ValuePretrainConfig
@@ -55,6 +56,7 @@ def value_pretrain(ctx: RunContext, state: RunState) -> None:
         state.pretrain_ev.append(metrics["critic/explained_variance"])
         state.pretrain_loss.append(metrics.get("critic/value_loss", float("nan")))
         ctx.log.log(metrics, step=step, phase="value_pretrain")
+        update_streaks(state, metrics, ctx.cfg.trainer, f"value-pretraining step {step}")  # may abort
         if ctx.cfg.trainer.save_every and step % ctx.cfg.trainer.save_every == 0 and step < vp.steps:
             save_checkpoint(ctx, state)
         if vp.early_stop and settled(state.pretrain_ev, state.pretrain_loss, vp):
@@ -67,8 +69,10 @@ def value_pretrain(ctx: RunContext, state: RunState) -> None:
 def pretrain_step(ctx: RunContext, step: int) -> dict:
     """One critic-only step: sample, value, Monte-Carlo targets, critic update; its metrics."""
     cfg, timer = ctx.cfg, PhaseTimer()
+    tally = reward_tally(ctx.scorer)
     with timer("rollout"):
         batch, sample_metrics = sample_batch(ctx, "pretrain", step)  # + DAPO overlong penalty, if set
+    sample_metrics.update(step_reward_failures(ctx.scorer, tally))
     ctx.rollout.sleep()  # GPU: hand vLLM's memory to the critic; woken before the next sampling
     with timer("values"):
         batch.old_values = ctx.critic.forward_values(batch)
@@ -91,6 +95,7 @@ def publish_critic(ctx: RunContext, info: dict) -> None:
     """Export the critic and publish it in the cache (collective)."""
     target = critic_cache.cache_path(ctx.cfg)
     stage = critic_cache.staging_path(ctx.cfg, ctx.run_dir.name)
+    ctx.critic.check_finite_weights(f"the pretrained critic {target}")  # never cache a NaN critic
     ctx.critic.export(str(stage))
     ctx.barrier()
     if ctx.dist.is_main:

@@ -1,0 +1,53 @@
+"""The step guards (#17, vcppo.driver.guards): streaks of non-finite steps and of all-failed rewards
+abort the run at their limit, reset on a good step, and follow the state across a resume."""
+import pytest
+
+from vcppo.driver.checkpoint import RunState
+from vcppo.driver.guards import RewardFailureError, step_reward_failures, update_streaks
+from vcppo.engines.deepspeed_engine import NonFiniteError
+from vcppo.schema import ConfigError, TrainerConfig
+
+T = TrainerConfig(max_nonfinite_steps=3, max_failed_reward_steps=2)
+SKIP = {"actor/nonfinite_skipped": 1.0, "critic/nonfinite_skipped": 0.0}
+FINE = {"actor/nonfinite_skipped": 0.0, "critic/nonfinite_skipped": 0.0}
+ALL_FAILED = {"reward/step_failures": 8.0, "reward/step_scored": 8.0}
+
+
+def test_nonfinite_streak_aborts_at_its_limit_and_resets_on_a_good_step():
+    s = RunState(phase="ppo")
+    for metrics in (SKIP, SKIP, FINE, SKIP, {"critic/nonfinite_skipped": 2.0}):
+        update_streaks(s, metrics, T, "PPO step")
+    assert s.nonfinite_streak == 2
+    with pytest.raises(NonFiniteError, match=r"3 steps in a row .*max_nonfinite_steps=3"):
+        update_streaks(s, SKIP, T, "PPO step 6")
+    assert issubclass(NonFiniteError, ConfigError)  # the CLI prints one line and exits 2
+
+
+def test_reward_streak_counts_only_steps_where_every_sample_failed():
+    s = RunState(phase="value_pretrain")
+    update_streaks(s, ALL_FAILED, T, "x")
+    update_streaks(s, {"reward/step_failures": 7.0, "reward/step_scored": 8.0}, T, "x")  # one scored
+    assert s.reward_fail_streak == 0
+    update_streaks(s, {"reward/step_failures": 0.0, "reward/step_scored": 0.0}, T, "x")  # nothing scored
+    update_streaks(s, ALL_FAILED, T, "x")
+    assert s.reward_fail_streak == 1
+    with pytest.raises(RewardFailureError, match="failed on every sample for 2 steps"):
+        update_streaks(s, ALL_FAILED, T, "value-pretraining step 5")
+
+
+def test_streaks_travel_in_the_run_state():
+    import dataclasses
+    s = RunState(phase="ppo")
+    update_streaks(s, {**SKIP, **ALL_FAILED}, T, "x")
+    resumed = RunState(**dataclasses.asdict(s))
+    with pytest.raises(RewardFailureError):
+        update_streaks(resumed, ALL_FAILED, T, "x")
+    assert RunState(**{"phase": "ppo", "step": 3}).nonfinite_streak == 0  # older state.json files load
+
+
+class FakeScorer:
+    num_failures, num_scored = 5, 10
+
+
+def test_step_reward_failures_are_the_difference_since_the_tally():
+    assert step_reward_failures(FakeScorer(), (1, 4)) == {"reward/step_failures": 4.0, "reward/step_scored": 6.0}

@@ -1,0 +1,55 @@
+"""Steps that must not go on for ever (#17): non-finite optimizer steps and a reward function that
+fails on every sample. The engine skips a non-finite step (its gradient contract, point 5); this
+module counts such steps in a row and aborts the run after ``trainer.max_nonfinite_steps``, and
+after ``trainer.max_failed_reward_steps`` steps in a row whose every reward failed. The streaks
+live in :class:`~vcppo.driver.checkpoint.RunState`, so a resumed run counts on exactly where the
+uninterrupted one would. Both decisions are taken from figures that are the same on every rank
+(skips follow the global gradient norm; failure counts are all-reduced), so all ranks abort together.
+"""
+from __future__ import annotations
+
+import torch
+
+from vcppo.driver.checkpoint import RunState
+from vcppo.engines import dist as D
+from vcppo.engines.deepspeed_engine import NonFiniteError
+from vcppo.schema import ConfigError, TrainerConfig
+
+SKIP_KEYS = ("actor/nonfinite_skipped", "critic/nonfinite_skipped")
+
+
+class RewardFailureError(ConfigError):
+    """The reward function failed on every sample for too long: the run learns nothing. A
+    ConfigError: the CLI prints the reason and exits 2."""
+
+
+def reward_tally(scorer) -> tuple[int, int]:
+    """(failures, samples scored) so far on this rank; a step's figures are the difference."""
+    return scorer.num_failures, scorer.num_scored
+
+
+def step_reward_failures(scorer, before: tuple[int, int]) -> dict:
+    """The step's failed and scored samples, summed over ranks (collective: every rank calls)."""
+    failed, scored = (now - then for now, then in zip(reward_tally(scorer), before))
+    total = D.all_reduce_sum(torch.tensor([failed, scored], dtype=torch.float64, device=D.comm_device()))
+    return {"reward/step_failures": float(total[0]), "reward/step_scored": float(total[1])}
+
+
+def update_streaks(state: RunState, metrics: dict, trainer: TrainerConfig, where: str) -> None:
+    """Count the step into the streaks; raise once one reaches its limit (before any checkpoint of
+    this step is written, so the last good one is kept)."""
+    skipped = sum(metrics.get(k, 0.0) for k in SKIP_KEYS)
+    state.nonfinite_streak = state.nonfinite_streak + 1 if skipped else 0
+    scored = metrics.get("reward/step_scored", 0.0)
+    all_failed = scored > 0 and metrics.get("reward/step_failures", 0.0) >= scored
+    state.reward_fail_streak = state.reward_fail_streak + 1 if all_failed else 0
+    if state.nonfinite_streak >= trainer.max_nonfinite_steps:
+        raise NonFiniteError(
+            f"{where}: {state.nonfinite_streak} steps in a row had optimizer steps skipped for a non-finite "
+            f"loss, gradient norm or advantages (trainer.max_nonfinite_steps={trainer.max_nonfinite_steps}); "
+            "aborting with the last good checkpoint kept. Lower the lr, check the rewards and the data")
+    if state.reward_fail_streak >= trainer.max_failed_reward_steps:
+        raise RewardFailureError(
+            f"{where}: the reward function failed on every sample for {state.reward_fail_streak} steps in a "
+            f"row (trainer.max_failed_reward_steps={trainer.max_failed_reward_steps}); see the warnings "
+            "above for its errors; aborting")
