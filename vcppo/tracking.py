@@ -36,8 +36,11 @@ class MetricsLogger:
     def __init__(self, run_dir: str | os.PathLike, config: dict, *, enabled: bool = True,
                  use_wandb: bool = True, wandb_mode: str = "offline", wandb_project: str = "vcppo",
                  run_name: str | None = None, progress_bar: bool = True, resume: bool = False,
-                 use_tensorboard: bool = False):
+                 use_tensorboard: bool = False, already_sent: set[tuple] | None = None):
         self.enabled = enabled
+        # (phase, step) records a killed run sent to wandb / TensorBoard past its checkpoint: the
+        # resumed run replays those steps into metrics.jsonl, but does not send them a second time
+        self._already_sent = set(already_sent or ())
         self.run_dir = Path(run_dir)
         self._bar = None
         self._bar_phase = None
@@ -93,7 +96,9 @@ class MetricsLogger:
         self._jsonl.write(json.dumps(record) + "\n")
         scalars = {f"{phase}/{k}": v for k, v in record.items()
                    if isinstance(v, (int, float)) and k not in ("step", "time")}
-        if self._wandb is not None:
+        if (phase, step) in self._already_sent:
+            scalars = {}  # the remote sinks have this record from the killed run
+        if self._wandb is not None and scalars:
             self._wandb.log(dict(scalars, global_step=step))
         if self._tensorboard is not None:
             for tag, value in scalars.items():

@@ -57,6 +57,7 @@ class RunState:
     data: dict = field(default_factory=dict)           # the prompt stream's position
     nonfinite_streak: int = 0         # steps in a row with a skipped non-finite optimizer step
     reward_fail_streak: int = 0       # steps in a row whose every sample's reward failed
+    metrics_bytes: int | None = None  # size of metrics.jsonl at this checkpoint (None: older ones)
 
     @property
     def global_step(self) -> int:
@@ -231,6 +232,42 @@ def find_resume_point(run_dir: str | os.PathLike, resume: str, rank: int = 0, wo
         raise CheckpointError(f"every checkpoint of {run_dir} is damaged ({', '.join(p.name for p in complete)}); "
                               "move them away, or start over with trainer.resume=never")
     return None
+
+
+def peek_state(ckpt: Path) -> RunState:
+    """The run state of a checkpoint, without restoring anything (to decide how to build engines)."""
+    return RunState(**json.loads((ckpt / "state.json").read_text()))
+
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def metrics_size(run_dir: Path) -> int:
+    """Bytes of metrics.jsonl now (the logger writes whole lines, line-buffered)."""
+    path = Path(run_dir) / METRICS_FILE
+    return path.stat().st_size if path.exists() else 0
+
+
+def rewind_metrics(run_dir: Path, state: RunState) -> set[tuple]:
+    """Main rank, on resume, before the logger opens: cut metrics.jsonl back to what it held when
+    the checkpoint was sealed, so the replayed steps are not recorded twice. Returns the
+    ``(phase, step)`` of the records cut off: the killed run already sent those to wandb, so the
+    logger must not send them again."""
+    path = Path(run_dir) / METRICS_FILE
+    if state.metrics_bytes is None or not path.exists() or path.stat().st_size <= state.metrics_bytes:
+        return set()
+    with open(path, "rb+") as f:
+        f.seek(state.metrics_bytes)
+        tail = f.read()
+        f.truncate(state.metrics_bytes)
+    sent = set()
+    for line in tail.decode("utf-8", "replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:  # a line cut by the kill was never sent anywhere
+            continue
+        sent.add((rec.get("phase"), rec.get("step")))
+    return sent
 
 
 def load_state(ckpt: Path, rank: int) -> RunState:

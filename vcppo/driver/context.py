@@ -17,7 +17,7 @@ import torch
 
 from vcppo.config import save_config, to_dict
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
-from vcppo.driver.checkpoint import find_resume_point
+from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
 from vcppo.driver.critic_cache import cached_critic
 from vcppo.driver.sampling import balance_across_ranks, collect_experience, rollout_share
 from vcppo.engines import dist as D
@@ -69,12 +69,13 @@ def make_scorer(cfg: Config) -> RewardScorer:
                         functions_by_source=dict(cfg.reward.functions_by_source))
 
 
-def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resume: bool = False) -> MetricsLogger:
+def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resume: bool = False,
+                already_sent: set[tuple] | None = None) -> MetricsLogger:
     """metrics.jsonl + wandb (``logging`` section) + progress bar, written by the main rank."""
     lg = cfg.logging
     return MetricsLogger(out_dir, to_dict(cfg), enabled=dist.is_main, use_wandb=lg.wandb, wandb_mode=lg.wandb_mode,
                          wandb_project=lg.wandb_project, run_name=run_name, progress_bar=lg.progress_bar,
-                         resume=resume, use_tensorboard=lg.tensorboard)
+                         resume=resume, use_tensorboard=lg.tensorboard, already_sent=already_sent)
 
 
 def optimizer_steps_per_rl_step(optim) -> int:
@@ -90,8 +91,26 @@ class Engines:
     critic_from_cache: Path | None   # a reused value-pretrained critic
 
 
-def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger) -> Engines:
-    """vLLM first (its start-up scan must precede numba), then the DeepSpeed engines."""
+def pretrained_itself(resumed: RunState | None) -> bool:
+    """A resumed run that ran value pretraining itself (it never reused a cached critic)."""
+    return resumed is not None and (resumed.phase == "value_pretrain" or resumed.pretrain_step > 0)
+
+
+def critic_pretrain_steps(cfg: Config, resumed: RunState | None, from_cache: Path | None) -> int:
+    """Pretraining steps the critic's lr schedule spans: ``value_pretrain.steps`` when the run
+    pretrains (or pretrained) its critic itself, 0 when it reuses a cached one. Fixed by how the
+    run STARTED, not by the cache now: the critic this run published must not shorten its own
+    schedule on resume (cosine would otherwise sit at its floor for the rest of the run)."""
+    if not cfg.value_pretrain.enabled:
+        return 0
+    if resumed is not None:
+        return cfg.value_pretrain.steps if pretrained_itself(resumed) else 0
+    return 0 if from_cache is not None else cfg.value_pretrain.steps
+
+
+def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunState | None = None) -> Engines:
+    """vLLM first (its start-up scan must precede numba), then the DeepSpeed engines. ``resumed``:
+    the state of the checkpoint the run resumes from (None: a fresh start)."""
     alg, vp, temperature = cfg.algorithm, cfg.value_pretrain, cfg.rollout.temperature
     log.info("starting vLLM rollout engine")
     rollout = RolloutEngine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
@@ -104,11 +123,13 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger) -> Engines:
     critic, from_cache = None, None
     if alg.advantage_estimator == "gae":
         init, path = cfg.model.critic_init, cfg.model.critic_path or cfg.model.policy_path
-        if vp.enabled and vp.reuse:
+        # a run resumed from its own pretraining continues it, even once the cache holds the
+        # critic it published before it was killed: the rerun then finishes as an uninterrupted one
+        if vp.enabled and vp.reuse and not pretrained_itself(resumed):
             from_cache = cached_critic(cfg)
             if from_cache is not None:
                 init, path = "checkpoint", str(from_cache)
-        pre_steps = vp.steps if (vp.enabled and from_cache is None) else 0
+        pre_steps = critic_pretrain_steps(cfg, resumed, from_cache)
         log.info(f"starting critic engine (init: {init} from {path})")
         critic_steps = (pre_steps + cfg.trainer.total_steps) * optimizer_steps_per_rl_step(cfg.critic)
         critic = CriticEngine(init, path, cfg.critic, dist, total_optimizer_steps=max(1, critic_steps),
@@ -157,16 +178,20 @@ class RunContext:
             val_rows = load_prompt_set(cfg, cfg.data.val_files, tokenizer, max_prompt_tokens=max_tokens,
                                        shuffle_seed=None, limit=cfg.trainer.val_max_prompts).rows()
         # verified here, before the engines start: a damaged checkpoint is skipped (or named)
-        resuming = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
-                                     gather=D.all_gather_object) is not None
-        log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resuming)
+        point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
+                                  gather=D.all_gather_object)
+        resumed = peek_state(point) if point is not None else None
+        # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
+        own = point is not None and point.resolve().parent == (run_dir / "checkpoints").resolve()
+        sent = rewind_metrics(run_dir, resumed) if (own and dist.is_main) else set()
+        log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None, already_sent=sent)
         if dist.is_main:
             save_config(cfg, run_dir)
         log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "
                  f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
                  f"{len(val_rows)} val prompts")
         scorer = make_scorer(cfg)
-        engines = build_engines(cfg, dist, log)
+        engines = build_engines(cfg, dist, log, resumed)
         return cls(cfg=cfg, run_dir=run_dir, dist=dist, pad_id=pad_token_id(tokenizer),
                    prompts=train_set.stream(seed=cfg.trainer.seed), val_rows=val_rows, scorer=scorer,
                    rollout=engines.rollout, actor=engines.actor, critic=engines.critic,

@@ -27,6 +27,7 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState) -> None:
     parts = D.all_gather_object(manifest.hash_share(stage, ctx.dist.rank, ctx.dist.world_size))
     if ctx.dist.is_main:
         state.data = ctx.prompts.state_dict()
+        state.metrics_bytes = ckpt.metrics_size(ctx.run_dir)  # a resume cuts the file back to here
         final = ckpt.commit(stage, dataclasses.asdict(state), ctx.cfg.trainer.keep_last, manifest_parts=parts)
         ctx.log.info(f"checkpoint {final}")
     ctx.barrier()

@@ -1,0 +1,83 @@
+"""Exact resume on every path (#17), real engines, cosine schedules for actor and critic. A kill is
+reproduced exactly: from a finished run's directory, the checkpoints after the kill point, the
+final export and the metrics logged after it are removed. Everything else stays, the published
+critic cache included. The rerun must then log what the uninterrupted run logged, record for
+record, with no duplicates.
+  (b) a kill after the pretrained critic is published but before the first PPO checkpoint:
+      pretraining resumes from its own checkpoint (it does not take the cached critic), and
+      `val 0` is logged once;
+  (a)+(c) a kill after PPO step 3 is logged but before its checkpoint: the critic's cosine lr
+      continues as uninterrupted (it was rebuilt with 0 pretraining steps before), and step 3
+      is not in metrics.jsonl twice."""
+import json
+import shutil
+
+import pytest
+
+from tests.driver.test_train_e2e import base_overrides, train
+from vcppo.driver.checkpoint import checkpoint_root, list_complete
+
+pytestmark = [pytest.mark.integration]
+
+IGNORED = ("time", "perf/")
+
+
+def records(run_dir):
+    """Every record of metrics.jsonl in file order, without wall times (duplicates kept)."""
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out.append({k: v for k, v in r.items() if not k.startswith(IGNORED)})
+    return out
+
+
+def cut_after(run_dir, keep_ckpts: set[str], last_logged: tuple[str, int]):
+    """The directory a kill leaves: checkpoints in ``keep_ckpts``, the records up to ``last_logged``."""
+    for p in list_complete(checkpoint_root(run_dir)):
+        if p.name not in keep_ckpts:
+            shutil.rmtree(p)
+    shutil.rmtree(run_dir / "final")
+    (run_dir / "final_metrics.json").unlink()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    keys = [(json.loads(x)["phase"], json.loads(x)["step"]) for x in lines]
+    (run_dir / "metrics.jsonl").write_text("".join(lines[:keys.index(last_logged) + 1]))
+
+
+def assert_same(got, want):
+    assert [(r["phase"], r["step"]) for r in got] == [(r["phase"], r["step"]) for r in want]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys(), (g["phase"], g["step"])
+        for k, v in w.items():
+            if isinstance(v, float):
+                assert g[k] == pytest.approx(v, rel=1e-5, abs=1e-6), (g["phase"], g["step"], k)
+            else:
+                assert g[k] == v, (g["phase"], g["step"], k)
+
+
+@pytest.mark.slow
+def test_resume_is_exact_after_a_kill_at_either_point(tiny_artifacts, tmp_path):
+    over = base_overrides(tiny_artifacts, tmp_path, **{
+        "trainer.total_steps": 4, "trainer.save_every": 2, "trainer.keep_last": 5, "value_pretrain.steps": 3,
+        "critic.lr_schedule": "cosine", "actor.lr_schedule": "cosine", "critic.warmup_steps": 1,
+        "rollout.temperature": 1.0})
+    res = train("vcppo", over, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = tmp_path / "vcppo-seed0"
+    full = records(run)
+    # checkpoints: pretraining step 2 (tag 2), PPO steps 2 and 4 (tags 3+2, 3+4)
+    assert [p.name for p in list_complete(checkpoint_root(run))] == ["step_000002", "step_000005", "step_000007"]
+    critic_lrs = [r["critic/lr"] for r in full if r["phase"] == "ppo"]
+    assert critic_lrs[-1] < critic_lrs[0]  # the cosine decays over the PPO steps, not at its floor
+
+    # (b) killed after publishing the critic and logging PPO step 1, before the first PPO checkpoint
+    cut_after(run, {"step_000002"}, ("ppo", 1))
+    res = train("vcppo", over, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming from" in res.stderr and "reusing the pretrained critic" not in res.stderr
+    assert_same(records(run), full)
+
+    # (a) + (c) killed after PPO step 3 was logged, before its checkpoint
+    cut_after(run, {"step_000002", "step_000005"}, ("ppo", 3))
+    res = train("vcppo", over, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same(records(run), full)
