@@ -22,6 +22,7 @@ def main(argv):
     ap.add_argument("--vllm", action="store_true")
     ap.add_argument("--budget", type=int, default=0, help="max_tokens_per_micro_batch (0: one row per micro-batch)")
     ap.add_argument("--packed", action="store_true", help="padding-free passes")
+    ap.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl; vLLM really shards at TP 2)")
     args = ap.parse_args(argv)
 
     from tests.engines.token_loss import nll_loss, value_mse_loss
@@ -31,7 +32,7 @@ def main(argv):
     from vcppo.experience import make_experience
     from vcppo.schema import ActorConfig, CriticConfig, RolloutConfig
 
-    info = dist.init_distributed("cpu")
+    info = dist.init_distributed(args.device)
     torch.manual_seed(0)
     # A fixed global batch of 4 samples with ragged prompts and responses.
     g = torch.Generator().manual_seed(1)
@@ -52,8 +53,11 @@ def main(argv):
     rollout = None
     if args.vllm:
         from vcppo.engines.rollout import RolloutEngine
-        rollout = RolloutEngine(args.model, RolloutConfig(gpu_memory_utilization=0.02), info, seed=0,
-                                max_model_len=128)
+        # tensor_parallel_size = world size: the ranks form ONE rollout group (on CPU each runs an
+        # unsharded vLLM, but a group must still send identical requests and split the outputs)
+        rollout = RolloutEngine(args.model, RolloutConfig(gpu_memory_utilization=0.02,
+                                                          tensor_parallel_size=info.world_size),
+                                info, seed=0, max_model_len=128)
     actor = ActorEngine(args.model, acfg, info, total_optimizer_steps=10)
     critic = CriticEngine("policy", args.model, ccfg, info, total_optimizer_steps=10)
 
@@ -88,6 +92,7 @@ def main(argv):
             vl[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
         diffs = dist.all_gather_object(float((lp - vl).abs().max()))
         result["vllm_vs_actor_maxdiff_per_rank"] = diffs
+        result.update(rollout_group_check(rollout, info))
         dist.barrier()
 
     if info.is_main:
@@ -98,6 +103,25 @@ def main(argv):
     dist.barrier()
     dist.shutdown()
     return 0
+
+
+def rollout_group_check(rollout, info) -> dict:
+    """The group samples the same prompts with the same seeds; each rank keeps its own prompts."""
+    from vcppo.driver.sampling import collect_experience, rollout_share
+    from vcppo.engines import dist
+    from vcppo.rewards.verifier import RewardScorer
+    from vcppo.schema import RolloutConfig
+
+    rows = [{"prompt_ids": [5 + i, 6, 7], "answer": "1"} for i in range(4)]
+    sampled, kept = rollout_share(len(rows), info, rollout.cfg.tensor_parallel_size)
+    group_rows = rows[sampled.start:sampled.stop]
+    outputs = rollout.generate([r["prompt_ids"] for r in group_rows], n=2, temperature=1.0, top_p=1.0,
+                               max_tokens=8, seed=11)
+    batch = collect_experience(group_rows, first_index=sampled.start, keep=kept, rollout=rollout,
+                               scorer=RewardScorer(None, num_workers=0), pad_id=0, device=info.device,
+                               sampling=RolloutConfig(n_samples_per_prompt=2, max_response_tokens=8), seed=11)
+    return {"group_outputs_per_rank": dist.all_gather_object([o.response_ids for o in outputs]),
+            "kept_groups_per_rank": dist.all_gather_object(sorted(set(batch.group.tolist())))}
 
 
 if __name__ == "__main__":

@@ -58,3 +58,28 @@ def test_actor_engine_bf16_on_cuda(tmp_path):
     b = make_experience([[1, 2, 3]] * 4, [[4, 5, 6, 7]] * 4, pad_id=0, device=dist.device)
     m = eng.train_step(b, ResponseNLL())
     assert torch.isfinite(torch.tensor(m["grad_norm"]))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallelism needs 2 GPUs")
+def test_tp2_rollout_group_shares_its_samples(tmp_path):
+    """vLLM with tensor_parallel_size=2 under external_launcher: the two ranks are one sharded
+    engine, send identical requests, get identical samples and keep disjoint halves of the prompts."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from tests.engines.conftest import build_tiny_model
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    model = build_tiny_model(tmp_path / "tiny")
+    env = dict(os.environ, PYTHONPATH=repo, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "deepspeed"), "--num_gpus", "2",
+           os.path.join(repo, "tests", "engines", "dist_worker.py"), "--model", model, "--out", str(tmp_path / "o"),
+           "--vllm", "--device", "cuda"]
+    p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.load(open(tmp_path / "o" / "result.json"))
+    outs = r["group_outputs_per_rank"]
+    assert outs[0] == outs[1] and len(outs[0]) == 8
+    assert r["kept_groups_per_rank"] == [[0, 1], [2, 3]]

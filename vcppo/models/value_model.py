@@ -34,6 +34,17 @@ def is_value_model_dir(path: str) -> bool:
     return os.path.exists(os.path.join(path, MARKER))
 
 
+class FP32Linear(nn.Linear):
+    """A linear layer that computes in fp32 whatever its parameters' dtype. Under bf16 training the
+    optimizer keeps fp32 master weights, but the module's copy is bf16; a scalar value head computed
+    in bf16 would round V(s) to steps of ~0.4% and hand GAE and the value loss bf16 values. Its own
+    forward (not a functional call from the parent) so ZeRO-3 gathers its parameters as usual."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return nn.functional.linear(x.float(), self.weight.float(), bias)
+
+
 class ValueModel(nn.Module):
     """values = value_head(backbone(input_ids).last_hidden_state).squeeze(-1): (B, L)."""
 
@@ -41,7 +52,7 @@ class ValueModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         hidden = hidden_size or backbone.config.hidden_size
-        self.value_head = nn.Linear(hidden, 1, dtype=next(backbone.parameters()).dtype)
+        self.value_head = FP32Linear(hidden, 1, dtype=next(backbone.parameters()).dtype)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
@@ -53,7 +64,7 @@ class ValueModel(nn.Module):
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False, **kwargs)
         h = out.last_hidden_state
-        return self.value_head(h.to(self.value_head.weight.dtype)).squeeze(-1).float()
+        return self.value_head(h).squeeze(-1)  # fp32 (FP32Linear)
 
     def gradient_checkpointing_enable(self, **kw):
         self.backbone.gradient_checkpointing_enable(**kw)
