@@ -160,7 +160,10 @@ def test_killed_run_resumes_with_identical_metrics(tiny_artifacts, tmp_path):
     last complete checkpoint and reproduces the uninterrupted run's metrics step for step."""
     over = lambda out: base_overrides(tiny_artifacts, out, **{"trainer.total_steps": 6, "trainer.save_every": 2,  # noqa: E731
                                                          "trainer.val_every": 0, "value_pretrain.steps": 2,
-                                                         "rollout.temperature": 1.0})
+                                                         "rollout.temperature": 1.0,
+                                                         # #17: the critic's schedule survives a PPO-phase resume
+                                                         "critic.lr_schedule": "cosine",
+                                                         "actor.lr_schedule": "cosine"})
     full_root, cut_root = tmp_path / "full", tmp_path / "cut"
     full_root.mkdir(), cut_root.mkdir()
     res = train("vcppo", over(full_root), cwd=full_root, timeout=600)
@@ -190,6 +193,9 @@ def test_killed_run_resumes_with_identical_metrics(tiny_artifacts, tmp_path):
         return {s: {k: v for k, v in r.items() if not k.startswith(("time", "perf"))} for s, r in recs.items()}
 
     full, resumed = table(full_root), table(cut_root)
+    raw = [(json.loads(x)["phase"], json.loads(x)["step"])
+           for x in (cut_root / "vcppo-seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert len(raw) == len(set(raw)), "a replayed step was recorded twice"
     assert sorted(resumed) == sorted(full) == [1, 2, 3, 4, 5, 6]
     first_resumed = int(killed_at.split("_")[1]) - 2 + 1  # PPO step after the checkpoint
     for step in range(first_resumed, 7):
