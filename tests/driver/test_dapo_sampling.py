@@ -1,15 +1,12 @@
 """The driver's DAPO wiring (dynamic sampling, soft overlong punishment) and the call order of
 vLLM's sleep / wake-up in both phases, on a fake run context: every round of sampling is scripted,
 no engine runs (the real engines run in test_train_e2e.py)."""
-import os
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as tdist
-import torch.multiprocessing as mp
 
+from tests.gloo_ranks import run_on_two_ranks
 from vcppo.driver.dapo import apply_overlong_penalty, sample_batch
 from vcppo.driver.ppo import ppo_step
 from vcppo.driver.value_pretrain import pretrain_step
@@ -153,15 +150,7 @@ def test_ppo_step_reports_dynamic_sampling_and_mismatch_metrics():
     assert m["mismatch/tis_weight_mean"] == 1.0 and m["mismatch/tis_truncated_frac"] == 0.0
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _two_rank_worker(rank, port, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    tdist.init_process_group("gloo", rank=rank, world_size=2)
+def _two_rank_worker(rank, out):
     # Each rank holds 2 of the step's 4 prompts. Rank 0's first round is all informative, rank 1's
     # has one informative group: both ranks must run the second round (same prompt stream).
     for balance in (False, True):
@@ -171,14 +160,11 @@ def _two_rank_worker(rank, port, out):
                       **{"trainer.dynamic_sampling": True, "trainer.balance_batch": balance})
         batch, m = sample_batch(ctx, "ppo", step=1)
         out[(rank, balance)] = (ctx.calls, batch.group.tolist(), batch.response_mask.sum(1).tolist(), m)
-    tdist.barrier()
-    tdist.destroy_process_group()
 
 
 @pytest.mark.distributed
 def test_two_ranks_agree_on_the_number_of_rounds():
-    out = mp.Manager().dict()
-    mp.start_processes(_two_rank_worker, args=(_port(), out), nprocs=2, start_method="spawn", join=True)
+    out = run_on_two_ranks(_two_rank_worker)
     (calls0, groups0, _, m0), (calls1, groups1, _, m1) = out[(0, False)], out[(1, False)]
     assert calls0 == calls1 == ["sample:ppo:unbalanced", "sample:ppo/retry1:unbalanced"]
     assert groups0 == [0, 0, 1, 1]            # rank 0 was full after round 0

@@ -1,7 +1,6 @@
 """Reward scoring in worker processes: same rewards as serial scoring, a hard timeout per sample
 (the stuck worker is replaced), crashes and errors counted, custom functions by dotted path."""
 import sys
-import textwrap
 import time
 import types
 
@@ -39,11 +38,8 @@ def pid(text, truth, **info):
 
 
 @pytest.fixture()
-def helpers(tmp_path, monkeypatch):
-    (tmp_path / "vcppo_pool_helpers.py").write_text(textwrap.dedent(HELPERS))
-    monkeypatch.syspath_prepend(str(tmp_path))  # workers get the parent's sys.path
-    yield "vcppo_pool_helpers"
-    sys.modules.pop("vcppo_pool_helpers", None)
+def helpers(reward_module):
+    return reward_module("vcppo_pool_helpers", HELPERS)
 
 
 def test_pool_scores_like_serial_scoring():

@@ -1,8 +1,6 @@
 """data_source picks the reward function per row, and the row's reward info (data_source,
 extra_info) reaches custom reward functions, serially and in the worker pool (#15)."""
 import pickle
-import sys
-import textwrap
 
 import pytest
 
@@ -25,11 +23,8 @@ def length_reward(text, truth, data_source=None, finish_reason=None, **info):
 
 
 @pytest.fixture()
-def helpers(tmp_path, monkeypatch):
-    (tmp_path / "vcppo_routing_helpers.py").write_text(textwrap.dedent(HELPERS))
-    monkeypatch.syspath_prepend(str(tmp_path))  # workers get the parent's sys.path
-    yield "vcppo_routing_helpers"
-    sys.modules.pop("vcppo_routing_helpers", None)
+def helpers(reward_module):
+    return reward_module("vcppo_routing_helpers", HELPERS)
 
 
 def batch():
