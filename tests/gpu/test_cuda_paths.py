@@ -60,6 +60,41 @@ def test_actor_engine_bf16_on_cuda(tmp_path):
     assert torch.isfinite(torch.tensor(m["grad_norm"]))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_packed_equals_padded_on_cuda(tmp_path, dtype):
+    """Packed passes on CUDA (flash_attention_2 varlen when installed, else per-sequence sdpa) give
+    the padded layout's logprobs and values: fp32 (per-sequence sdpa) tightly, bf16 (flash-attn when
+    installed) within bf16 noise."""
+    pytest.importorskip("deepspeed")
+    from vcppo.engines.actor import ActorEngine
+    from vcppo.engines.critic import CriticEngine
+    from vcppo.engines.dist import init_distributed
+    from vcppo.engines.packing import VARLEN_ATTENTION
+    from vcppo.experience import make_experience
+    from vcppo.models.factory import make_model
+    from vcppo.schema import ActorConfig, CriticConfig
+
+    make_model("tiny", None, tmp_path / "m")
+    dist = init_distributed("cuda")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, 90, (n,), generator=g).tolist() for n in (3, 9, 1, 5)]
+    responses = [torch.randint(5, 90, (n,), generator=g).tolist() for n in (1, 40, 17, 64)]
+    b = make_experience(prompts, responses, pad_id=0, device=dist.device)
+    out = {}
+    for packed in (False, True):
+        actor = ActorEngine(str(tmp_path / "m"), ActorConfig(micro_batch_size=4, packed=packed), dist,
+                            total_optimizer_steps=1, dtype=dtype, train=False)
+        critic = CriticEngine("policy", str(tmp_path / "m"), CriticConfig(micro_batch_size=4, packed=packed), dist,
+                              total_optimizer_steps=1, dtype=dtype, train=False)
+        if packed:
+            assert actor.attention in ("flash_attention_2", VARLEN_ATTENTION)
+            assert dtype == "bfloat16" or actor.attention == VARLEN_ATTENTION  # flash-attn has no fp32
+        out[packed] = (actor.forward_logprobs(b)[0], critic.forward_values(b))
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=0.05, atol=0.05)
+    for padded, packed in zip(out[False], out[True]):
+        torch.testing.assert_close(packed, padded, **tol)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallelism needs 2 GPUs")
 def test_tp2_rollout_group_shares_its_samples(tmp_path):
     """vLLM with tensor_parallel_size=2 under external_launcher: the two ranks are one sharded

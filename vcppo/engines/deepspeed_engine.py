@@ -190,7 +190,7 @@ class DeepSpeedModelEngine:
         self.ds_config = self._ds_config(cfg, train)
         module = self._build_under_zero_init()
         if cfg.packed:
-            self.attention = use_packed_attention(module, dist.device)
+            self.attention = use_packed_attention(module, dist.device, self.dtype)
         if train and cfg.gradient_checkpointing:
             self._enable_gradient_checkpointing(module)
         if train:

@@ -150,16 +150,17 @@ def varlen_sdpa_attention(module, query: torch.Tensor, key: torch.Tensor, value:
     return out.transpose(1, 2).contiguous(), None
 
 
-def use_packed_attention(model: torch.nn.Module, device: torch.device) -> str:
+def use_packed_attention(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> str:
     """Switch every transformers config in ``model`` to the packed-row attention; returns its name.
 
-    flash_attention_2 when the package is importable and ``device`` is CUDA (its varlen path reads
-    the restarting position ids), else :func:`varlen_sdpa_attention`.
+    flash_attention_2 when the package is importable, ``device`` is CUDA and ``dtype`` is 16-bit
+    (flash-attn has no fp32 kernels; its varlen path reads the restarting position ids), else
+    :func:`varlen_sdpa_attention`.
     """
     from transformers import AttentionInterface
 
     name = VARLEN_ATTENTION
-    if device.type == "cuda":
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         try:
             import flash_attn  # noqa: F401
             name = "flash_attention_2"
