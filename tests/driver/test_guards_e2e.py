@@ -54,3 +54,16 @@ def test_a_reward_function_failing_on_every_sample_aborts(tiny_artifacts, tmp_pa
     assert [r["reward/step_failures"] for r in recs] == [8.0, 8.0]  # 4 prompts x 2 samples
     assert [p.name for p in list_complete(checkpoint_root(run))] == ["step_000001"]
     assert not (run / "final").exists()
+
+
+@pytest.mark.slow
+def test_nonfinite_value_pretraining_aborts_before_publishing_a_critic(tiny_artifacts, tmp_path):
+    res = _run(tiny_artifacts, tmp_path, "huge", **{"trainer.max_nonfinite_steps": 2, "value_pretrain.enabled": True,
+                                                    "value_pretrain.steps": 4})
+    assert res.returncode == 2, res.stderr[-4000:]
+    assert "value-pretraining step 2: 2 steps in a row had optimizer steps skipped" in res.stderr
+    run = tmp_path / "vcppo-seed0"
+    assert [r["critic/nonfinite_skipped"] for r in read_metrics(run, "value_pretrain")] == [1.0, 1.0]
+    assert read_metrics(run, "ppo") == []
+    assert [p.name for p in list_complete(checkpoint_root(run))] == ["step_000001"]
+    assert not list((tmp_path / "critic_cache").glob("*/vcppo_pretrain.json"))  # nothing published
