@@ -131,7 +131,20 @@ def shutdown() -> None:
         except Exception as e:  # noqa: BLE001
             if not _is_invalid_pg(e):
                 raise
+    _forget_deepspeed_groups()
     _INFO = None
+
+
+def _forget_deepspeed_groups() -> None:
+    """DeepSpeed caches its world / data-parallel group objects (deepspeed.utils.groups); after the
+    default group is destroyed they are dead, and the next ZeRO-3 engine of a new process group in
+    the same process fails ("Group ... is not registered"). DeepSpeed's own destroy_process_group
+    releases them the same way."""
+    import sys
+    groups = sys.modules.get("deepspeed.utils.groups")
+    release = getattr(groups, "_release_process_group_references", None)
+    if release is not None:
+        release(group=None)
 
 
 # --- collectives: no-ops at world size 1 ------------------------------------------------------
