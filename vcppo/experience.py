@@ -143,9 +143,9 @@ def _pad_value(batch: Experience) -> int:
 
 
 def _relayout(batch: Experience, P: int, R: int, pad_id: int) -> Experience:
-    """``batch`` re-padded to prompt width ``P`` and response width ``R`` (each >= the needed one):
-    columns are added (or all-pad columns dropped) on the left of the prompt and on the right of
-    the response, so every real token keeps its position id."""
+    """``batch`` re-padded to prompt width ``P`` and response width ``R``: columns are added on the
+    left of the prompt / the right of the response, or dropped there when narrower (the caller
+    only drops all-pad columns: :func:`compact`), so every real token keeps its position id."""
     p0, r0 = batch.prompt_len, batch.responses.shape[1]
     dp, dr = P - p0, R - r0
 
