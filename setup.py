@@ -35,6 +35,9 @@ setup(
         # CUDA machines: vLLM brings its own CUDA torch and Triton.
         "gpu": ["vllm==0.33.0"],
         "dev": ["pytest>=8", "pytest-timeout>=2.3"],
+        # `vcppo bench step --trl` only (never CI): TRL's PPOTrainer exists up to 1.12.0
+        # (trl.experimental.ppo) and was removed in 1.13.0.
+        "trl": ["trl==1.12.0"],
     },
     entry_points={"console_scripts": ["vcppo=vcppo.cli:main"]},
 )

@@ -88,3 +88,81 @@ def test_mismatch_bench_measures_both_dtypes(tmp_path):
     assert (fp32["dtype"], bf16["dtype"]) == ("float32", "bfloat16") and fp32["tokens"] > 0
     assert fp32["logprob_abs_max"] < 1e-4 and fp32["tis_weight_max"] < 1.001
     assert bf16["logprob_abs_mean"] > 10 * fp32["logprob_abs_mean"] and bf16["kl_k3"] >= 0
+
+
+# ---------------------------------------------------------------------------------------------
+# `vcppo bench step` (vcppo/bench/step.py, trl_step.py)
+
+def test_step_bench_is_listed_and_its_workload_is_a_valid_train_config(tmp_path, capsys):
+    from vcppo.bench import step as step_bench
+    from vcppo.config import load_config
+
+    assert bench.main([]) == 0 and "step" in capsys.readouterr().out
+    args = step_bench._parse(["--micro-batch", "64", "--kl-coef", "0.05", "--max-tokens", "128"])
+    cfg = load_config("vcppo", step_bench.train_overrides(args, tmp_path, 64))  # strict: a typo raises
+    assert cfg.rollout.max_response_tokens == 128 and cfg.rollout.n_samples_per_prompt == 4
+    assert cfg.trainer.prompts_per_step == 16 and cfg.algorithm.kl_coef == 0.05  # KL on: a reference pass
+    assert cfg.actor.micro_batch_size == cfg.critic.micro_batch_size == cfg.reference.micro_batch_size == 64
+    assert (cfg.actor.ppo_epochs, cfg.actor.ppo_mini_batches) == (1, 1) and cfg.model.dtype == "float32"
+    assert not cfg.value_pretrain.enabled and cfg.data.val_files is None
+    assert cfg.model.policy_path == f"{tmp_path}/model-small"
+
+
+def test_step_bench_medians_skip_the_warm_up_step():
+    from vcppo.bench.step import _merge, summarize
+
+    def run(*walls):
+        return {"steps": [{"step_s": w, "phases": {"rollout": w / 2, "actor_update": w / 4},
+                           "response_tokens": 100.0} for w in walls]}
+
+    s = summarize(run(50.0, 2.0, 4.0, 3.0))  # step 1 (50 s, warm-up) is left out
+    assert s["step_s"] == 3.0 and s["steps_timed"] == 3
+    assert s["phases"] == {"rollout": 1.5, "actor_update": 0.75}
+    assert s["tokens_per_s"] == 100.0 / 3.0 and s["s_per_token"] == 3.0 / 100.0
+    merged = _merge([run(50.0, 2.0, 2.0), run(40.0, 6.0, 6.0, 6.0)])  # each round's warm-up dropped
+    assert merged["step_s"] == 6.0 and merged["steps_timed"] == 5 and len(merged["rounds"]) == 2
+
+
+def test_trl_phase_clock_splits_a_step_into_timed_calls_and_the_rest():
+    import time
+
+    from vcppo.bench.trl_step import PhaseClock, _per_step_tokens
+
+    clock = PhaseClock()
+    slow = clock.wrap(lambda model, x: time.sleep(0.02) or x, lambda model, *_: f"fwd_{model}")
+    assert slow("ref", 7) == 7 and slow("ref", 1) == 1 and slow("value", 2) == 2
+    time.sleep(0.01)
+    clock.end_step(0.0)
+    (step,) = clock.steps
+    assert step["phases"]["fwd_ref"] >= 0.04 and step["phases"]["fwd_value"] >= 0.02
+    assert step["phases"]["update_and_rest"] >= 0.01
+    assert abs(sum(step["phases"].values()) - step["step_s"]) < 1e-9
+    assert _per_step_tokens([10.0, 20.0, 30.0], 3) == [10.0, 20.0, 30.0]
+    assert _per_step_tokens([10.0, 20.0, 30.0, 40.0], 2) == [30.0, 70.0]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_step_bench_runs_the_driver_ppo_step_with_the_real_engines(tmp_path):
+    """vLLM + DeepSpeed actor / critic / reference through the driver's ppo_step; with TRL
+    installed, TRL's PPOTrainer on the same workload and the ratios."""
+    from tests.conftest import vcppo
+    try:
+        import trl  # noqa: F401
+        with_trl = ["--trl"]
+    except ImportError:
+        with_trl = []
+    out = tmp_path / "out" / "step.json"
+    res = vcppo("bench", "step", "--size", "tiny", "--steps", "2", "--prompts", "2", "--n", "2", "--max-tokens", "8",
+                "--micro-batch", "4", "--profile", "5", *with_trl, "--workdir", tmp_path / "w", "--json", out,
+                cwd=tmp_path, check=False, timeout=900)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    row = json.loads(out.read_text())["settings"]["mb4"]
+    ours = row["vcppo"]
+    assert ours["step_s"] > 0 and ours["tokens_per_s"] > 0 and 0 < ours["response_tokens"] <= 2 * 2 * 8
+    for phase in ("rollout", "ref_logprobs", "values", "critic_update", "actor_update"):
+        assert ours["phases"][phase] > 0, phase
+    assert "Self CPU" in ours["profile"]  # --profile: torch.profiler's table of the last step
+    if with_trl:
+        assert row["trl"]["step_s"] > 0 and row["trl"]["phases"]["rollout"] > 0 and row["ratio_step"] > 0
+        assert 0 < row["trl"]["response_tokens"] <= 2 * 2 * 8 and "vcppo / TRL" in res.stdout

@@ -5,11 +5,14 @@
     vcppo bench mismatch [--model DIR | --size small] [--dtypes float32,bfloat16] [--json PATH]
     vcppo bench reward [--samples 512] [--hostile 4] [--workers 1,2] [--timeout 5] [--json PATH]
     vcppo bench train [--models small,medium] [--batch 8] [--budget 4096] [--json PATH]
+    vcppo bench step [--size small] [--micro-batch 16,64] [--steps 6] [--trl] [--json PATH]
 
 ``gae`` (:mod:`vcppo.bench.gae`): the fused Decoupled-GAE vs the reference loop vs a copy floor.
 ``rollout`` (:mod:`vcppo.bench.rollout`): vLLM vs HF generate tokens/s, weight sync time and one
 training step split into its parts, on one rank. ``train`` (:mod:`vcppo.bench.train`): padded vs
-packed (padding-free) actor forward and train step on a long-tailed batch. ``vcppo bench <benchmark> -h`` lists its options.
+packed (padding-free) actor forward and train step on a long-tailed batch. ``step``
+(:mod:`vcppo.bench.step`): the driver's real ``ppo_step`` timed by phase, with ``--trl`` side by
+side with TRL's PPOTrainer on the same model, prompts and batch. ``vcppo bench <benchmark> -h`` lists its options.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "mismatch": ("vcppo.bench.mismatch", "vLLM vs trainer logprobs by dtype: |delta|, KL, TIS weights"),
     "reward": ("vcppo.bench.reward", "reward scoring: serial vs the process pool, with hostile answers"),
     "train": ("vcppo.bench.train", "padded vs packed actor passes on a long-tailed batch: tokens/s, peak memory"),
+    "step": ("vcppo.bench.step", "one real PPO step by phase (median of steps 2-N); --trl: vs TRL's PPOTrainer"),
 }
 
 
@@ -33,4 +37,4 @@ def main(argv: list[str] | None = None) -> int:
         return picked
     module, rest = picked
     result = module.main(rest)
-    return result if isinstance(result, int) else 0  # rollout's main returns its figures (a dict)
+    return result if isinstance(result, int) else 0  # rollout's / step's main return their figures (a dict)
