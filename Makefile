@@ -28,7 +28,7 @@ demo: install
 CPU_MALLOC := MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=536870912
 
 bench: install
-	$(CPU_MALLOC) $(VENV)/bin/vcppo bench gae --threads 1 --repeats 7 --json runs/bench_gae.json
+	$(CPU_MALLOC) $(VENV)/bin/vcppo bench gae --threads 1 --repeats 5 --json runs/bench_gae.json
 
 docs: install
 	$(PY) -m vcppo.config > docs/config.md

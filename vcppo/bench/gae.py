@@ -1,12 +1,13 @@
 """`vcppo bench gae`: time the fused Decoupled-GAE against the reference loop and a copy floor.
 
     vcppo bench gae [--shapes 256x1024,1024x4096,512x16384] [--repeats 5] [--threads N]
-                    [--json PATH] [--ref-repeats 1] [--holes]
+                    [--json PATH] [--ref-repeats N] [--holes]
 
 What is timed, per (B, T) with random response lengths (right padding):
   * ref x2   — two `gae_reference` loops (actor lambda + critic lambda): what the anchors do
-               (one Python loop over T per lambda; verl, OpenRLHF, TRL). Slow at large shapes,
-               so it is timed `--ref-repeats` times (default 1), after one warm-up call.
+               (one Python loop over T per lambda; verl, OpenRLHF, TRL). Timed like the fused
+               calls: one warm-up, then `--repeats` runs (`--ref-repeats` lowers it for a quick
+               look at large shapes; the JSON records the runs of each figure).
   * torch / numba / triton — one `decoupled_gae(impl=...)` call producing both outputs, per
                implementation available on the device (torch always; numba on CPU when installed;
                triton on CUDA when installed). "fused" = the one `impl="auto"` picks there.
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of BxT")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of fused / floor")
-    parser.add_argument("--ref-repeats", type=int, default=1, help="timed runs of the slow loop")
+    parser.add_argument("--ref-repeats", type=int, default=None,
+                        help="timed runs of the slow loop (default: --repeats, so both medians are alike)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--holes", action="store_true", help="add an interior masked span per row")
@@ -140,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.ref_repeats is None:
+        args.ref_repeats = args.repeats
 
     rows = []
     print("Decoupled-GAE: 'ref x2' = two reference loops (actor lam + critic lam), as the anchors "
