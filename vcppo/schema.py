@@ -79,7 +79,9 @@ class EngineConfig:
     """What every DeepSpeed engine needs, trained or frozen (the reference policy)."""
     micro_batch_size: int = _f(8, "Sequences per forward/backward per rank (gradient accumulation "
                                "makes up the mini-batch).", low=1)
-    zero_stage: int = _f(3, "DeepSpeed ZeRO stage.", choices=(0, 1, 2, 3))
+    zero_stage: Optional[int] = _f(None, "DeepSpeed ZeRO stage; null = auto: 3 with several ranks, 0 (no "
+                                   "partitioning hooks, measured faster) on one rank, and on resume the "
+                                   "stage the checkpoint was written with.", choices=(None, 0, 1, 2, 3))
     offload_params: bool = _f(False, "ZeRO-3: keep parameters in CPU memory.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward (saves memory).")
     packed: bool = _f(True, "Padding-free passes: a micro-batch's sequences concatenated into one row, "

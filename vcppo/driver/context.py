@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from vcppo.driver.sampling import balance_across_ranks, collect_experience, roll
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.critic import CriticEngine
+from vcppo.engines.deepspeed_engine import checkpoint_zero_stage, resolve_zero_stage
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.reference import ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
@@ -108,17 +110,34 @@ def critic_pretrain_steps(cfg: Config, resumed: RunState | None, from_cache: Pat
     return 0 if from_cache is not None else cfg.value_pretrain.steps
 
 
-def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunState | None = None) -> Engines:
+def with_zero_stage(engine_cfg, dist: DistInfo, log: MetricsLogger, role: str, checkpoint: Path | None = None):
+    """``engine_cfg`` with its ZeRO stage resolved (``zero_stage: null`` = auto, see
+    :func:`~vcppo.engines.deepspeed_engine.resolve_zero_stage`); the choice is logged once per engine.
+    ``checkpoint``: the engine's directory in the resume point (its layout fixes an auto stage)."""
+    stage = resolve_zero_stage(engine_cfg.zero_stage, dist.world_size, str(checkpoint) if checkpoint else None)
+    if engine_cfg.zero_stage is not None:
+        why = "set in the config"
+    elif checkpoint is not None and checkpoint_zero_stage(str(checkpoint)) is not None:
+        why = "auto: the stage the checkpoint was written with"
+    else:
+        why = f"auto: {dist.world_size} rank(s)"
+    log.info(f"{role} engine: DeepSpeed ZeRO-{stage} ({why})")
+    return dataclasses.replace(engine_cfg, zero_stage=stage)
+
+
+def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunState | None = None,
+                  resume_point: Path | None = None) -> Engines:
     """vLLM first (its start-up scan must precede numba), then the DeepSpeed engines. ``resumed``:
-    the state of the checkpoint the run resumes from (None: a fresh start)."""
+    the state of the checkpoint the run resumes from, in ``resume_point`` (None: a fresh start)."""
     alg, vp, temperature = cfg.algorithm, cfg.value_pretrain, cfg.rollout.temperature
+    ckpt = (lambda role: resume_point / role) if resume_point is not None else (lambda role: None)
     log.info("starting vLLM rollout engine")
     rollout = RolloutEngine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
                             max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
                             dtype=cfg.model.dtype)
-    log.info(f"starting actor engine (DeepSpeed ZeRO-{cfg.actor.zero_stage})")
     actor_steps = cfg.trainer.total_steps * optimizer_steps_per_rl_step(cfg.actor)
-    actor = ActorEngine(cfg.model.policy_path, cfg.actor, dist, total_optimizer_steps=max(1, actor_steps),
+    actor_cfg = with_zero_stage(cfg.actor, dist, log, "actor", ckpt("actor"))
+    actor = ActorEngine(cfg.model.policy_path, actor_cfg, dist, total_optimizer_steps=max(1, actor_steps),
                         dtype=cfg.model.dtype, temperature=temperature)
     critic, from_cache = None, None
     if alg.advantage_estimator == "gae":
@@ -132,11 +151,13 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
         pre_steps = critic_pretrain_steps(cfg, resumed, from_cache)
         log.info(f"starting critic engine (init: {init} from {path})")
         critic_steps = (pre_steps + cfg.trainer.total_steps) * optimizer_steps_per_rl_step(cfg.critic)
-        critic = CriticEngine(init, path, cfg.critic, dist, total_optimizer_steps=max(1, critic_steps),
+        critic_cfg = with_zero_stage(cfg.critic, dist, log, "critic", ckpt("critic"))
+        critic = CriticEngine(init, path, critic_cfg, dist, total_optimizer_steps=max(1, critic_steps),
                               dtype=cfg.model.dtype)
     reference = None
     if alg.kl_coef > 0:
-        reference = ReferenceEngine(cfg.model.policy_path, cfg.reference, dist, dtype=cfg.model.dtype,
+        ref_cfg = with_zero_stage(cfg.reference, dist, log, "reference")
+        reference = ReferenceEngine(cfg.model.policy_path, ref_cfg, dist, dtype=cfg.model.dtype,
                                     temperature=temperature)
     return Engines(rollout, actor, critic, reference, from_cache)
 
@@ -191,7 +212,7 @@ class RunContext:
                  f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
                  f"{len(val_rows)} val prompts")
         scorer = make_scorer(cfg)
-        engines = build_engines(cfg, dist, log, resumed)
+        engines = build_engines(cfg, dist, log, resumed, resume_point=point)
         return cls(cfg=cfg, run_dir=run_dir, dist=dist, pad_id=pad_token_id(tokenizer),
                    prompts=train_set.stream(seed=cfg.trainer.seed), val_rows=val_rows, scorer=scorer,
                    rollout=engines.rollout, actor=engines.actor, critic=engines.critic,

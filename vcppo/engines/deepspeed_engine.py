@@ -1,4 +1,4 @@
-"""DeepSpeed (ZeRO-3 by default) wrapper shared by the actor, critic and reference engines: config,
+"""DeepSpeed (ZeRO-3 with several ranks, plain data parallel on one) wrapper shared by the actor, critic and reference engines: config,
 AdamW + LR schedule, the gradient contract of one optimizer step, gathered parameters, checkpoints.
 
 Gradient contract of :meth:`DeepSpeedModelEngine.train_step`, owned here and nowhere else:
@@ -43,6 +43,32 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def checkpoint_zero_stage(directory: str) -> int | None:
+    """The ZeRO stage a DeepSpeed checkpoint (``save_checkpoint``'s layout) was written with, read
+    from its file names: ZeRO-3 keeps per-rank model states, ZeRO-1/2 per-rank optimizer states next
+    to one model-states file, stage 0 only that file. None: no checkpoint there."""
+    ds = os.path.join(directory, "ds")
+    names = os.listdir(ds) if os.path.isdir(ds) else []
+    if any(n.startswith("zero_pp_rank_") and n.endswith("_model_states.pt") for n in names):
+        return 3
+    if any(n.endswith("_optim_states.pt") for n in names):
+        return 2
+    return 0 if any(n.endswith("_model_states.pt") for n in names) else None
+
+
+def resolve_zero_stage(requested: int | None, world_size: int, checkpoint_dir: str | None = None) -> int:
+    """``zero_stage`` null means: the stage of the checkpoint the engine resumes from (its layout
+    decides), else 3 on several ranks and 0 on one. On one rank ZeRO only adds work: its
+    partitioning hooks gather every parameter before each layer and release it after, for nothing
+    to share (docs/performance.md, "training-side fast paths")."""
+    if requested is not None:
+        return int(requested)
+    written = checkpoint_zero_stage(checkpoint_dir) if checkpoint_dir else None
+    if written is not None:
+        return written
+    return 3 if world_size > 1 else 0
 
 
 def lr_lambda_factory(warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> Callable:
@@ -186,7 +212,7 @@ class DeepSpeedModelEngine:
         self.dist = dist
         self.dtype = resolve_dtype(dtype, dist.device)
         self.total_optimizer_steps = int(total_optimizer_steps)
-        self.zero_stage = cfg.zero_stage
+        self.zero_stage = resolve_zero_stage(cfg.zero_stage, dist.world_size)
         self.ds_config = self._ds_config(cfg, train)
         module = self._build_under_zero_init()
         if cfg.packed:

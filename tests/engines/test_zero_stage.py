@@ -1,0 +1,51 @@
+"""`zero_stage: null` (auto): ZeRO-0 on one rank, and on resume the stage the checkpoint was written
+with (ZeRO-3 and ZeRO-0 checkpoints have different layouts), on the real DeepSpeed engine."""
+import pytest
+import torch
+
+from tests.engines.token_loss import nll_loss
+from vcppo.engines.deepspeed_engine import checkpoint_zero_stage, resolve_zero_stage
+from vcppo.experience import make_experience
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def info():
+    from vcppo.engines import dist
+    info = dist.init_distributed("cpu")
+    yield info
+    dist.shutdown()
+
+
+def _actor(info, path, zero_stage):
+    from vcppo.engines.actor import ActorEngine
+    from vcppo.schema import ActorConfig
+    return ActorEngine(path, ActorConfig(lr=1e-2, micro_batch_size=2, zero_stage=zero_stage), info,
+                       total_optimizer_steps=4)
+
+
+def test_auto_stage_rules(tmp_path):
+    assert resolve_zero_stage(None, 1) == 0 and resolve_zero_stage(None, 2) == 3
+    assert resolve_zero_stage(1, 1) == 1 and resolve_zero_stage(3, 1, str(tmp_path)) == 3
+    assert checkpoint_zero_stage(str(tmp_path)) is None and resolve_zero_stage(None, 1, str(tmp_path)) == 0
+
+
+@pytest.mark.slow
+def test_auto_is_zero0_on_one_rank_and_resumes_a_zero3_checkpoint_as_zero3(info, tiny_model_dir, tmp_path):
+    batch = make_experience([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
+    for stage in (3, None):  # a checkpoint written before auto existed (ZeRO-3), and one under auto
+        a = _actor(info, tiny_model_dir, stage)
+        assert a.zero_stage == (3 if stage == 3 else 0)
+        a.train_step(batch, nll_loss())
+        a.save_checkpoint(str(tmp_path / f"s{stage}"))
+        weights = a.full_state_dict()
+        a.close()
+        written = checkpoint_zero_stage(str(tmp_path / f"s{stage}"))
+        assert written == (3 if stage == 3 else 0)
+        b = _actor(info, tiny_model_dir, resolve_zero_stage(None, 1, str(tmp_path / f"s{stage}")))
+        b.load_checkpoint(str(tmp_path / f"s{stage}"))
+        assert b.zero_stage == written and b.global_steps == 1
+        for name, w in b.full_state_dict().items():
+            torch.testing.assert_close(w, weights[name], rtol=0, atol=0)
+        b.close()
