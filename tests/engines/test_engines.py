@@ -105,6 +105,11 @@ def test_train_step_then_sync_weights_updates_vllm(info, rollout, tiny_model_dir
     old_actor = _actor(info, tiny_model_dir)
     old2, _ = old_actor.forward_logprobs(b2)
     assert ((old2 - v2).abs()[b2.response_mask.bool()] > 1e-4).all()
+    # a state dict that lacks a real layer must fail loudly, not keep that layer's old weights
+    # (only the rotary caches and the tied LM head may go without a tensor, see _check_unloaded_layers)
+    partial = [(k, v) for k, v in old_actor.named_parameters_gathered() if k != "model.norm.weight"]
+    with pytest.raises(RuntimeError, match="RMSNorm"):
+        rollout.sync_weights(partial)
     # put the original weights back so later tests see the initial model
     rollout.sync_weights(old_actor.named_parameters_gathered())
 
@@ -331,3 +336,38 @@ def test_token_budget_micro_batches_give_the_gradient_of_one_big_batch(info, tin
     w1, w2 = whole.full_state_dict(), budget.full_state_dict()
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], **PACKED_TOL)
+
+
+def _step(rollout, seed, prompts=PROMPTS):
+    return rollout.generate(prompts, n=3, temperature=1.0, top_p=1.0, max_tokens=12, seed=seed)
+
+
+def _draws(samples):
+    return [(x.prompt_index, x.response_ids, x.logprobs) for x in samples]
+
+
+def test_resumed_engine_draws_the_same_samples(info, rollout, tiny_model_dir):
+    """Exact resume of the rollout: a step's samples are a function of (seed, step seed, rollout
+    group) only. Engine A samples steps 0, 1, 2 (with evaluation calls in between that leave state
+    behind: prefix cache, generator); a fresh engine B with the same seed samples step 2 and draws
+    what A drew, token for token. Requests carry no per-request seed (batched sampling)."""
+    from vcppo.engines.rollout import RolloutEngine
+    from vcppo.schema import RolloutConfig
+
+    torch.manual_seed(123)
+    expected_rand = torch.rand(3)
+    torch.manual_seed(123)
+    a = [_step(rollout, 100 + step) for step in range(2)]
+    rollout.generate(PROMPTS[:2], n=1, temperature=0.0, top_p=1.0, max_tokens=6)  # greedy eval call
+    _step(rollout, 7, prompts=[[20, 21], [22]])
+    a.append(_step(rollout, 102))
+    # the process's generator (shared with training) is left as it was
+    assert torch.equal(torch.rand(3), expected_rand)
+    assert _draws(_step(rollout, 102)) == _draws(a[2])  # same call twice
+    assert _draws(a[0]) != _draws(a[1]) != _draws(a[2])
+    assert len({len(x.response_ids) for x in a[2]}) > 1  # uneven lengths, some stop at EOS
+    b = RolloutEngine(tiny_model_dir, RolloutConfig(gpu_memory_utilization=0.02), info, seed=0, max_model_len=256)
+    try:
+        assert _draws(_step(b, 102)) == _draws(a[2])
+    finally:
+        b.close()

