@@ -25,7 +25,7 @@ from vcppo.driver.context import RunContext
 from vcppo.driver.dapo import sample_batch
 from vcppo.driver.guards import reward_tally, step_reward_failures, update_streaks
 from vcppo.driver.metrics import PhaseTimer, log_validation, step_metrics
-from vcppo.driver.update import train_actor, train_critic
+from vcppo.driver.update import old_logprobs_from_update, train_actor, train_critic
 from vcppo.driver.value_pretrain import value_pretrain
 from vcppo.schema import Config
 
@@ -64,8 +64,11 @@ def ppo_step(ctx: RunContext, step: int) -> dict:
         batch, sample_metrics = sample_batch(ctx, "ppo", step)  # + DAPO dynamic sampling / overlong
     sample_metrics.update(step_reward_failures(ctx.scorer, tally))
     ctx.rollout.sleep()  # GPU: hand vLLM's memory to training; no-op on CPU
-    with timer("old_logprobs"):
-        batch.old_logprobs, batch.entropy = ctx.actor.forward_logprobs(batch, with_entropy=True)
+    if not old_logprobs_from_update(ctx.cfg.actor, kl_in_reward=ctx.reference is not None):
+        with timer("old_logprobs"):
+            batch.old_logprobs, batch.entropy = ctx.actor.forward_logprobs(batch, with_entropy=True)
+    # else the actor update's own forward gives them (exact: update.old_logprobs_from_update).
+    # The critic's old values cannot come from its update: GAE needs them before any update.
     rewards = batch.token_rewards
     if ctx.reference is not None:
         with timer("ref_logprobs"):

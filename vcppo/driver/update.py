@@ -11,7 +11,7 @@ from vcppo.algos.dapo import mask_truncated
 from vcppo.algos.mismatch import tis_weights
 from vcppo.driver.context import RunContext
 from vcppo.engines.deepspeed_engine import (RESPONSE, DeepSpeedModelEngine, EngineLoss, GlobalCounts,
-                                            ModelOutputs, response_counts)
+                                            ModelOutputs, response_counts, stitch_rows)
 from vcppo.experience import Experience
 from vcppo.schema import ActorConfig, AlgorithmConfig, CriticConfig
 
@@ -24,9 +24,14 @@ class PolicyLoss:
     importance sampling against the sampler's logprobs (``algorithm.rollout_is_cap``) and without
     truncated responses (``algorithm.mask_truncated``, DAPO's overlong filtering)."""
 
-    def __init__(self, alg: AlgorithmConfig):
+    def __init__(self, alg: AlgorithmConfig, old_from_update: bool = False):
         self.alg = alg
-        self.needs_entropy = alg.entropy_coef > 0
+        # old_from_update: pi_old is the update's own forward, detached (exact when the step makes
+        # ONE optimizer step from the weights that sampled: see old_logprobs_from_update). The
+        # detached logprobs and entropies are kept for the step's metrics.
+        self.old_from_update = old_from_update
+        self.needs_entropy = alg.entropy_coef > 0 or old_from_update
+        self.kept: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def loss_mask(self, batch: Experience) -> torch.Tensor:
         """(B, R): the tokens the policy loss averages over."""
@@ -44,11 +49,15 @@ class PolicyLoss:
         a, mask = self.alg, self.loss_mask(micro)
         norm = dict(agg=a.loss_agg, global_token_count=counts.tokens[RESPONSE],
                     global_seq_count=counts.sequences[RESPONSE])
+        old = micro.old_logprobs
+        if self.old_from_update:
+            old = outputs.logprobs.detach()
+            self.kept.append((old, outputs.entropy.detach()))
         weights = None
         if a.rollout_is_cap is not None:
             # The step's per-token weights are logged over the global batch (driver.metrics).
-            weights, _ = tis_weights(micro.old_logprobs, micro.sampler_logprobs, mask, a.rollout_is_cap)
-        loss, metrics = losses.policy_loss(outputs.logprobs, micro.old_logprobs, micro.advantages, mask,
+            weights, _ = tis_weights(old, micro.sampler_logprobs, mask, a.rollout_is_cap)
+        loss, metrics = losses.policy_loss(outputs.logprobs, old, micro.advantages, mask,
                                            eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c,
                                            is_weights=weights, **norm)
         metrics = {f"actor/{k}": v for k, v in metrics.items()}
@@ -117,6 +126,24 @@ def train_critic(ctx: RunContext, batch: Experience, step: int) -> dict:
     return run_update(ctx.critic, loss, ctx.cfg.critic, batch, ctx.cfg.trainer.seed, step, "critic")
 
 
+def old_logprobs_from_update(actor: ActorConfig, kl_in_reward: bool) -> bool:
+    """With one epoch of one mini-batch the update's forward runs on the weights that sampled, so
+    its logprobs ARE pi_old (ratio exactly 1 at the single step): the separate old-logprobs pass can
+    be skipped. Not when the KL penalty is folded into the reward: the advantages need pi_old's
+    logprobs before the update."""
+    return actor.ppo_epochs == 1 and actor.ppo_mini_batches == 1 and not kl_in_reward
+
+
 def train_actor(ctx: RunContext, batch: Experience, step: int) -> dict:
-    loss = PolicyLoss(ctx.cfg.algorithm)
-    return run_update(ctx.actor, loss, ctx.cfg.actor, batch, ctx.cfg.trainer.seed, step, "actor")
+    """The actor's update; when ``batch.old_logprobs`` is None (the step skipped their pass, see
+    :func:`old_logprobs_from_update`) the update's own detached logprobs and entropies fill
+    ``batch.old_logprobs`` / ``batch.entropy`` afterwards, for the step's metrics."""
+    from_update = batch.old_logprobs is None
+    if from_update and not old_logprobs_from_update(ctx.cfg.actor, ctx.reference is not None):
+        raise RuntimeError("old_logprobs missing but the update makes more than one optimizer step")
+    loss = PolicyLoss(ctx.cfg.algorithm, old_from_update=from_update)
+    out = run_update(ctx.actor, loss, ctx.cfg.actor, batch, ctx.cfg.trainer.seed, step, "actor")
+    if from_update:
+        groups = ctx.actor.micro_batch_rows(batch)  # the one mini-batch holds the batch's rows in order
+        batch.old_logprobs, batch.entropy = stitch_rows(groups, loss.kept[:len(groups)])  # (rank-padding passes last)
+    return out

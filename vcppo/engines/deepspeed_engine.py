@@ -194,6 +194,22 @@ def _strip_prefixes(name: str) -> str:
     return name
 
 
+def stitch_rows(groups: list[list[int]], results: list[tuple]) -> list[torch.Tensor | None]:
+    """Per micro-batch tuples of (b, R) tensors (``groups[i]``: the rows of micro-batch i) ->
+    (B, R) tensors in the batch's row order (None stays None)."""
+    order = torch.tensor([r for rows in groups for r in rows])
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order))
+    stitched = []
+    for k in range(len(results[0])):
+        if results[0][k] is None:
+            stitched.append(None)
+            continue
+        cat = torch.cat([r[k] for r in results])
+        stitched.append(cat if len(groups) == 1 else cat[inverse.to(cat.device)])
+    return stitched
+
+
 class DeepSpeedModelEngine:
     """A module wrapped by ``deepspeed.initialize``; with an :class:`OptimConfig` and
     ``train=True`` it gets AdamW + LambdaLR, otherwise it is frozen (no optimizer).
@@ -325,17 +341,7 @@ class DeepSpeedModelEngine:
         results = [fn(batch if len(groups) == 1 else batch.select(rows)) for rows in groups]
         for _ in range(n_passes - len(groups)):
             fn(batch.select(groups[-1]))  # keeps the collectives in step; output unused
-        order = torch.tensor([r for rows in groups for r in rows])
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(len(order))
-        stitched = []
-        for k in range(len(results[0])):
-            if results[0][k] is None:
-                stitched.append(None)
-                continue
-            cat = torch.cat([r[k] for r in results])
-            stitched.append(cat if len(groups) == 1 else cat[inverse.to(cat.device)])
-        return stitched
+        return stitch_rows(groups, results)
 
     # --- training --------------------------------------------------------------------------
     def train_step(self, minibatch: Experience, loss: EngineLoss) -> dict:
