@@ -25,6 +25,9 @@ Task ``add_running``: the same trace, each line also carrying the answer digits 
 wrong answers of the demo's SFT policy come from reading the d digits back bottom-up *after* the
 trace (docs/results.md); ``add_running`` moves those mistakes into the trace.
 
+Task ``chain`` (``vcppo.data.tasks_chain``): 2..K operands with running sums, a length the
+policy chooses (full / merged / direct reasoning); ``first_wrong_line`` dispatches to it.
+
 Splits are disjoint by construction: a prompt's split is decided by a hash of its text
 (``split_of``), and each split's generator only keeps prompts whose hash falls in that split.
 Generation is deterministic in (task, difficulty, operands, split, seed).
@@ -38,12 +41,15 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from vcppo.data import tasks_chain
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SPLITS = ("train", "val", "test")
 # Hash buckets (out of 100) per split: train 90%, val 5%, test 5% of the prompt space.
 _SPLIT_BUCKETS = {"val": range(0, 5), "test": range(5, 10), "train": range(10, 100)}
-DEFAULT_DIFFICULTY = {"add": 7, "add_running": 7}
-DEFAULT_OPERANDS = {"add": 2, "add_running": 2}
+# chain (vcppo.data.tasks_chain): difficulty = max digits per operand, operands = max operands.
+DEFAULT_DIFFICULTY = {"add": 7, "add_running": 7, "chain": 4}
+DEFAULT_OPERANDS = {"add": 2, "add_running": 2, "chain": 12}
 
 # a+b+carry_in=sum d<digit> c<carry_out>, and in add_running a trailing r<answer digits so far>
 _LINE_RE = re.compile(r"^(\d(?:\+\d)+)\+(\d+)=(\d+) d(\d) c(\d+)(?: r(\d+))?$")
@@ -195,6 +201,8 @@ def first_wrong_line(prompt: str, response: str) -> int | None:
     once its newline is written; a ``</think>`` with too few lines is wrong at its last character.
     None when every written line is right (the error, if any, is in the boxed answer).
     """
+    if tasks_chain.parse_prompt(prompt) is not None:
+        return tasks_chain.first_wrong_line(prompt, response)
     operands = _parse_add_prompt(prompt)
     if operands is None:
         raise ValueError(f"prompt not in the add format: {prompt!r}")
@@ -244,7 +252,7 @@ class TaskSpec:
         return [rng.randint(lo, hi) for _ in range(self.operands)]
 
 
-TASKS = ("add", "add_running")
+TASKS = ("add", "add_running", "chain")
 
 
 def make_spec(task: str = "add", difficulty: int | None = None, operands: int | None = None) -> TaskSpec:
@@ -276,6 +284,8 @@ def generate(
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     spec = make_spec(task, difficulty, operands)
+    if spec.name == "chain":  # its own module: variable length, mixed reasoning styles
+        return tasks_chain.generate_rows(split, n, spec.operands, spec.difficulty, seed, split_of)
     rng = random.Random(f"{spec.name}|{spec.difficulty}|{spec.operands}|{split}|{seed}")
     rows: list[dict] = []
     seen: set[str] = set()
