@@ -2,6 +2,7 @@
 damage is reported before the engines start, the previous intact checkpoint is used, the run
 finishes; a print-on-unpickle object planted in the RNG file never runs."""
 import glob
+import os
 import pickle
 
 import pytest
@@ -27,7 +28,8 @@ def test_truncated_shard_falls_back_to_the_previous_checkpoint(tiny_artifacts, t
     complete = list_complete(checkpoint_root(run))
     assert len(complete) >= 2, complete       # PPO steps 1 and 2 (and value pretraining's)
     newest, previous = complete[-1], complete[-2]
-    (shard,) = glob.glob(str(newest / "actor" / "ds" / "*optim_states.pt"))
+    # the largest shard: optimizer states under ZeRO-3, model + optimizer under ZeRO-0 (auto, one rank)
+    shard = max(glob.glob(str(newest / "actor" / "ds" / "*_states.pt")), key=os.path.getsize)
     with open(shard, "r+b") as f:
         f.truncate(1000)
     (newest / "rng_rank0.pt").write_bytes(pickle.dumps(PrintOnUnpickle()))  # planted, never read
