@@ -1,4 +1,4 @@
-"""How much explained variance can a critic reach on the `add` task? (docs/results.md, "Why the critic learns nothing")
+"""How much explained variance can a critic reach on the `add` / `add_running` / `chain` tasks? (docs/results.md, "Why the critic learns nothing")
 
 Samples responses from a policy at T=1, grades them, and finds for each the token at which its
 first wrong trace line is complete (``vcppo.data.tasks.first_wrong_line``): from there on the
@@ -13,6 +13,9 @@ outcome is certain (-1). It then reports, over all response tokens (the pooled E
 
     python scripts/critic_headroom.py --policy artifacts/sft --data artifacts/data/train.parquet \
         --prompts 96 artifacts/rm runs/critic_cache/<hash>
+
+On ``chain`` prompts it also reports the response-length distribution, the reasoning style the
+policy chose (full / skip / direct) and accuracy and mean length by difficulty (operands).
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     tok = load_tokenizer(args.policy)
     policy = AutoModelForCausalLM.from_pretrained(args.policy).eval()
+    texts = []  # (prompt, response text), aligned with samples
     samples = []  # (prompt_ids, response_ids, reward, first error-visible response index or None)
     for row in load_prompts(args.data, tok, shuffle_seed=None, limit=args.prompts).rows():
         ids = list(row["prompt_ids"])
@@ -69,6 +73,7 @@ def main() -> None:
                         visible_from = i + 1
                         break
             samples.append((ids, resp, score(text, row["answer"]), visible_from))
+            texts.append((row["prompt"], text))
 
     B, R = len(samples), max(len(s[1]) for s in samples)
     returns, mask = torch.zeros(B, R), torch.zeros(B, R)
@@ -87,6 +92,7 @@ def main() -> None:
         "error_visible_token_share": round(error_visible.float().sum().item() / mask.sum().item(), 3),
         "ev_error_aware_oracle": round(explained_variance(oracle, returns, mask).item(), 4),
     }
+    result.update(_chain_breakdown(samples, texts))
     for path in args.critics:
         critic = ValueModel.from_pretrained(path).eval()
         values = torch.zeros(B, R)
@@ -99,6 +105,24 @@ def main() -> None:
         result[f"value_error_visible[{path}]"] = round(values[error_visible].mean().item(), 3)
         result[f"value_error_free[{path}]"] = round(values[clean].mean().item(), 3)
     print(json.dumps(result, indent=1))
+
+
+def _chain_breakdown(samples: list, texts: list) -> dict:
+    """Length quantiles, style shares, and accuracy / mean length per difficulty (chain only)."""
+    from vcppo.data import tasks_chain
+    if not texts or tasks_chain.parse_prompt(texts[0][0]) is None:
+        return {}
+    lengths = torch.tensor([float(len(s[1])) for s in samples])
+    styles = [tasks_chain.style_of(p, t) for p, t in texts]
+    by_k: dict = {}
+    for (_, resp, reward, _), (prompt, _) in zip(samples, texts):
+        by_k.setdefault(len(tasks_chain.parse_prompt(prompt)), []).append((reward > 0, len(resp)))
+    return {
+        "length_quantiles_10_50_90": [round(lengths.quantile(q).item()) for q in (0.1, 0.5, 0.9)],
+        "style_share": {st: round(styles.count(st) / len(styles), 3) for st in sorted(set(styles))},
+        "by_operands": {k: {"n": len(v), "acc": round(sum(a for a, _ in v) / len(v), 3),
+                            "mean_len": round(sum(n for _, n in v) / len(v), 1)} for k, v in sorted(by_k.items())},
+    }
 
 
 if __name__ == "__main__":
