@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     mk.add_argument("--split", default="all", choices=("all",) + tasks.SPLITS)
     mk.add_argument("--n", type=int, default=None, help="rows (train, or the single split); default 20000 train / 500 eval")
     mk.add_argument("--n-eval", type=int, default=500, help="rows of val and test with --split all")
-    mk.add_argument("--difficulty", type=int, default=None, help="digits per operand (add; default 7)")
-    mk.add_argument("--operands", type=int, default=None, help="numbers to add (add; default 2)")
+    mk.add_argument("--difficulty", type=int, default=None, help="digits per operand (add: exactly, default 7; chain: at most, default 4)")
+    mk.add_argument("--operands", type=int, default=None, help="numbers to add (add: exactly, default 2; chain: at most, 2..K per prompt, default 12)")
     mk.add_argument("--seed", type=int, default=0)
     mk.add_argument("--format", default="plain", choices=("plain", "verl"),
                     help="plain: prompt / answer / solution columns; verl: verl's parquet format")
