@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -52,6 +55,21 @@ def _use_cuda(device: str) -> bool:
     return torch.cuda.is_available()
 
 
+def _private_extension_dir() -> None:
+    """Build DeepSpeed's JIT ops (the CPU shm collective) inside this environment, not in the
+    shared ``~/.cache/torch_extensions``: the build there is keyed by op name only, so two virtual
+    environments (a clean clone beside a dev checkout) rewrite each other's ``build.ninja`` and
+    rebuild in turn, and a build killed mid-way leaves a ``lock`` file that makes every later start
+    wait forever. A user's TORCH_EXTENSIONS_DIR wins. A lock older than 15 minutes is named in a
+    warning (torch waits on it silently)."""
+    root = os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+    for lock in Path(root).glob("*/lock") if os.path.isdir(root) else ():
+        age_min = (time.time() - lock.stat().st_mtime) / 60
+        if age_min > 15:
+            warnings.warn(f"{lock} is {age_min:.0f} min old: if no DeepSpeed op build is running, a killed "
+                          "build left it and start-up will wait on it forever; delete it", stacklevel=2)
+
+
 def init_distributed(device: str = "auto") -> DistInfo:
     """Initialise (once) the default process group and return this rank's :class:`DistInfo`."""
     global _INFO
@@ -76,6 +94,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
         dev = torch.device("cuda", local_rank)
     else:
         dev = torch.device("cpu")
+    _private_extension_dir()
     import deepspeed  # noqa: E402  (after DS_ACCELERATOR)
 
     # DeepSpeed 0.19 calls a torch collective that torch 2.13 deprecates, once per ZeRO-3 step:
