@@ -31,6 +31,9 @@ def fingerprint_path(path: str) -> dict:
                        int(f.stat().st_mtime)) for f in files]}
 
 
+PLACEMENT_KEYS = ("zero_stage", "offload_params", "offload_optimizer")
+
+
 def cache_key(cfg: Config) -> str:
     relevant = {
         "policy": fingerprint_path(cfg.model.policy_path),
@@ -39,7 +42,8 @@ def cache_key(cfg: Config) -> str:
                         cfg.data.use_chat_template],
         "critic_init": [cfg.model.critic_init,
                         fingerprint_path(cfg.model.critic_path) if cfg.model.critic_path else None],
-        "critic": dataclasses.asdict(cfg.critic),
+        # where the critic's weights live (ZeRO stage, offload) does not change what it learns
+        "critic": {k: v for k, v in dataclasses.asdict(cfg.critic).items() if k not in PLACEMENT_KEYS},
         "value_pretrain": {k: getattr(cfg.value_pretrain, k) for k in
                            ("steps", "lambda_critic", "early_stop", "min_steps", "window", "ev_tolerance",
                             "loss_tolerance")},
