@@ -132,17 +132,22 @@ def test_vllm_sleeps_after_sampling_and_wakes_before_the_next_in_value_pretraini
     assert ctx.calls == one + one
 
 
+# Two actor mini-batches keep the separate old-logprobs pass (with one, the update's own forward
+# gives them; the real engine's test of that path: tests/driver/test_old_logprobs_from_update.py).
+TWO_MINI_BATCHES = {"actor.ppo_mini_batches": 2}
+
+
 def test_vllm_sleeps_during_the_ppo_updates():
-    ctx = FakeCtx([scored([[1, -1], [1, 1]])])
+    ctx = FakeCtx([scored([[1, -1], [1, 1]])], **TWO_MINI_BATCHES)
     ppo_step(ctx, 1)
     assert ctx.calls == ["sample:ppo", "sleep", "old_logprobs", "values", "critic_update", "actor_update",
-                         "wake_up", "weight_sync"]
+                         "actor_update", "wake_up", "weight_sync"]
 
 
 def test_ppo_step_reports_dynamic_sampling_and_mismatch_metrics():
     ctx = FakeCtx([scored([[1, 1], [1, -1]]), scored([[-1, 1], [1, 1]])],
                   **{"trainer.dynamic_sampling": True, "trainer.prompts_per_step": 2,
-                     "algorithm.rollout_is_cap": 2.0})
+                     "algorithm.rollout_is_cap": 2.0}, **TWO_MINI_BATCHES)
     m = ppo_step(ctx, 1)
     assert m["dynamic_sampling/tries"] == 2.0 and m["dynamic_sampling/dropped_groups"] == 2.0
     # the fake actor returns the sampler's logprobs: no mismatch, every weight 1
