@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("vcppo.driver.sft", "cold-start SFT of the policy: vcppo sft [CONFIG] sft.init_model=DIR [k=v ...]"),
     "rm": ("vcppo.driver.rm", "train an outcome reward model (scalar head at the last token): vcppo rm [CONFIG] [k=v ...]"),
     "train": ("vcppo.driver.ppo", "value pretraining + PPO / GRPO / VAPO: vcppo train CONFIG [k=v ...]"),
-    "eval": ("vcppo.driver.evaluate", "pass@1 / pass@k of a policy: vcppo eval [CONFIG] eval.model_path=DIR [k=v ...]"),
+    "eval": ("vcppo.driver.evaluate", "pass@1 / pass@k of any HF causal LM: vcppo eval MODEL_DIR DATA [k=v ...]"),
     "bench": ("vcppo.bench", "benchmarks: vcppo bench gae|rollout [--json PATH]"),
     "report": ("vcppo.report", "markdown + PNG report of one or more run directories"),
     "sweep": ("vcppo.sweep", "expand a sweep file into runs, run them, collect a table"),
@@ -29,6 +29,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 # The commands that read the config schema: `vcppo <command> [CONFIG] [key=value ...]`.
 CONFIG_COMMANDS = ("train", "sft", "rm", "eval", "demo")
+# eval also takes the model directory and the data file as arguments (vcppo.driver.evaluate).
+EVAL_USAGE = ("usage: vcppo eval MODEL_DIR DATA [section.key=value ...]",
+              "       vcppo eval [CONFIG] MODEL_DIR DATA [section.key=value ...]",
+              "       vcppo eval [CONFIG] eval.model_path=DIR eval.data_files=FILE [section.key=value ...]",
+              "MODEL_DIR: any Hugging Face causal-LM directory; DATA: .parquet / .jsonl / .json (plain or verl format)")
 
 
 def usage(prog: str, table: dict[str, tuple[str, str]], heading: str = "commands") -> str:
@@ -59,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if not a.startswith("--local_rank")]
     name = argv[0] if argv else ""
     if name in CONFIG_COMMANDS and argv[1:2] in (["-h"], ["--help"]):
-        print(f"vcppo {name}: {COMMANDS[name][1]}\n\nusage: vcppo {name} [CONFIG] [section.key=value ...]\n"
+        usage_line = "\n".join(EVAL_USAGE) if name == "eval" else f"usage: vcppo {name} [CONFIG] [section.key=value ...]"
+        print(f"vcppo {name}: {COMMANDS[name][1]}\n\n{usage_line}\n"
               "CONFIG: a shipped preset (vcppo/configs/*.yaml) or a YAML file; every key: docs/config.md")
         return 0
     picked = pick("vcppo", COMMANDS, argv)

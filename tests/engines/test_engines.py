@@ -3,6 +3,7 @@
 The vLLM engine and the process group are built once per module (start-up is the slow part).
 """
 import os
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -84,8 +85,186 @@ def test_rollout_fields_reproducibility_and_logprobs(info, rollout, tiny_model_d
     assert g1[0].text == tiny_tokenizer.decode(g1[0].response_ids, skip_special_tokens=False)
 
 
-def test_train_step_then_sync_weights_updates_vllm(info, rollout, tiny_model_dir):
-    actor = _actor(info, tiny_model_dir, lr=2e-2, micro_batch_size=2)
+# --- tied and untied LM heads (#15): ZeRO-3 load, HF export, weight sync -------------------------
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+    """A Qwen2.5-style BPE tokenizer (chat template, <|im_end|> EOS), trained on task text."""
+    from vcppo.data import tasks
+    from vcppo.models.bpe_tokenizer import task_corpus, train_bpe_tokenizer
+    out = tmp_path_factory.mktemp("bpe")
+    train_bpe_tokenizer(task_corpus(tasks.generate("add", "train", 100, difficulty=2, seed=0)), out, vocab_size=300)
+    return str(out)
+
+
+@dataclass
+class Exported:
+    src: str          # `vcppo model make` dir the actor started from
+    export: str       # ActorEngine.export_hf of the actor after one step
+    state: dict       # the trainer's weights after the step (full_state_dict)
+    batch: object     # the step's batch (chat-template prompts + task solutions)
+    logprobs: object  # the trainer's logprobs of `batch` after the step
+
+
+def _head(state):
+    """The trainer's LM head: its own tensor when untied, the input embedding when tied."""
+    return state.get("lm_head.weight", state["model.embed_tokens.weight"])
+
+
+def _train_and_export(info, root, bpe_dir, tied) -> Exported:
+    """`vcppo model make [--untied]` -> a ZeRO-3 actor (the head loaded from the checkpoint, or tied
+    to the embedding) -> one optimizer step -> export_hf."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from vcppo.data import tasks
+    from vcppo.data.dataset import encode_prompt
+    from vcppo.models.factory import make_model
+    src, export = str(root / "src"), str(root / "export")
+    make_model("tiny", bpe_dir, src, seed=0, tied=tied)
+    saved = load_file(os.path.join(src, "model.safetensors"))
+    actor = _actor(info, src, lr=2e-2, micro_batch_size=2, zero_stage=3)
+    before = actor.full_state_dict()
+    if tied:  # the gathered parameters hold the shared tensor once; the module's head is the embedding
+        assert "lm_head.weight" not in saved and "lm_head.weight" not in before
+        assert actor.module.lm_head.weight is actor.module.model.embed_tokens.weight
+    else:  # ZeRO-3's partitioned load put the checkpoint's own head in place, not a fresh one
+        assert torch.equal(before["lm_head.weight"], saved["lm_head.weight"])
+        assert not torch.equal(before["lm_head.weight"], before["model.embed_tokens.weight"])
+    tok = AutoTokenizer.from_pretrained(src)
+    rows = tasks.generate("add", "test", 3, difficulty=2, seed=1)
+    batch = make_experience([encode_prompt(tok, r["prompt"]) for r in rows],
+                            [tok.encode(r["solution"][:40], add_special_tokens=False) for r in rows],
+                            pad_id=tok.pad_token_id)
+    actor.train_step(batch, nll_loss())
+    state = actor.full_state_dict()
+    assert not torch.equal(_head(state), _head(before))  # the step moved the head too
+    actor.export_hf(export)
+    logprobs, _ = actor.forward_logprobs(batch)
+    actor.close()
+    return Exported(src, export, state, batch, logprobs)
+
+
+@pytest.fixture(scope="module")
+def exports(info, tmp_path_factory, bpe_dir):
+    """tying ("tied" / "untied") -> :class:`Exported`, built once per module."""
+    cache = {}
+
+    def get(tying):
+        if tying not in cache:
+            cache[tying] = _train_and_export(info, tmp_path_factory.mktemp(tying), bpe_dir, tying == "tied")
+        return cache[tying]
+    return get
+
+
+def _export_rollout(info, exports, tying):
+    from vcppo.engines.rollout import RolloutEngine
+    from vcppo.schema import RolloutConfig
+    return RolloutEngine(exports(tying).export, RolloutConfig(gpu_memory_utilization=0.02), info, seed=0,
+                         max_model_len=256)
+
+
+# vLLM engines on the exports live as long as the module: closing one in process drops process
+# groups that DeepSpeed's ZeRO-3 has cached, and a later ZeRO-3 engine fails ("Group ... is not
+# registered").
+@pytest.fixture(scope="module")
+def untied_rollout(info, exports):
+    """vLLM on the untied export (shared by the export and the weight-sync tests)."""
+    r = _export_rollout(info, exports, "untied")
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def tied_export_rollout(info, exports):
+    r = _export_rollout(info, exports, "tied")
+    yield r
+    r.close()
+
+
+def _vllm_lm_head(rollout):
+    def peek(worker):
+        return worker.model_runner.get_model().lm_head.weight.detach().to("cpu", torch.float32).clone()
+    return rollout.llm.collective_rpc(peek)[0]
+
+
+GREEDY_MARGIN = 1e-3  # positions whose top-2 trainer logits are closer than this may legitimately differ
+
+
+def _assert_greedy_matches(hf, samples):
+    """vLLM's greedy tokens are transformers' argmax at every position (teacher-forced on vLLM's
+    sequence) where the choice is clear; with the wrong head they would not be."""
+    clear_total = 0
+    for s in samples:
+        with torch.no_grad():
+            logits = hf(torch.tensor([s.prompt_ids + s.response_ids])).logits[0].float()
+        P, R = len(s.prompt_ids), len(s.response_ids)
+        top = logits[P - 1:P - 1 + R].topk(2, dim=-1)
+        clear = (top.values[:, 0] - top.values[:, 1]) > GREEDY_MARGIN
+        assert torch.equal(top.indices[clear, 0], torch.tensor(s.response_ids)[clear])
+        clear_total += int(clear.sum())
+    assert clear_total >= sum(len(s.response_ids) for s in samples) // 2
+
+
+def _files(d):
+    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+
+
+@pytest.mark.parametrize("tying", ["tied", "untied"])
+def test_export_loads_in_transformers_and_vllm(info, request, exports, tying, tmp_path):
+    """The exported policy (ZeRO-3 actor, one step) loads in transformers with the trainer's exact
+    weights and logprobs, keeps the tokenizer files and chat template byte for byte, loads in vLLM
+    with the trainer's logprobs (LOGPROB_TOL) and greedy choices, and exports again identically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vcppo.models.export import TOKENIZER_FILES
+    e = exports(tying)
+    hf = AutoModelForCausalLM.from_pretrained(e.export, dtype=torch.float32)
+    assert hf.config.tie_word_embeddings is (tying == "tied")
+    sd = hf.state_dict()
+    for k, v in e.state.items():
+        assert torch.equal(sd[k], v), k
+    assert torch.equal(hf.lm_head.weight, _head(e.state))
+    b = e.batch
+    logits = hf(b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
+    ref = torch.log_softmax(logits[:, b.prompt_len - 1:-1], -1).gather(-1, b.responses[..., None])[..., 0]
+    torch.testing.assert_close(e.logprobs, ref * b.response_mask, rtol=0, atol=1e-5)
+    src_files, out_files = _files(e.src), _files(e.export)
+    for name in TOKENIZER_FILES:  # tokenizer, chat template, generation config (EOS list)
+        assert out_files.get(name) == src_files.get(name), name
+    tok = AutoTokenizer.from_pretrained(e.export)
+    assert tok.chat_template == AutoTokenizer.from_pretrained(e.src).chat_template and tok.eos_token == "<|im_end|>"
+    # round trip: the export, loaded by a ZeRO-3 actor and exported again, is the same files
+    _actor(info, e.export, zero_stage=3).export_hf(str(tmp_path / "again"))
+    assert _files(tmp_path / "again") == out_files
+
+    prompts = [list(map(int, b.input_ids[i, :b.prompt_len][b.attention_mask[i, :b.prompt_len].bool()]))
+               for i in range(b.size)]
+    rollout = request.getfixturevalue("tied_export_rollout" if tying == "tied" else "untied_rollout")
+    assert torch.equal(_vllm_lm_head(rollout)[:hf.config.vocab_size], _head(e.state))
+    s = rollout.generate(prompts, n=2, temperature=1.0, top_p=1.0, max_tokens=10, seed=3)
+    lp, _ = _actor(info, e.export).forward_logprobs(_batch(s))
+    assert (lp - _vllm_logprobs(s, lp)).abs().max() < LOGPROB_TOL
+    _assert_greedy_matches(hf, rollout.generate(prompts, n=1, temperature=0.0, top_p=1.0, max_tokens=10))
+
+
+def _policy(request, tying):
+    """(vLLM engine, model dir) of the weight-sync test: the char-level tied model of conftest, or
+    the untied BPE export (its engine shared with the export test)."""
+    if tying == "tied":
+        return request.getfixturevalue("rollout"), request.getfixturevalue("tiny_model_dir")
+    return request.getfixturevalue("untied_rollout"), request.getfixturevalue("exports")("untied").export
+
+
+@pytest.mark.parametrize("tying", ["tied", "untied"])
+def test_train_step_then_sync_weights_updates_vllm(info, request, tying):
+    """A ZeRO-3 step, synced into vLLM: tied, the LM head is re-tied to the new embedding; untied,
+    lm_head.weight is sent and loaded. vLLM's head is the trainer's, its logprobs and greedy choices
+    are the trainer's (a stale head fails all three)."""
+    rollout, tiny_model_dir = _policy(request, tying)
+    actor = _actor(info, tiny_model_dir, lr=2e-2, micro_batch_size=2, zero_stage=3)
+    head_before = _vllm_lm_head(rollout)
     s = rollout.generate(PROMPTS, n=2, temperature=1.0, top_p=1.0, max_tokens=10, seed=4)
     b = _batch(s)
     old, _ = actor.forward_logprobs(b)
@@ -101,6 +280,13 @@ def test_train_step_then_sync_weights_updates_vllm(info, rollout, tiny_model_dir
     new2, _ = actor.forward_logprobs(b2)
     v2 = _vllm_logprobs(s2, new2)
     assert (new2 - v2).abs().max() < LOGPROB_TOL
+    state = actor.full_state_dict()
+    head = _vllm_lm_head(rollout)[:_head(state).shape[0]]
+    assert torch.equal(head, _head(state)) and not torch.equal(head, head_before[:head.shape[0]])
+    from transformers import AutoConfig, AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model_dir), dtype=torch.float32)
+    hf.load_state_dict(state, strict=False)
+    _assert_greedy_matches(hf.eval(), rollout.generate(PROMPTS, n=1, temperature=0.0, top_p=1.0, max_tokens=10))
     # and the vLLM logprobs of the same tokens are NOT the old model's any more (every position)
     old_actor = _actor(info, tiny_model_dir)
     old2, _ = old_actor.forward_logprobs(b2)
@@ -110,6 +296,10 @@ def test_train_step_then_sync_weights_updates_vllm(info, rollout, tiny_model_dir
     partial = [(k, v) for k, v in old_actor.named_parameters_gathered() if k != "model.norm.weight"]
     with pytest.raises(RuntimeError, match="RMSNorm"):
         rollout.sync_weights(partial)
+    if tying == "untied":  # an untied head left out of the sync would stay stale: refused the same way
+        no_head = [(k, v) for k, v in old_actor.named_parameters_gathered() if k != "lm_head.weight"]
+        with pytest.raises(RuntimeError, match="LMHead"):
+            rollout.sync_weights(no_head)
     # put the original weights back so later tests see the initial model
     rollout.sync_weights(old_actor.named_parameters_gathered())
 

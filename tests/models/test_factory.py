@@ -52,3 +52,23 @@ def test_make_model_loads_with_auto_classes(tmp_path):
 def test_unknown_size():
     with pytest.raises(ValueError, match="tiny"):
         model_config("huge", build_tokenizer())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_tied_and_untied_checkpoints(tmp_path, tied):
+    """`tied=False` (`vcppo model make --untied`) writes an LM head of its own, as the larger
+    Qwen2.5 checkpoints have; the default shares the input embedding."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    make_model("tiny", None, tmp_path / "m", seed=3, tied=None if tied else False)
+    saved = load_file(str(tmp_path / "m" / "model.safetensors"))
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"))
+    assert loaded.config.tie_word_embeddings is tied
+    head, emb = loaded.lm_head.weight, loaded.model.embed_tokens.weight
+    if tied:
+        assert "lm_head.weight" not in saved and head.data_ptr() == emb.data_ptr()
+    else:
+        assert torch.equal(saved["lm_head.weight"], head) and head.data_ptr() != emb.data_ptr()
+        assert not torch.equal(head, emb) and head.std() > 0
+    assert model_config("tiny", build_tokenizer(), tied=False).tie_word_embeddings is False
+    assert model_config("tiny", build_tokenizer()).tie_word_embeddings is True

@@ -1,11 +1,21 @@
-"""`vcppo eval [CONFIG] eval.model_path=DIR eval.data_files=FILE [key=value ...]`: greedy pass@1 and
-sampled unbiased pass@k of a policy on a prompt split (sampling settings from ``rollout``).
+"""`vcppo eval MODEL_DIR DATA [key=value ...]` (or `vcppo eval [CONFIG] eval.model_path=DIR
+eval.data_files=FILE [key=value ...]`): greedy pass@1 and sampled unbiased pass@k of a policy on a
+prompt split (sampling settings from ``rollout``).
+
+MODEL_DIR is any Hugging Face causal-LM directory (config.json, weights, tokenizer files: a real
+Qwen2.5 checkpoint, a `vcppo model make` dir, a run's ``final/actor``); DATA any prompt file of the
+supported formats: parquet / jsonl / json with a text prompt and a flat answer, or verl-format
+parquet (chat-message prompt, answer at ``reward_model.ground_truth``, found without
+``data.answer_field`` when the file has no ``answer`` column). The model directory and the file are
+checked before any engine starts; a missing one, a directory that is not a causal LM, or an
+unsupported format is one line naming it (exit code 2).
 
 The same :func:`evaluate` serves validation inside training, the SFT driver and this command.
 """
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
@@ -17,7 +27,7 @@ from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.schema import Config, RolloutConfig
+from vcppo.schema import Config, ConfigError, RolloutConfig
 
 
 def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sampling: RolloutConfig,
@@ -76,8 +86,119 @@ def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, 
     return res
 
 
+USAGE = ("usage: vcppo eval MODEL_DIR DATA [key=value ...]  (or: [CONFIG] MODEL_DIR DATA ..., "
+         "[CONFIG] eval.model_path=DIR eval.data_files=FILE ...)")
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+VERL_ANSWER = "reward_model.ground_truth"
+
+
+def eval_argv(argv: list[str]) -> list[str]:
+    """``[CONFIG] MODEL_DIR DATA [key=value ...]`` -> the config form ``CONFIG eval.model_path=...
+    eval.data_files=... [key=value ...]`` (CONFIG defaults to ``base``); ``[CONFIG] [key=value
+    ...]`` is passed through. MODEL_DIR and DATA are checked here (one line naming them)."""
+    positional = [a for a in argv if "=" not in a]
+    overrides = [a for a in argv if "=" in a]
+    if len(positional) <= 1:
+        if positional and os.path.isfile(os.path.join(positional[0], "config.json")):
+            raise ConfigError(f"DATA is missing after MODEL_DIR {positional[0]}\n{USAGE}")
+        return list(argv)
+    if len(positional) > 3:
+        raise ConfigError(f"too many arguments: {positional}\n{USAGE}")
+    config, model, data = (["base"] + positional)[-3:]
+    for key in ("eval.model_path", "eval.data_files"):
+        if any(a.lstrip("+").startswith(key + "=") for a in overrides):
+            raise ConfigError(f"{key} is given twice: as an argument and as '{key}=...'")
+    check_model_dir(model, "MODEL_DIR")
+    check_data_path(data, "DATA")
+    return [config, f"eval.model_path={model}", f"eval.data_files={data}", *overrides]
+
+
+def check_model_dir(path: str, what: str) -> None:
+    """``path`` is a Hugging Face causal-LM directory: config.json naming a causal LM (or no
+    architecture), weights, and tokenizer files (eval reads the tokenizer from it)."""
+    from vcppo.models.value_model import MARKER
+
+    if not os.path.exists(path):
+        raise ConfigError(f"{what}: model directory not found: {path}")
+    if not os.path.isdir(path):
+        raise ConfigError(f"{what}: {path} is not a directory (expected a Hugging Face model directory: "
+                          "config.json, weights, tokenizer files)")
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise ConfigError(f"{what}: {path} has no config.json: not a Hugging Face model directory")
+    if os.path.exists(os.path.join(path, MARKER)):
+        raise ConfigError(f"{what}: {path} is a vcppo value / reward model ({MARKER}), not a causal LM")
+    try:
+        with open(config_file) as f:
+            archs = json.load(f).get("architectures") or []
+    except (ValueError, OSError, AttributeError) as e:
+        raise ConfigError(f"{what}: cannot read {config_file}: {e}") from None
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ConfigError(f"{what}: {path} holds a {', '.join(archs)}, not a causal LM (*ForCausalLM)")
+    names = os.listdir(path)
+    if not any(n in _WEIGHTS or n.endswith(".safetensors") for n in names):
+        raise ConfigError(f"{what}: {path} has no weights (model.safetensors, pytorch_model.bin or a sharded index)")
+    if not any(n in _TOKENIZER for n in names):
+        raise ConfigError(f"{what}: {path} has no tokenizer files ({', '.join(_TOKENIZER[:2])}); eval reads "
+                          "the tokenizer from the model directory")
+
+
+def check_data_path(path: str, what: str) -> None:
+    """``path`` exists and is of a supported format (the loader checks its contents)."""
+    if not os.path.exists(path):
+        raise ConfigError(f"{what}: data file not found: {path}")
+    if os.path.isdir(path):
+        if not any(os.path.exists(os.path.join(path, n)) for n in ("dataset_info.json", "dataset_dict.json")):
+            raise ConfigError(f"{what}: {path} is a directory but not a datasets save_to_disk directory "
+                              f"(supported: {', '.join(DATA_SUFFIXES)} files, or such a directory)")
+        return
+    if not path.lower().endswith(DATA_SUFFIXES):
+        raise ConfigError(f"{what}: unsupported data format {path!r}: expected {', '.join(DATA_SUFFIXES)} "
+                          "or a datasets save_to_disk directory")
+
+
+def _columns(path: str) -> dict[str, list[str]] | None:
+    """Top-level columns of a prompt file -> the keys of struct (dict) columns; None if unknown."""
+    lower = path.lower()
+    if lower.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pq.read_schema(path)
+        return {f.name: [c.name for c in f.type] if pa.types.is_struct(f.type) else [] for f in schema}
+    if lower.endswith(".jsonl") and os.path.isfile(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.strip():
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        return None  # the loader names the bad line
+                    return {k: list(v) if isinstance(v, dict) else [] for k, v in row.items()} \
+                        if isinstance(row, dict) else None
+    return None
+
+
+def resolve_answer_field(path: str, answer_field: str) -> str:
+    """The default ``answer`` field, for a verl-format file without an ``answer`` column, is
+    ``reward_model.ground_truth``; any other setting is kept as it is."""
+    if answer_field != "answer":
+        return answer_field
+    columns = _columns(path)
+    top, sub = VERL_ANSWER.split(".")
+    if columns is not None and "answer" not in columns and sub in columns.get(top, []):
+        print(f"vcppo eval: {path} is verl-format: reading the answer from {VERL_ANSWER}")
+        return VERL_ANSWER
+    return answer_field
+
+
 def main(argv: list[str]) -> int:
-    cfg = load_command_config(argv, "eval")
+    cfg = load_command_config(eval_argv(argv), "eval")
+    check_model_dir(cfg.eval.model_path, "config key 'eval.model_path'")
+    check_data_path(cfg.eval.data_files, "config key 'eval.data_files'")
+    cfg.data.answer_field = resolve_answer_field(cfg.eval.data_files, cfg.data.answer_field)
     metrics = evaluate_policy(cfg)
     if metrics is not None:
         print(json.dumps(metrics, indent=1))
@@ -92,11 +213,19 @@ def evaluate_policy(cfg: Config) -> dict | None:
     the main rank, None on the others."""
     from transformers import AutoTokenizer
 
-    dist = D.init_distributed(cfg.trainer.device)
     e = cfg.eval
-    tok = AutoTokenizer.from_pretrained(e.model_path)
-    rows = load_prompt_set(cfg, e.data_files, tok, max_prompt_tokens=cfg.data.max_prompt_tokens, shuffle_seed=None,
-                           limit=e.max_prompts).rows()
+    try:
+        tok = AutoTokenizer.from_pretrained(e.model_path)
+    except Exception as err:  # noqa: BLE001 - any loading failure: name the directory
+        raise ConfigError(f"cannot load the tokenizer of {e.model_path}: {type(err).__name__}: {err}") from None
+    try:  # before the process group and vLLM: a data problem costs no engine start-up
+        rows = load_prompt_set(cfg, e.data_files, tok, max_prompt_tokens=cfg.data.max_prompt_tokens,
+                               shuffle_seed=None, limit=e.max_prompts).rows()
+    except (ValueError, TypeError) as err:  # e.g. chat-message prompts and a tokenizer without a template
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"{e.data_files} with the tokenizer of {e.model_path}: {err}") from None
+    dist = D.init_distributed(cfg.trainer.device)
     rollout = RolloutEngine(e.model_path, cfg.rollout, dist, seed=cfg.trainer.seed,
                             max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
     try:

@@ -4,9 +4,6 @@ checkpoints and an HF-format export that vLLM and transformers load.
 """
 from __future__ import annotations
 
-import os
-import shutil
-
 import torch
 
 from vcppo.algos.losses import entropy_from_logits
@@ -14,10 +11,8 @@ from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine, ModelOutputs
 from vcppo.engines.dist import DistInfo, barrier
 from vcppo.engines.packing import pack
 from vcppo.experience import Experience
+from vcppo.models.export import save_causal_lm
 from vcppo.schema import EngineConfig
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "chat_template.jinja", "generation_config.json", "added_tokens.json")
 
 
 def response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperature: float = 1.0):
@@ -77,23 +72,10 @@ class ActorEngine(DeepSpeedModelEngine):
         return logprobs, entropy
 
     def export_hf(self, directory: str) -> None:
-        """Full weights via ``save_pretrained`` on rank 0 (+ tokenizer files); all ranks call."""
+        """Full weights as an HF causal-LM dir with the source's config, generation config and
+        tokenizer files (:func:`vcppo.models.export.save_causal_lm`: tied and untied LM heads),
+        written by rank 0; all ranks call."""
         state = self.full_state_dict()  # collective: every rank gathers
         if self.dist.is_main:
-            from transformers import AutoConfig, AutoModelForCausalLM
-            os.makedirs(directory, exist_ok=True)
-            config = AutoConfig.from_pretrained(self.model_path)
-            model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
-            missing, unexpected = model.load_state_dict(state, strict=False)
-            if unexpected or [k for k in missing if k != "lm_head.weight"]:
-                raise RuntimeError(f"export_hf: missing {missing}, unexpected {unexpected}")
-            model.save_pretrained(directory)
-            copy_tokenizer_files(self.model_path, directory)
+            save_causal_lm(state, self.model_path, directory, self.dtype)
         barrier()
-
-
-def copy_tokenizer_files(src: str, dst: str) -> None:
-    for f in TOKENIZER_FILES:
-        p = os.path.join(src, f)
-        if os.path.exists(p) and not os.path.exists(os.path.join(dst, f)):
-            shutil.copy(p, os.path.join(dst, f))

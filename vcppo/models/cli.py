@@ -1,6 +1,6 @@
 """`vcppo model ...`: build local tokenizers and models (no hub downloads).
 
-    vcppo model make --size tiny --out runs/models/tiny [--tokenizer DIR] [--seed 0] [--max-pos N]
+    vcppo model make --size tiny --out runs/models/tiny [--tokenizer DIR] [--seed 0] [--max-pos N] [--untied]
     vcppo model tokenizer --out DIR
     vcppo model tokenizer --out DIR --bpe [--vocab-size 512] [--think-added] [--task add]   # Qwen2.5-style BPE
     vcppo model info DIR
@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     mk.add_argument("--tokenizer", default=None, help="saved tokenizer dir (default: build the char tokenizer)")
     mk.add_argument("--seed", type=int, default=0)
     mk.add_argument("--max-pos", type=int, default=None, help="max_position_embeddings (default 4096)")
+    mk.add_argument("--untied", action="store_true",
+                    help="an LM head of its own (tie_word_embeddings=false, as in Qwen2.5-7B and larger); "
+                         "default: tied to the input embedding")
     tk = sub.add_parser("tokenizer", help="build and save the char-level tokenizer (or --bpe: a trained BPE)")
     tk.add_argument("--out", required=True)
     tk.add_argument("--bpe", action="store_true", help="train a Qwen2.5-style byte-level BPE on task data")
@@ -36,8 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         from vcppo.models.factory import count_params, make_model
 
         model = make_model(args.size, args.tokenizer, args.out, seed=args.seed,
-                           max_position_embeddings=args.max_pos)
-        print(f"wrote {args.size} Qwen2 model ({count_params(model) / 1e6:.2f}M params) to {args.out}")
+                           max_position_embeddings=args.max_pos, tied=False if args.untied else None)
+        tying = "tied" if model.config.tie_word_embeddings else "untied"
+        print(f"wrote {args.size} Qwen2 model ({count_params(model) / 1e6:.2f}M params, {tying} embeddings) "
+              f"to {args.out}")
     elif args.cmd == "tokenizer" and args.bpe:
         from vcppo.data import tasks
         from vcppo.models.bpe_tokenizer import task_corpus, train_bpe_tokenizer
@@ -57,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         tok = AutoTokenizer.from_pretrained(args.path)
         print(f"{args.path}: {cfg.model_type} hidden={cfg.hidden_size} layers={cfg.num_hidden_layers} "
               f"heads={cfg.num_attention_heads}/{cfg.num_key_value_heads} vocab={cfg.vocab_size} "
-              f"max_pos={cfg.max_position_embeddings}")
+              f"max_pos={cfg.max_position_embeddings} "
+              f"embeddings={'tied' if getattr(cfg, 'tie_word_embeddings', True) else 'untied'}")
         print(f"tokenizer: {len(tok)} tokens, eos={tok.eos_token!r} pad={tok.pad_token!r} "
               f"chat_template={'yes' if tok.chat_template else 'no'}")
     return 0

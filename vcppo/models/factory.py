@@ -3,8 +3,10 @@
 ``make_model`` writes a Hugging Face checkpoint dir (fp32 safetensors + config +
 generation_config + tokenizer) that loads with ``AutoModelForCausalLM.from_pretrained`` /
 ``AutoTokenizer.from_pretrained`` and with vLLM (Qwen2 arch; head_dim 32 or 64; the KV heads
-divide the attention heads). The rest of vcppo only ever loads models by path, so a real
-Qwen2.5 checkpoint dir can be used in place of these.
+divide the attention heads), with tied embeddings (the default) or untied ones (``tied=False``,
+``vcppo model make --untied``: the LM head a weight of its own, as in the larger Qwen2.5 models).
+The rest of vcppo only ever loads models by path, so a real Qwen2.5 checkpoint dir can be used in
+place of these.
 """
 from __future__ import annotations
 
@@ -49,8 +51,12 @@ SIZES: dict[str, ModelSize] = {
 }
 
 
-def model_config(size: str, tokenizer, max_position_embeddings: int | None = None):
-    """A ``Qwen2Config`` for a named size, with vocab and special ids from ``tokenizer``."""
+def model_config(size: str, tokenizer, max_position_embeddings: int | None = None, tied: bool | None = None):
+    """A ``Qwen2Config`` for a named size, with vocab and special ids from ``tokenizer``.
+
+    ``tied``: share the input embedding with the LM head (the sizes' default, as in Qwen2.5-0.5B to
+    3B) or give the head a weight of its own (False: as in Qwen2.5-7B and larger); None keeps the
+    size's setting."""
     from transformers import Qwen2Config
 
     if size not in SIZES:
@@ -59,6 +65,8 @@ def model_config(size: str, tokenizer, max_position_embeddings: int | None = Non
     fields = asdict(s)
     if max_position_embeddings is not None:
         fields["max_position_embeddings"] = int(max_position_embeddings)
+    if tied is not None:
+        fields["tie_word_embeddings"] = bool(tied)
     vocab_size = len(tokenizer)
     vocab_size = (vocab_size + 63) // 64 * 64  # pad to a multiple of 64 (kernel-friendly)
     return Qwen2Config(
@@ -80,15 +88,17 @@ def model_config(size: str, tokenizer, max_position_embeddings: int | None = Non
 
 
 def count_params(model) -> int:
-    """Unique parameters (a tied lm_head is counted once)."""
+    """Unique parameters (a tied lm_head is counted once, an untied one on its own)."""
     return sum(p.numel() for p in model.parameters())
 
 
 def make_model(size: str, tokenizer_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
-               seed: int = 0, max_position_embeddings: int | None = None):
+               seed: int = 0, max_position_embeddings: int | None = None, tied: bool | None = None):
     """Build a randomly initialised Qwen2ForCausalLM of ``size``; save it with its tokenizer.
 
     ``tokenizer_dir``: a saved tokenizer to use; None builds vcppo's char-level tokenizer.
+    ``tied``: see :func:`model_config` (False: an ``lm_head.weight`` of its own in the checkpoint,
+    initialised independently of the embedding).
     Writes fp32 weights, config, generation_config (stops on ``<|im_end|>`` and ``<eos>``) and
     the tokenizer into ``out_dir``. Returns the model (eval mode, on CPU).
     """
@@ -98,7 +108,7 @@ def make_model(size: str, tokenizer_dir: str | os.PathLike | None, out_dir: str 
     from vcppo.models.tokenizer import EOS, build_tokenizer
 
     tokenizer = build_tokenizer() if tokenizer_dir is None else AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    config = model_config(size, tokenizer, max_position_embeddings)
+    config = model_config(size, tokenizer, max_position_embeddings, tied)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     eos_ids = [tokenizer.eos_token_id]

@@ -1,0 +1,135 @@
+"""`vcppo eval MODEL_DIR DATA` (#15, item 3): any Hugging Face causal-LM directory, any prompt file
+of the supported formats (plain parquet / jsonl with prompt and answer, verl-format parquet / jsonl
+with chat-message prompts and reward_model.ground_truth); the config form keeps working; a missing
+directory or file, a directory that is not a causal LM, an unsupported format is one line naming it.
+
+Everything but the last test runs without an engine (errors are raised before any starts; the
+scoring path runs with a stand-in for vLLM); the last one runs the real command (vLLM CPU) on a
+`vcppo model make` dir with a trained BPE tokenizer and a `vcppo data make --format verl` file."""
+import json
+import re
+import shutil
+
+import pytest
+
+from tests.conftest import vcppo
+from vcppo.cli import main
+from vcppo.driver import evaluate
+from vcppo.engines.rollout import RolloutSample
+
+
+@pytest.fixture(scope="module")
+def art(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval_any")
+    small = ["--task", "add", "--difficulty", "2"]
+    assert main(["data", "make", *small, "--out", str(root / "verl"), "--n", "8", "--n-eval", "6", "--format", "verl"]) == 0
+    assert main(["data", "make", *small, "--split", "test", "--out", str(root / "verl.jsonl"), "--n", "6",
+                 "--format", "verl"]) == 0
+    assert main(["data", "make", *small, "--split", "test", "--out", str(root / "plain.jsonl"), "--n", "6"]) == 0
+    assert main(["data", "make", *small, "--split", "test", "--out", str(root / "plain.parquet"), "--n", "6"]) == 0
+    assert main(["model", "tokenizer", "--out", str(root / "bpe"), "--bpe", "--vocab-size", "300"]) == 0
+    assert main(["model", "make", "--size", "tiny", "--out", str(root / "model"), "--tokenizer", str(root / "bpe"),
+                 "--untied"]) == 0
+    # the same model without a chat template (a base model), and a value model (not a causal LM)
+    shutil.copytree(root / "model", root / "base_model")
+    (root / "base_model" / "chat_template.jinja").unlink()
+    cfg = json.loads((root / "base_model" / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (root / "base_model" / "tokenizer_config.json").write_text(json.dumps(cfg))
+    from vcppo.models.value_model import ValueModel
+    ValueModel.from_policy(str(root / "model")).save_pretrained(str(root / "rm"), tokenizer_src=str(root / "model"))
+    (root / "prompts.csv").write_text("prompt,answer\n1+1=?,2\n")
+    return root
+
+
+def _fails(capsys, *argv):
+    assert main(["eval", *map(str, argv)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_bad_arguments_are_one_line_naming_them(art, capsys):
+    m, d = art / "model", art / "verl" / "test.parquet"
+    assert f"MODEL_DIR: model directory not found: {art / 'nope'}" in _fails(capsys, art / "nope", d)
+    assert f"DATA: data file not found: {art / 'nope.parquet'}" in _fails(capsys, m, art / "nope.parquet")
+    assert "DATA: unsupported data format" in _fails(capsys, m, art / "prompts.csv")
+    assert "prompts.csv" in _fails(capsys, m, art / "prompts.csv")
+    assert f"{art / 'bpe'} has no config.json" in _fails(capsys, art / "bpe", d)  # a tokenizer dir
+    assert f"{art / 'rm'} is a vcppo value / reward model" in _fails(capsys, art / "rm", d)
+    assert f"{art / 'verl'} is a directory but not a datasets save_to_disk directory" in _fails(capsys, m, art / "verl")
+    assert "DATA is missing after MODEL_DIR" in _fails(capsys, m)
+    assert "eval.data_files is given twice" in _fails(capsys, m, d, f"eval.data_files={d}")
+    # the config form names its keys
+    assert "config key 'eval.model_path'" in _fails(capsys, "base", f"eval.model_path={art / 'bpe'}",
+                                                    f"eval.data_files={d}")
+    assert "config key 'eval.data_files': unsupported data format" in _fails(
+        capsys, f"eval.model_path={m}", f"eval.data_files={art / 'prompts.csv'}")
+    # chat-message prompts need a chat template: named with the model, before any engine starts
+    err = _fails(capsys, art / "base_model", d)
+    assert "chat template" in err and str(art / "base_model") in err
+
+
+def test_argument_forms(art):
+    m, d = str(art / "model"), str(art / "plain.jsonl")
+    assert evaluate.eval_argv([m, d, "eval.k=[1]"]) == ["base", f"eval.model_path={m}", f"eval.data_files={d}",
+                                                        "eval.k=[1]"]
+    assert evaluate.eval_argv(["grpo", m, d])[:3] == ["grpo", f"eval.model_path={m}", f"eval.data_files={d}"]
+    config_form = ["base", f"eval.model_path={m}", f"eval.data_files={d}"]
+    assert evaluate.eval_argv(config_form) == config_form and evaluate.eval_argv(config_form[1:]) == config_form[1:]
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("verl/test.parquet", "reward_model.ground_truth"), ("verl.jsonl", "reward_model.ground_truth"),
+    ("plain.parquet", "answer"), ("plain.jsonl", "answer")])
+def test_the_answer_field_of_a_verl_file_is_found(art, name, expected):
+    assert evaluate.resolve_answer_field(str(art / name), "answer") == expected
+    assert evaluate.resolve_answer_field(str(art / name), "solution") == "solution"  # a setting is kept
+
+
+class AddingRollout:
+    """Stands in for vLLM: reads the sum off each prompt; greedy answers right, sample 0 right and
+    sample 1 wrong (pass@1 0.5, pass@2 1.0 when the answers reach the scorer)."""
+    def __init__(self, model_path, *args, **kwargs):
+        from transformers import AutoTokenizer
+        self.tok = AutoTokenizer.from_pretrained(model_path)
+
+    def generate(self, prompt_token_ids, n, temperature, **kw):
+        out = []
+        for i, ids in enumerate(prompt_token_ids):
+            a, b = map(int, re.findall(r"(\d+)\+(\d+)=\?", self.tok.decode(ids))[-1])
+            for j in range(n):
+                answer = a + b + (j if temperature > 0 else 0)
+                out.append(RolloutSample(i, list(ids), [1, 2], [0.0, 0.0], "stop",
+                                         f"<think>\n</think>\n\\boxed{{{answer}}}<|im_end|>"))
+        return out
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("name", ["verl/test.parquet", "verl.jsonl", "plain.parquet", "plain.jsonl"])
+def test_every_format_reaches_the_scorer(art, name, monkeypatch, tmp_path):
+    monkeypatch.setattr(evaluate, "RolloutEngine", AddingRollout)
+    out = tmp_path / "m.json"
+    assert main(["eval", str(art / "model"), str(art / name), "eval.n_samples=2", "eval.k=[1,2]",
+                 "reward.num_workers=0", f"eval.output_json={out}"]) == 0
+    m = json.loads(out.read_text())
+    assert m["val/num_prompts"] == 6 and m["val/pass@1_greedy"] == 1.0
+    assert m["val/pass@1"] == 0.5 and m["val/pass@2"] == 1.0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_eval_a_model_make_dir_on_a_verl_file(art, tmp_path):
+    """The real command, vLLM CPU: a random untied BPE model answers nothing right, but the whole
+    path runs (the answers come from reward_model.ground_truth without data.answer_field)."""
+    out = tmp_path / "m.json"
+    res = vcppo("eval", art / "model", art / "verl" / "test.parquet", "eval.max_prompts=4", "eval.n_samples=2",
+                "eval.k=[1,2]", "rollout.max_response_tokens=16", f"eval.output_json={out}", cwd=tmp_path,
+                check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "reading the answer from reward_model.ground_truth" in res.stdout
+    m = json.loads(out.read_text())
+    assert m["val/num_prompts"] == 4 and {"val/pass@1_greedy", "val/pass@1", "val/pass@2"} <= set(m)
+    assert m["val/response_length_greedy"] <= 16
