@@ -118,13 +118,7 @@ def run_trl(args, workdir: Path, micro_batch: int) -> dict:
 
     trl_ppo.truncate_response = counting_truncate
     with tempfile.TemporaryDirectory() as out_dir:
-        cfg = PPOConfig(output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-                        per_device_train_batch_size=micro_batch, gradient_accumulation_steps=batch // micro_batch,
-                        num_mini_batches=1, num_ppo_epochs=1, local_rollout_forward_batch_size=batch,
-                        response_length=args.max_tokens, stop_token="eos", temperature=1.0,
-                        kl_coef=args.kl_coef, kl_estimator="k1", total_episodes=args.steps * batch,
-                        num_sample_generations=0, report_to="none", save_strategy="no", logging_steps=1,
-                        learning_rate=5e-5, seed=args.seed, dataloader_num_workers=0, disable_tqdm=True)
+        cfg = _ppo_config(PPOConfig, args, out_dir, micro_batch, batch)
         trainer = PPOTrainer(args=cfg, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
                              value_model=value, train_dataset=dataset, callbacks=[StepEnd()])
         trainer_box.append(trainer)
@@ -135,6 +129,18 @@ def run_trl(args, workdir: Path, micro_batch: int) -> dict:
         s["response_tokens"] = n
     return {"side": "trl", "trl_version": trl.__version__, "torch_threads": torch.get_num_threads(),
             "train_s": time.perf_counter() - t0, "steps": steps, "computes": COMPUTES}
+
+
+def _ppo_config(ppo_config_cls, args, out_dir: str, micro_batch: int, batch: int):
+    """TRL's PPOConfig for the bench's workload: 1 epoch, 1 mini-batch, fp32 on CPU, k1 KL."""
+    return ppo_config_cls(
+        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+        per_device_train_batch_size=micro_batch, gradient_accumulation_steps=batch // micro_batch,
+        num_mini_batches=1, num_ppo_epochs=1, local_rollout_forward_batch_size=batch,
+        response_length=args.max_tokens, stop_token="eos", temperature=1.0,
+        kl_coef=args.kl_coef, kl_estimator="k1", total_episodes=args.steps * batch,
+        num_sample_generations=0, report_to="none", save_strategy="no", logging_steps=1,
+        learning_rate=5e-5, seed=args.seed, dataloader_num_workers=0, disable_tqdm=True)
 
 
 def _per_step_tokens(chunks: list[float], n_steps: int) -> list[float]:

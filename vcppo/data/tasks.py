@@ -41,7 +41,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from vcppo.data import tasks_chain
+import vcppo.data.tasks_chain as tasks_chain
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SPLITS = ("train", "val", "test")
