@@ -40,7 +40,7 @@ def test_rollout_bench_builds_its_model_with_the_factory_not_the_tests(tmp_path)
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not any(m.split(".")[0] in ("tests", "conftest") for m in imported), imported
     assert "sys.path" not in ast.unparse(tree)
-    model_dir = rollout_bench._tiny_model(str(tmp_path / "tiny"))
+    model_dir = rollout_bench._factory_model("tiny")
     from transformers import AutoConfig, AutoTokenizer
 
     cfg = AutoConfig.from_pretrained(model_dir)
