@@ -206,26 +206,16 @@ def first_wrong_line(prompt: str, response: str) -> int | None:
     operands = _parse_add_prompt(prompt)
     if operands is None:
         raise ValueError(f"prompt not in the add format: {prompt!r}")
-    start = response.find(THINK_OPEN)
-    if start < 0:
+    trace = tasks_chain.complete_trace_lines(response)
+    if trace is None:
         return None
-    pos = start + len(THINK_OPEN)
-    body = response[pos:]
-    close = body.find(THINK_CLOSE)
-    # Without </think> yet, only lines ended by a newline are complete (the empty pieces skip).
-    complete = body[:close] if close >= 0 else body[:body.rfind("\n") + 1]
-    offsets, lines, at = [], [], pos
-    for raw in complete.split("\n"):
-        at += len(raw) + 1
-        if raw.strip():
-            lines.append(raw)
-            offsets.append(at)
+    lines, offsets, think_end = trace
     for col, errors in _line_errors(operands, lines):
         if errors:
             return offsets[col]
     width = max(len(str(x)) for x in operands)
-    if close >= 0 and len(lines) != width:
-        return pos + close + len(THINK_CLOSE)
+    if think_end is not None and len(lines) != width:
+        return think_end
     return None
 
 

@@ -166,6 +166,22 @@ def first_wrong_line(prompt: str, response: str) -> int | None:
     operands = parse_prompt(prompt)
     if operands is None:
         raise ValueError(f"prompt not in the chain format: {prompt!r}")
+    trace = complete_trace_lines(response)
+    if trace is None:
+        return None
+    lines, offsets, think_end = trace
+    for i, errors in line_errors(operands, lines):
+        if errors:
+            return offsets[i]
+    if think_end is not None and lines and _consumed(operands, lines) != len(operands):
+        return think_end
+    return None
+
+
+def complete_trace_lines(response: str) -> tuple[list[str], list[int], int | None] | None:
+    """The complete non-empty lines inside ``<think>`` of a (possibly partial) response, the
+    character offset just past each, and the offset just past ``</think>`` (None while it is not
+    written yet; then only lines ended by a newline are complete). None without ``<think>``."""
     start = response.find(THINK_OPEN)
     if start < 0:
         return None
@@ -179,12 +195,7 @@ def first_wrong_line(prompt: str, response: str) -> int | None:
         if raw.strip():
             lines.append(raw)
             offsets.append(at)
-    for i, errors in line_errors(operands, lines):
-        if errors:
-            return offsets[i]
-    if close >= 0 and lines and _consumed(operands, lines) != len(operands):
-        return pos + close + len(THINK_CLOSE)
-    return None
+    return lines, offsets, (pos + close + len(THINK_CLOSE) if close >= 0 else None)
 
 
 def _consumed(operands: Sequence[int], lines: Sequence[str]) -> int:
