@@ -45,3 +45,13 @@ def tiny_artifacts(tmp_path_factory):
     from vcppo.models.value_model import ValueModel
     ValueModel.from_policy(str(root / "tiny")).save_pretrained(str(root / "rm"), tokenizer_src=str(root / "tiny"))
     return root
+
+
+@pytest.fixture(scope="module")
+def info():
+    """The process's distributed set-up (one rank, gloo) for a test module's real engines; torn
+    down after the module, so every module starts from a clean default group."""
+    from vcppo.engines import dist
+    info = dist.init_distributed("cpu")
+    yield info
+    dist.shutdown()

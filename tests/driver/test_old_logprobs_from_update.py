@@ -21,14 +21,6 @@ def tiny_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"))
 
 
-@pytest.fixture(scope="module")
-def info():
-    from vcppo.engines import dist
-    info = dist.init_distributed("cpu")
-    yield info
-    dist.shutdown()
-
-
 def _batch():
     g = torch.Generator().manual_seed(0)
     b = make_experience([[5, 6], [7, 8, 9], [5], [9, 9, 8, 7], [6, 5]],

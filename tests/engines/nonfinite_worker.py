@@ -37,7 +37,7 @@ def main(argv):
     with open(os.path.join(args.out, f"rank{info.rank}.json"), "w") as f:
         json.dump({"bad": bad["nonfinite_skipped"], "unchanged": unchanged, "good": good["nonfinite_skipped"],
                    "moved": moved}, f)
-    dist.shutdown()
+    dist.shutdown(wait_for_peers=True)
 
 
 if __name__ == "__main__":

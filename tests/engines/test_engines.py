@@ -17,14 +17,6 @@ LOGPROB_TOL = 1e-4  # fp32 CPU: vLLM sampler vs trainer recomputation measured ~
 
 
 @pytest.fixture(scope="module")
-def info():
-    from vcppo.engines import dist
-    info = dist.init_distributed("cpu")
-    yield info
-    dist.shutdown()
-
-
-@pytest.fixture(scope="module")
 def rollout(info, tiny_model_dir):
     from vcppo.engines.rollout import RolloutEngine
     from vcppo.schema import RolloutConfig

@@ -11,14 +11,6 @@ from vcppo.experience import make_experience
 pytestmark = [pytest.mark.integration]
 
 
-@pytest.fixture(scope="module")
-def info():
-    from vcppo.engines import dist
-    info = dist.init_distributed("cpu")
-    yield info
-    dist.shutdown()
-
-
 def _actor(info, path, **kw):
     from vcppo.engines.actor import ActorEngine
     from vcppo.schema import ActorConfig

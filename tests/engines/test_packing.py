@@ -88,3 +88,38 @@ def test_varlen_sdpa_attention_equals_a_block_diagonal_causal_mask():
     assert torch.equal(out2[:, 1:], out[:, 1:]) and not torch.equal(out2[:, :1], out[:, :1])
     with pytest.raises(ValueError, match="position_ids"):
         varlen_sdpa_attention(module, q, k, v, None)
+
+
+def test_attention_buckets_group_near_equal_lengths_and_cover_every_sequence_once():
+    from vcppo.engines.packing import attention_buckets
+    assert attention_buckets([135] * 4) == [[0, 1, 2, 3]]  # equal lengths: one call
+    assert attention_buckets([1000, 32, 40, 36]) == [[0], [2, 3, 1]]  # the long one alone
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 400, (50,), generator=g).tolist()
+    groups = attention_buckets(lengths, slack=0.25)
+    assert sorted(i for grp in groups for i in grp) == list(range(50))
+    for grp in groups:  # padded cost within the slack of the real cost
+        assert len(grp) * lengths[grp[0]] ** 2 <= 1.25 * sum(lengths[i] ** 2 for i in grp)
+
+
+def test_bucketed_attention_matches_the_mask_in_values_and_gradients():
+    """Sequences batched into one right-padded causal call (lengths 9, 9, 8, 8, 7 share a group)
+    give the block-diagonal reference's outputs and input gradients."""
+    from vcppo.engines.packing import attention_buckets, varlen_sdpa_attention
+    lengths = [8, 9, 1, 7, 9, 8, 2]
+    assert max(len(grp) for grp in attention_buckets(lengths)) >= 3
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    g = torch.Generator().manual_seed(1)
+    T, H, Hkv, D = sum(lengths), 4, 2, 8
+    q, k, v = (torch.randn(1, h, T, D, generator=g, requires_grad=True) for h in (H, Hkv, Hkv))
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    mask = (seq[:, None] == seq[None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
+    expect = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=mask).transpose(1, 2)
+    out, _ = varlen_sdpa_attention(torch.nn.Module().eval(), q, k, v, None, position_ids=position_ids)
+    torch.testing.assert_close(out, expect, rtol=1e-5, atol=1e-6)
+    w = torch.randn(expect.shape, generator=g)
+    grads = torch.autograd.grad((out * w).sum(), (q, k, v))
+    grads_ref = torch.autograd.grad((expect * w).sum(), (q, k, v))
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

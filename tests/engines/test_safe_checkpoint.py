@@ -20,14 +20,6 @@ class PrintOnUnpickle:
         return (print, (PAYLOAD_OUTPUT,))
 
 
-@pytest.fixture(scope="module")
-def info():
-    from vcppo.engines import dist
-    info = dist.init_distributed("cpu")
-    yield info
-    dist.shutdown()
-
-
 def _actor(info, path):
     from vcppo.engines.actor import ActorEngine
     from vcppo.schema import ActorConfig

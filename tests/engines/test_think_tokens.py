@@ -15,14 +15,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MAX_TOKENS = 64
 
 
-@pytest.fixture(scope="module")
-def info():
-    from vcppo.engines import dist
-    info = dist.init_distributed("cpu")
-    yield info
-    dist.shutdown()
-
-
 @dataclass
 class Policy:
     mode: str           # "added" | "text"

@@ -259,10 +259,11 @@ class RunContext:
             self.critic.export(str(self.run_dir / "final" / "critic"))
         self.barrier()
 
-    def close(self) -> None:
+    def close(self, clean: bool = False) -> None:
+        """Tear the engines down; ``clean``: the run ended without an error, so ranks meet first."""
         self.log.close()
         self.scorer.close()
         try:
             self.rollout.close()
         finally:
-            D.shutdown()
+            D.shutdown(wait_for_peers=clean)

@@ -44,14 +44,16 @@ def run_dir_of(cfg: Config) -> Path:
 def train(cfg: Config) -> Path:
     """Both phases; returns the run directory."""
     ctx = RunContext.create(cfg, run_dir_of(cfg))
+    finished = False
     try:
         state = resume_or_start(ctx)
         if state.phase == "value_pretrain":
             value_pretrain(ctx, state)
             state.phase, state.step = "ppo", 0
         ppo_loop(ctx, state)
+        finished = True
     finally:
-        ctx.close()
+        ctx.close(clean=finished)
     return ctx.run_dir
 
 

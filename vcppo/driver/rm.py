@@ -141,5 +141,5 @@ def train_rm(cfg: Config) -> dict:
         (out / "rm_summary.json").write_text(json.dumps(summary, indent=1))
         log.info(f"reward model done: {json.dumps(summary)}")
     log.close()
-    D.shutdown()
+    D.shutdown(wait_for_peers=True)
     return summary

@@ -117,5 +117,5 @@ def run_sft(cfg: Config) -> dict:
     if rollout is not None:
         rollout.close()
     actor.close()
-    D.shutdown()
+    D.shutdown(wait_for_peers=True)
     return summary

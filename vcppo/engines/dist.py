@@ -127,8 +127,13 @@ def _is_invalid_pg(e: BaseException) -> bool:
     return "Invalid process group" in str(e)
 
 
-def shutdown() -> None:
-    """Close engines (vLLM first), then vLLM's groups, then the default group. Idempotent."""
+def shutdown(wait_for_peers: bool = False) -> None:
+    """Close engines (vLLM first), then vLLM's groups, then the default group. Idempotent.
+
+    ``wait_for_peers``: meet every rank at a barrier before the default group is destroyed, so
+    no rank tears its sockets down while a peer is still in its last collective (the suspect of a
+    2-rank gloo abort at exit seen once in CI). Only on a clean end: a rank unwinding an error
+    must not wait at a barrier its peers never reach."""
     global _INFO
     while _CLOSERS:
         _CLOSERS.pop()()
@@ -145,6 +150,12 @@ def shutdown() -> None:
         if not _is_invalid_pg(e):
             raise
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if wait_for_peers and torch.distributed.get_world_size() > 1:
+            try:
+                torch.distributed.barrier()
+            except Exception as e:  # noqa: BLE001  (vLLM's teardown can leave the group invalid)
+                if not _is_invalid_pg(e):
+                    raise
         try:
             torch.distributed.destroy_process_group()
         except Exception as e:  # noqa: BLE001
