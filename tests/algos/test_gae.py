@@ -225,6 +225,26 @@ def test_numba_keeps_torch_thread_setting():
     assert proc.returncode == 0 and "THREADS 1" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.skipif(not numba_available(), reason="numba not installed")
+def test_numba_runs_on_the_workqueue_layer_unless_the_user_picks_one():
+    """Numba's OpenMP layer made every later torch op of the process ~100x slower (the PPO step's
+    updates run right after GAE; docs/performance.md); the kernel must launch on workqueue, and
+    a layer set in NUMBA_THREADING_LAYER is left alone."""
+    script = (
+        "import numba, torch\n"
+        "from vcppo.algos.gae import decoupled_gae\n"
+        "r = torch.randn(8, 16); m = torch.ones(8, 16, dtype=torch.bool)\n"
+        "decoupled_gae(r, r, m, impl='numba')\n"
+        "print('LAYER', numba.threading_layer())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and "LAYER workqueue" in proc.stdout, proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**env, "NUMBA_THREADING_LAYER": "omp"})
+    assert proc.returncode == 0 and "LAYER omp" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_bad_impl_and_shapes_raise():
     r, v, m = _random_case(3, 10, seed=1)
     with pytest.raises(ValueError):

@@ -8,12 +8,19 @@ record, with no duplicates.
       `val 0` is logged once;
   (a)+(c) a kill after PPO step 3 is logged but before its checkpoint: the critic's cosine lr
       continues as uninterrupted (it was rebuilt with 0 pretraining steps before), and step 3
-      is not in metrics.jsonl twice."""
+      is not in metrics.jsonl twice.
+A real SIGKILL mid-run is resumed the same way (the second test)."""
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
+from tests.conftest import ENV
 from tests.driver.test_train_e2e import base_overrides, train
 from vcppo.driver.checkpoint import checkpoint_root, list_complete
 
@@ -54,16 +61,27 @@ def assert_same(got, want):
                 assert g[k] == v, (g["phase"], g["step"], k)
 
 
-@pytest.mark.slow
-def test_resume_is_exact_after_a_kill_at_either_point(tiny_artifacts, tmp_path):
-    over = base_overrides(tiny_artifacts, tmp_path, **{
+def overrides(art, out):
+    return base_overrides(art, out, **{
         "trainer.total_steps": 4, "trainer.save_every": 2, "trainer.keep_last": 5, "value_pretrain.steps": 3,
         "critic.lr_schedule": "cosine", "actor.lr_schedule": "cosine", "critic.warmup_steps": 1,
         "rollout.temperature": 1.0})
-    res = train("vcppo", over, cwd=tmp_path, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_artifacts, tmp_path_factory):
+    """One uninterrupted run: (its output root, its records)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    res = train("vcppo", overrides(tiny_artifacts, root), cwd=root, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    run = tmp_path / "vcppo-seed0"
-    full = records(run)
+    return root, records(root / "vcppo-seed0")
+
+
+@pytest.mark.slow
+def test_resume_is_exact_after_a_kill_at_either_point(uninterrupted, tiny_artifacts):
+    root, full = uninterrupted
+    over = overrides(tiny_artifacts, root)
+    run = root / "vcppo-seed0"
     # checkpoints: pretraining step 2 (tag 2), PPO steps 2 and 4 (tags 3+2, 3+4)
     assert [p.name for p in list_complete(checkpoint_root(run))] == ["step_000002", "step_000005", "step_000007"]
     critic_lrs = [r["critic/lr"] for r in full if r["phase"] == "ppo"]
@@ -71,13 +89,39 @@ def test_resume_is_exact_after_a_kill_at_either_point(tiny_artifacts, tmp_path):
 
     # (b) killed after publishing the critic and logging PPO step 1, before the first PPO checkpoint
     cut_after(run, {"step_000002"}, ("ppo", 1))
-    res = train("vcppo", over, cwd=tmp_path, timeout=600)
+    res = train("vcppo", over, cwd=root, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming from" in res.stderr and "reusing the pretrained critic" not in res.stderr
     assert_same(records(run), full)
 
     # (a) + (c) killed after PPO step 3 was logged, before its checkpoint
     cut_after(run, {"step_000002", "step_000005"}, ("ppo", 3))
-    res = train("vcppo", over, cwd=tmp_path, timeout=600)
+    res = train("vcppo", over, cwd=root, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert_same(records(run), full)
+
+
+@pytest.mark.slow
+def test_a_sigkilled_run_resumes_with_the_uninterrupted_metrics(uninterrupted, tiny_artifacts, tmp_path):
+    """A real SIGKILL of the whole process group after the first PPO checkpoint, wherever the run is
+    then (mid-step, mid-write); rerunning the same command resumes from the last complete
+    checkpoint and logs what the uninterrupted run logged, each step once."""
+    _, full = uninterrupted
+    proc = subprocess.Popen([sys.executable, "-m", "vcppo.cli", "train", "vcppo", *overrides(tiny_artifacts, tmp_path)],
+                            cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    ckpts = checkpoint_root(tmp_path / "vcppo-seed0")
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:  # the first PPO checkpoint (tag 3 + 2)
+        if any(p.name >= "step_000005" for p in list_complete(ckpts)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list_complete(ckpts)[-1].name < "step_000007"  # it really was cut short
+
+    res = train("vcppo", overrides(tiny_artifacts, tmp_path), cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming from" in res.stderr
+    assert_same(records(tmp_path / "vcppo-seed0"), full)

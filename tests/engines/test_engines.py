@@ -473,6 +473,11 @@ def _uneven_batch():
 from vcppo.engines.packing import VARLEN_ATTENTION  # noqa: E402
 
 PACKED_TOL = dict(rtol=1e-4, atol=2e-5)  # fp32: packed vs padded differ only by GEMM shapes (~5e-7 seen)
+# Weights after ONE AdamW step (lr 1e-3): the first step moves each weight by lr * g / (|g| + eps),
+# about +-lr whatever |g|, so where a gradient is near zero a 1e-7 float difference moves that
+# weight by a share of lr (seen: 5.3e-5 on 1 of 8,192 embedding weights). A wrong gradient moves
+# weights by up to 2 lr, so 0.1 lr still catches it.
+WEIGHT_TOL = dict(rtol=1e-4, atol=1e-4)
 
 
 def test_packed_passes_equal_padded_ones(info, tiny_model_dir):
@@ -500,7 +505,7 @@ def test_packed_passes_equal_padded_ones(info, tiny_model_dir):
         assert packed[key] == pytest.approx(padded[key], rel=1e-4), key
     for w in ("actor_w", "critic_w"):
         for k in padded[w]:
-            torch.testing.assert_close(packed[w][k], padded[w][k], **PACKED_TOL)
+            torch.testing.assert_close(packed[w][k], padded[w][k], **WEIGHT_TOL)
 
 
 def test_token_budget_micro_batches_give_the_gradient_of_one_big_batch(info, tiny_model_dir):
