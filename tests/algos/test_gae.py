@@ -227,9 +227,9 @@ def test_numba_keeps_torch_thread_setting():
 
 @pytest.mark.skipif(not numba_available(), reason="numba not installed")
 def test_numba_runs_on_the_workqueue_layer_unless_the_user_picks_one():
-    """Numba's OpenMP layer made every later torch op of the process ~100x slower (the PPO step's
-    updates run right after GAE; docs/performance.md); the kernel must launch on workqueue, and
-    a layer set in NUMBA_THREADING_LAYER is left alone."""
+    """Numba's OpenMP layer made every later torch sdpa call of the process ~100x slower (after a
+    torch.set_num_threads; docs/performance.md); the kernel must launch on workqueue, and a layer
+    set in NUMBA_THREADING_LAYER is left alone."""
     script = (
         "import numba, torch\n"
         "from vcppo.algos.gae import decoupled_gae\n"

@@ -21,7 +21,7 @@ Compile cost: the first call in a fresh environment JIT-compiles (a few seconds 
 docs/performance.md); `cache=True` stores the machine code in __pycache__ next to this file, so
 later processes load it in well under a second. Threads: numba's thread count follows torch's
 (`torch.get_num_threads()`), on numba's workqueue threading layer (see below: its OpenMP layer
-slowed every later torch op ~100x); torch's setting is restored should a layer reset it.
+slowed torch's later sdpa calls ~100x); torch's setting is restored should a layer reset it.
 """
 from __future__ import annotations
 
@@ -31,13 +31,13 @@ import numba
 import numpy as np
 import torch
 
-# Numba's default threading layer on this stack is OpenMP, and its team and torch's OpenMP team do
-# not share the cores: after ONE parallel numba call, every parallel torch op of the process ran
-# ~100x slower for the rest of its life (measured 2026-12-02 in the driver's PPO step on the
-# 2-core CPU machine: a causal sdpa call 3 ms -> 380 ms, the demo model's step 10 s -> 80 s; the
-# critic and actor updates run right after GAE). The workqueue layer (numba's own pthreads, idle
-# between calls) leaves torch alone. It must be chosen before the first parallel launch; a layer
-# the user picked with NUMBA_THREADING_LAYER is kept.
+# Numba's default threading layer on this stack is OpenMP. In a process that had called
+# torch.set_num_threads, ONE parallel numba call on it left every later torch sdpa call ~100x
+# slower for the rest of the process (measured 2026-12-02 on the 2-core CPU machine: 3 ms ->
+# 380 ms; `vcppo bench step` 10 s -> 87 s per step, its updates run right after GAE;
+# docs/performance.md). The workqueue layer (numba's own pthreads, idle between calls) leaves
+# torch alone. It must be chosen before the first parallel launch; a layer the user picked with
+# NUMBA_THREADING_LAYER is kept.
 if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"
 
