@@ -8,6 +8,11 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VCPPO="${VCPPO:-$( [ -x "$REPO/.venv/bin/vcppo" ] && echo "$REPO/.venv/bin/vcppo" || echo vcppo )}"
+# The `ppo` preset's critic starts from the reward model; `vcppo demo` trains one only when its
+# own preset needs it, so build it here once (from the demo's SFT model and settings).
+if [ ! -f artifacts/rm/rm_summary.json ] && [[ " $* " != *" --dry-run "* ]]; then
+  "$VCPPO" rm artifacts/demo_config.yaml
+fi
 "$VCPPO" sweep ablation --keep-going "$@"
 "$VCPPO" sweep lambda_actor --keep-going "$@"
 "$VCPPO" sweep slow_critic --keep-going "$@"

@@ -246,6 +246,8 @@ class SFTConfig(OptimConfig):
     batch_size: int = _f(32, "Sequences per optimizer step, over all ranks.", low=1)
     max_minutes: float = _f(0.0, "Stop training after this wall time (0: off).", low=0.0)
     eval_every: int = _f(0, "Greedy val accuracy every N steps (0: at the end only).", low=0)
+    eval_after: int = _f(0, "No periodic eval before this step: a model that has not learned the format yet "
+                         "writes every prompt to max length, the slowest eval there is.", low=0)
     target_accuracy: float = _f(0.0, "Stop once greedy val accuracy reaches this (0: off). A cold start "
                                 "for RL should leave room to improve.", low=0.0, high=1.0)
     eval_prompts: int = _f(200, "Validation prompts for the greedy accuracy.", low=1)

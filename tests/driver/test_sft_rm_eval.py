@@ -13,13 +13,14 @@ def test_sft_lowers_nll_and_exports_a_loadable_checkpoint(tiny_artifacts, tmp_pa
     res = vcppo("sft", "base", f"sft.init_model={art / 'tiny'}", f"data.train_files={art / 'data/train.parquet'}",
                 f"data.val_files={art / 'data/val.parquet'}", f"sft.output_dir={tmp_path / 'sft'}", "sft.steps=8",
                 "sft.batch_size=8", "sft.micro_batch_size=4", "sft.lr=3e-3", "sft.warmup_steps=1",
-                "sft.eval_prompts=4", "rollout.max_response_tokens=32", "logging.wandb=false", cwd=tmp_path,
-                check=False)
+                "sft.eval_prompts=4", "sft.eval_every=2", "sft.eval_after=5", "rollout.max_response_tokens=32",
+                "logging.wandb=false", cwd=tmp_path, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "sft" / "sft_summary.json").read_text())
     assert summary["steps"] == 8 and 0.0 <= summary["val/pass@1_greedy"] <= 1.0
-    nll = [json.loads(l)["sft/nll_token"] for l in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()
-           if json.loads(l)["phase"] == "sft"]
+    rows = [json.loads(l) for l in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["phase"] == "sft_val"] == [6, 8]  # every 2 from step 5, and the end
+    nll = [r["sft/nll_token"] for r in rows if r["phase"] == "sft"]
     assert nll[-1] < nll[0] - 0.5, nll  # a random 0.5M model learns the trace alphabet fast
     from transformers import AutoModelForCausalLM, AutoTokenizer
     AutoModelForCausalLM.from_pretrained(tmp_path / "sft")

@@ -27,3 +27,25 @@ def test_a_stale_build_lock_is_named(monkeypatch, tmp_path):
     os.utime(lock, (old, old))
     with pytest.warns(UserWarning, match="deepspeed_shm_comm/lock is 60 min old"):
         dist._private_extension_dir()
+
+
+ONE_RANK = """
+import torch
+from vcppo.engines import dist
+info = dist.init_distributed("cpu")
+t = torch.ones(3)
+torch.distributed.all_reduce(t)
+from deepspeed.comm import comm as dscomm
+print("world", info.world_size, "sum", float(t.sum()), "shm", dscomm.cdb.shm_comm_op is not None)
+"""
+
+
+def test_one_cpu_rank_does_not_build_the_shm_collective(tmp_path):
+    """A single CPU rank has no peer: DeepSpeed must not spend ~1 min compiling its shm op."""
+    import subprocess
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "RANK": "0", "WORLD_SIZE": "1"}
+    env.pop("MASTER_PORT", None)
+    out = subprocess.run([sys.executable, "-c", ONE_RANK], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "world 1 sum 3.0 shm False" in out.stdout
+    assert not list(tmp_path.rglob("*.so")), "the shm op was compiled for one rank"

@@ -70,6 +70,20 @@ def _private_extension_dir() -> None:
                           "build left it and start-up will wait on it forever; delete it", stacklevel=2)
 
 
+def _skip_shm_collective() -> None:
+    """One CPU rank has no peer to share memory with, yet DeepSpeed's CPU backend JIT-compiles its
+    shm collective at ``init_distributed`` (59 s on the 2-core machine, once per environment: the
+    first stage of a fresh ``make demo`` paid it). Marking the op incompatible makes DeepSpeed skip
+    the build and use plain torch.distributed, as it does wherever the op cannot build. Multi-rank
+    CPU runs keep the op (it is their fast all-reduce)."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
+
+
 def init_distributed(device: str = "auto") -> DistInfo:
     """Initialise (once) the default process group and return this rank's :class:`DistInfo`."""
     global _INFO
@@ -101,6 +115,8 @@ def init_distributed(device: str = "auto") -> DistInfo:
     # a warning per step buries the progress bar and says nothing the user can act on.
     warnings.filterwarnings("ignore", message=r".*reduce_scatter_tensor.*is deprecated", category=FutureWarning)
 
+    if not cuda and world == 1:
+        _skip_shm_collective()
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
                                    rank=rank, world_size=world, init_method="env://")
