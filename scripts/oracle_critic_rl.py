@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> None:
             metrics.update(logprob_shift(batch, spans, ctx.actor.forward_logprobs(batch)[0]))
             ctx.sync_weights()
             metrics.update({"reward/accuracy": float((batch.scores > 0).float().mean()),
-                            "oracle/wrong_with_trace_error": sum(s is not None for s in spans)
+                            "oracle/wrong_with_trace_error": sum(span is not None for span, score in
+                                                                 zip(spans, batch.scores.tolist()) if score <= 0)
                             / max(1, int((batch.scores <= 0).sum())),
                             "baseline/explained_variance": float(explained_variance(
                                 batch.old_values, batch.returns, batch.response_mask))})

@@ -14,7 +14,7 @@ from vcppo.schema import ConfigError
 
 # command -> (module with a `main(argv: list[str]) -> int | None`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("vcppo.demo", "the CPU demo end to end: data -> SFT -> RM -> VC-PPO -> eval -> report"),
+    "demo": ("vcppo.demo", "the CPU demo end to end: data -> SFT -> [RM] -> VC-PPO -> eval -> report"),
     "data": ("vcppo.data.cli", "make synthetic long-CoT task data: vcppo data make --task NAME --out FILE"),
     "model": ("vcppo.models.cli", "build a local tokenizer + model of a named size: vcppo model make"),
     "sft": ("vcppo.driver.sft", "cold-start SFT of the policy: vcppo sft [CONFIG] sft.init_model=DIR [k=v ...]"),

@@ -291,7 +291,7 @@ class EvalConfig:
 
 @dataclass
 class DemoConfig:
-    """`vcppo demo`: the pipeline data -> model -> SFT -> RM -> RL -> eval -> report."""
+    """`vcppo demo`: data -> model -> SFT -> [RM, if the critic starts from it] -> RL -> eval -> report."""
     workdir: str = _f("artifacts", "Where data, models and checkpoints go.")
     task: str = _f("add", "Synthetic task of the data stage (`vcppo data make --task`).")
     model_size: str = _f("small", "Size of the initial model (`vcppo model make --size`; tiny for a smoke run).")

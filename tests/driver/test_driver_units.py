@@ -67,6 +67,10 @@ def test_cache_key_ignores_algorithm_and_seed_but_not_critic(tmp_path):
     assert a != cache_key(load_config("vcppo", base + ["value_pretrain.steps=7"]))
     # where the critic's weights live does not change what it learns: the cache still applies
     assert a == cache_key(load_config("vcppo", base + ["critic.zero_stage=3", "critic.offload_optimizer=true"]))
+    # a policy-initialised critic is built from the policy whatever model.critic_path says
+    assert a == cache_key(load_config("vcppo", base + [f"model.critic_path={tmp_path / 'm'}"]))
+    assert a != cache_key(load_config("vcppo", base + ["model.critic_init=reward_model",
+                                                       f"model.critic_path={tmp_path / 'm'}"]))
 
 
 def test_rank_slice_keeps_whole_prompts():
@@ -155,3 +159,14 @@ def test_global_whiten_single_rank_matches_masked_whiten():
     ref = masked_whiten(adv, mask) * mask
     assert torch.allclose(ours, ref, atol=1e-5)
     assert (ours[mask == 0] == 0).all()
+
+
+def test_a_policy_initialised_critic_starts_from_the_policy_even_when_a_critic_path_is_set():
+    """The demo preset sets model.critic_path (for critic_init=reward_model); with the default
+    critic_init=policy the critic must still start from the SFT policy's backbone, not the RM's."""
+    from vcppo.driver.context import critic_source
+    demo = load_config("demo", ["demo.workdir=/w"])
+    assert demo.model.critic_path == "/w/rm"
+    assert critic_source(demo) == ("policy", "/w/sft")
+    rm = load_config("demo", ["demo.workdir=/w", "model.critic_init=reward_model"])
+    assert critic_source(rm) == ("reward_model", "/w/rm")

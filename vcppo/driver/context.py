@@ -110,6 +110,14 @@ def critic_pretrain_steps(cfg: Config, resumed: RunState | None, from_cache: Pat
     return 0 if from_cache is not None else cfg.value_pretrain.steps
 
 
+def critic_source(cfg: Config) -> tuple[str, str]:
+    """(init, directory) the critic is built from: the policy's backbone for ``critic_init: policy``
+    (``model.critic_path`` names the RM / checkpoint of the other two kinds and is ignored here, even
+    when a preset sets it: the demo's does, for ``critic_init=reward_model``)."""
+    init = cfg.model.critic_init
+    return init, (cfg.model.policy_path if init == "policy" else cfg.model.critic_path)
+
+
 def with_zero_stage(engine_cfg, dist: DistInfo, log: MetricsLogger, role: str, checkpoint: Path | None = None):
     """``engine_cfg`` with its ZeRO stage resolved (``zero_stage: null`` = auto, see
     :func:`~vcppo.engines.deepspeed_engine.resolve_zero_stage`); the choice is logged once per engine.
@@ -141,7 +149,7 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
                         dtype=cfg.model.dtype, temperature=temperature)
     critic, from_cache = None, None
     if alg.advantage_estimator == "gae":
-        init, path = cfg.model.critic_init, cfg.model.critic_path or cfg.model.policy_path
+        init, path = critic_source(cfg)
         # a run resumed from its own pretraining continues it, even once the cache holds the
         # critic it published before it was killed: the rerun then finishes as an uninterrupted one
         if vp.enabled and vp.reuse and not pretrained_itself(resumed):

@@ -34,14 +34,21 @@ def fingerprint_path(path: str) -> dict:
 PLACEMENT_KEYS = ("zero_stage", "offload_params", "offload_optimizer")
 
 
+def critic_init_key(cfg: Config) -> list:
+    init = cfg.model.critic_init
+    if init == "policy":  # the policy is in the key already; no path of its own
+        return [init, None]
+    return [init, fingerprint_path(cfg.model.critic_path) if cfg.model.critic_path else None]
+
+
 def cache_key(cfg: Config) -> str:
     relevant = {
         "policy": fingerprint_path(cfg.model.policy_path),
         "data": fingerprint_path(cfg.data.train_files),
         "data_fields": [cfg.data.prompt_field, cfg.data.answer_field, cfg.data.max_prompt_tokens,
                         cfg.data.use_chat_template],
-        "critic_init": [cfg.model.critic_init,
-                        fingerprint_path(cfg.model.critic_path) if cfg.model.critic_path else None],
+        # what the critic is built from (a policy-initialised critic ignores model.critic_path)
+        "critic_init": critic_init_key(cfg),
         # where the critic's weights live (ZeRO stage, offload) does not change what it learns
         "critic": {k: v for k, v in dataclasses.asdict(cfg.critic).items() if k not in PLACEMENT_KEYS},
         "value_pretrain": {k: getattr(cfg.value_pretrain, k) for k in
