@@ -40,7 +40,7 @@ def main() -> None:
 
     from vcppo.algos.stats import explained_variance
     from vcppo.data.dataset import load_prompts
-    from vcppo.data.tasks import first_wrong_line
+    from vcppo.data.tasks import first_wrong_line_tokens
     from vcppo.models.tokenizer import load_tokenizer
     from vcppo.models.value_model import ValueModel
     from vcppo.rewards.verifier import score
@@ -63,15 +63,8 @@ def main() -> None:
                 resp = resp[:resp.index(tok.eos_token_id) + 1]
             pieces = [tok.decode([t]) for t in resp]
             text = "".join(pieces)
-            offset = first_wrong_line(row["prompt"], text)
-            visible_from = None
-            if offset is not None:  # the state after the token that completes the wrong line
-                chars = 0
-                for i, piece in enumerate(pieces):
-                    chars += len(piece)
-                    if chars >= offset:
-                        visible_from = i + 1
-                        break
+            span = first_wrong_line_tokens(row["prompt"], pieces)
+            visible_from = None if span is None else span[1]  # the state after the wrong line's last token
             samples.append((ids, resp, score(text, row["answer"]), visible_from))
             texts.append((row["prompt"], text))
 

@@ -36,24 +36,12 @@ USER_TURN = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 def error_span(tokenizer, prompt_ids: list[int], response_ids: list[int]) -> tuple[int, int] | None:
     """(first token of the first wrong trace line, first token whose state contains that whole
     line), or None when every trace line is right."""
-    from vcppo.data.tasks import first_wrong_line
+    from vcppo.data.tasks import first_wrong_line_tokens
 
     text = tokenizer.decode(prompt_ids, skip_special_tokens=False)
     turn = USER_TURN.search(text)
     prompt = turn.group(1) if turn else tokenizer.decode(prompt_ids, skip_special_tokens=True)
-    pieces = [tokenizer.decode([t]) for t in response_ids]
-    offset = first_wrong_line(prompt, "".join(pieces))
-    if offset is None:
-        return None
-    chars = 0
-    for i, piece in enumerate(pieces):
-        chars += len(piece)
-        if chars >= offset:
-            line = i
-            while line > 0 and "\n" not in pieces[line - 1]:
-                line -= 1
-            return line, i + 1
-    return None
+    return first_wrong_line_tokens(prompt, [tokenizer.decode([t]) for t in response_ids])
 
 
 def error_spans(batch, tokenizer) -> list[tuple[int, int] | None]:

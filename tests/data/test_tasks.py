@@ -129,3 +129,13 @@ def test_add_running_checks_the_running_answer():
     missing_r = "\n".join(lines[:2] + [lines[2].rsplit(" r", 1)[0]] + lines[3:])
     assert any("no running answer" in e for e in tasks.check_add_trace(r["prompt"], missing_r))
     assert " r" not in tasks.generate("add", "train", 1, seed=4)[0]["solution"]  # plain add: no r
+
+
+def test_first_wrong_line_tokens_maps_the_offset_onto_tokens():
+    operands = [4427489, 5682116]
+    good = tasks.add_solution(operands)
+    assert tasks.first_wrong_line_tokens(tasks.add_prompt(operands), list(good)) is None
+    bad = good.replace("8+1+1=10 d0 c1", "8+1+1=11 d1 c1")
+    pieces = re.findall(r"\n|[^\n]{1,4}", bad)  # 4-character tokens, a newline on its own
+    line_start, visible_from = tasks.first_wrong_line_tokens(tasks.add_prompt(operands), pieces)
+    assert "".join(pieces[line_start:visible_from]) == "8+1+1=11 d1 c1\n"  # the wrong line, and no more

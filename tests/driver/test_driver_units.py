@@ -164,7 +164,7 @@ def test_global_whiten_single_rank_matches_masked_whiten():
 def test_a_policy_initialised_critic_starts_from_the_policy_even_when_a_critic_path_is_set():
     """The demo preset sets model.critic_path (for critic_init=reward_model); with the default
     critic_init=policy the critic must still start from the SFT policy's backbone, not the RM's."""
-    from vcppo.driver.context import critic_source
+    from vcppo.driver.critic_cache import critic_source
     demo = load_config("demo", ["demo.workdir=/w"])
     assert demo.model.critic_path == "/w/rm"
     assert critic_source(demo) == ("policy", "/w/sft")

@@ -219,6 +219,24 @@ def first_wrong_line(prompt: str, response: str) -> int | None:
     return None
 
 
+def first_wrong_line_tokens(prompt: str, pieces: Sequence[str]) -> tuple[int, int] | None:
+    """:func:`first_wrong_line` for a response given as its decoded tokens ``pieces``: (index of the
+    first token of the wrong line, index of the first token whose state contains the whole line,
+    i.e. one past the token that completes it), or None when every written line is right."""
+    offset = first_wrong_line(prompt, "".join(pieces))
+    if offset is None:
+        return None
+    chars = 0
+    for i, piece in enumerate(pieces):
+        chars += len(piece)
+        if chars >= offset:
+            line = i
+            while line > 0 and "\n" not in pieces[line - 1]:
+                line -= 1
+            return line, i + 1
+    return None
+
+
 def _think_lines(solution: str) -> list[str] | None:
     if THINK_OPEN not in solution or THINK_CLOSE not in solution:
         return None

@@ -19,7 +19,7 @@ import torch
 from vcppo.config import save_config, to_dict
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
-from vcppo.driver.critic_cache import cached_critic
+from vcppo.driver.critic_cache import cached_critic, critic_source
 from vcppo.driver.sampling import balance_across_ranks, collect_experience, rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
@@ -108,14 +108,6 @@ def critic_pretrain_steps(cfg: Config, resumed: RunState | None, from_cache: Pat
     if resumed is not None:
         return cfg.value_pretrain.steps if pretrained_itself(resumed) else 0
     return 0 if from_cache is not None else cfg.value_pretrain.steps
-
-
-def critic_source(cfg: Config) -> tuple[str, str]:
-    """(init, directory) the critic is built from: the policy's backbone for ``critic_init: policy``
-    (``model.critic_path`` names the RM / checkpoint of the other two kinds and is ignored here, even
-    when a preset sets it: the demo's does, for ``critic_init=reward_model``)."""
-    init = cfg.model.critic_init
-    return init, (cfg.model.policy_path if init == "policy" else cfg.model.critic_path)
 
 
 def with_zero_stage(engine_cfg, dist: DistInfo, log: MetricsLogger, role: str, checkpoint: Path | None = None):

@@ -34,11 +34,18 @@ def fingerprint_path(path: str) -> dict:
 PLACEMENT_KEYS = ("zero_stage", "offload_params", "offload_optimizer")
 
 
-def critic_init_key(cfg: Config) -> list:
+def critic_source(cfg: Config) -> tuple[str, str]:
+    """(init, directory) the critic is built from: the policy's backbone for ``critic_init: policy``
+    (``model.critic_path`` names the RM / checkpoint of the other two kinds and is ignored here, even
+    when a preset sets it: the demo's does, for ``critic_init=reward_model``)."""
     init = cfg.model.critic_init
-    if init == "policy":  # the policy is in the key already; no path of its own
-        return [init, None]
-    return [init, fingerprint_path(cfg.model.critic_path) if cfg.model.critic_path else None]
+    return init, (cfg.model.policy_path if init == "policy" else cfg.model.critic_path)
+
+
+def critic_init_key(cfg: Config) -> list:
+    init, path = critic_source(cfg)
+    # a policy-initialised critic's directory is the policy, fingerprinted in the key already
+    return [init, None if init == "policy" or not path else fingerprint_path(path)]
 
 
 def cache_key(cfg: Config) -> str:
