@@ -7,6 +7,10 @@ outcome is certain (-1). It then reports, over all response tokens (the pooled E
 * ``ev_error_aware_oracle``: a critic that knows the arithmetic -- -1 once an error is visible,
   else the mean return of error-free prefixes. An upper-bound-style reference for what a critic
   that checks the trace could explain (it ignores per-prompt difficulty).
+* ``probe_ev_*`` (``--probe``): linear probes of the return, fit on half the prompts and scored
+  on the other half, on the frozen policy's last hidden states and on its confidence in what it
+  wrote. They say whether what a critic initialised from the policy needs is already readable
+  there (then a critic that stays at the mean is an optimisation problem) or must be learned.
 * ``ev[critic]`` for each ValueModel directory given (an RM, a pretrained critic), on the same
   tokens, plus its mean value on error-visible vs error-free states (a critic that had learned
   anything would score the former lower).
@@ -33,6 +37,9 @@ def main() -> None:
     p.add_argument("--samples-per-prompt", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--probe", action="store_true",
+                   help="also fit linear probes of the return (ridge, half the prompts; EV on the other half) "
+                        "on the policy's last hidden states and on its own confidence in what it wrote")
     p.add_argument("critics", nargs="*", help="ValueModel directories to score on the same responses")
     args = p.parse_args()
 
@@ -86,18 +93,68 @@ def main() -> None:
         "ev_error_aware_oracle": round(explained_variance(oracle, returns, mask).item(), 4),
     }
     result.update(_chain_breakdown(samples, texts))
+    hidden, confidence = _probe_features(policy, samples, R) if args.probe or args.critics else (None, None)
+    if args.probe:
+        result.update(_probes(hidden, confidence, returns, mask, args.samples_per_prompt))
     for path in args.critics:
         critic = ValueModel.from_pretrained(path).eval()
         values = torch.zeros(B, R)
         for b, (ids, resp, _, _) in enumerate(samples):
             x = torch.tensor([ids + resp])
+            kw = {}
+            if critic.confidence_head is not None:  # the features at the positions values are read
+                kw["confidence"] = torch.zeros(1, x.shape[1], confidence.shape[-1])
+                kw["confidence"][0, len(ids) - 1:len(ids) - 1 + len(resp)] = confidence[b, :len(resp)]
             with torch.no_grad():
-                v = critic(x, torch.ones_like(x), torch.arange(x.shape[1])[None])[0]
+                v = critic(x, torch.ones_like(x), torch.arange(x.shape[1])[None], **kw)[0]
             values[b, :len(resp)] = v[len(ids) - 1:len(ids) + len(resp) - 1]  # V(state before token t)
         result[f"ev[{path}]"] = round(explained_variance(values, returns, mask).item(), 4)
         result[f"value_error_visible[{path}]"] = round(values[error_visible].mean().item(), 3)
         result[f"value_error_free[{path}]"] = round(values[clean].mean().item(), 3)
     print(json.dumps(result, indent=1))
+
+
+def _probe_features(policy, samples: list, R: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, R, H) last hidden states at the state before each response token (where the critic reads
+    its value), and (B, R, 3) the policy's confidence in the tokens before it: the features
+    ``critic.confidence_features`` gives the critic (vcppo.algos.confidence), from the logprobs of
+    the T=1 samples."""
+    from vcppo.algos.confidence import confidence_features
+    H = policy.config.hidden_size
+    hidden, logprobs, mask = torch.zeros(len(samples), R, H), torch.zeros(len(samples), R), torch.zeros(len(samples), R)
+    for b, (ids, resp, _, _) in enumerate(samples):
+        x = torch.tensor([ids + resp])
+        with torch.no_grad():
+            out = policy(x, output_hidden_states=True)
+        n, start = len(resp), len(ids) - 1
+        hidden[b, :n] = out.hidden_states[-1][0, start:start + n]
+        logits = out.logits[0, start:start + n].float()
+        logprobs[b, :n] = torch.log_softmax(logits, -1).gather(1, torch.tensor(resp)[:, None])[:, 0]
+        mask[b, :n] = 1.0
+    return hidden, confidence_features(logprobs, mask)
+
+
+def _ridge_ev(x: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, train_rows: torch.Tensor) -> float:
+    """Fit returns ~ x (+ bias) by ridge regression on the train rows' tokens, EV on the others."""
+    from vcppo.algos.stats import explained_variance
+    feats = torch.cat([x, torch.ones(*x.shape[:2], 1)], -1).double()
+    sel = (mask > 0) & train_rows[:, None]
+    X, y = feats[sel], returns.double()[sel]
+    ridge = 1e-3 * X.shape[0] * torch.eye(X.shape[1], dtype=X.dtype)
+    w = torch.linalg.solve(X.T @ X + ridge, X.T @ y)
+    pred = (feats @ w).float() * mask
+    held = mask * (~train_rows)[:, None]
+    return round(explained_variance(pred, returns, held).item(), 4)
+
+
+def _probes(hidden: torch.Tensor, confidence: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+            per_prompt: int) -> dict:
+    """Is what a critic needs linearly readable from the frozen policy? Split by prompt."""
+    train_rows = (torch.arange(len(samples)) // per_prompt) % 2 == 0
+    return {"probe_ev_hidden": _ridge_ev(hidden, returns, mask, train_rows),
+            "probe_ev_confidence": _ridge_ev(confidence, returns, mask, train_rows),
+            "probe_ev_hidden_and_confidence": _ridge_ev(torch.cat([hidden, confidence], -1), returns, mask,
+                                                        train_rows)}
 
 
 def _chain_breakdown(samples: list, texts: list) -> dict:

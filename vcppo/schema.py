@@ -116,6 +116,20 @@ class ActorConfig(OptimConfig):
 class CriticConfig(ActorConfig):
     lr: float = _f(2e-6, "Peak learning rate (paper: critic 2e-6 vs actor 1e-6).", low=0.0)
     value_clip: Optional[float] = _f(0.5, "Clip range of the value loss around old values (null: off).", low=0.0)
+    confidence_features: bool = _f(False, "The value head also reads the policy's confidence in the tokens "
+                                   "written so far (the sampler's logprobs: the previous token's, the "
+                                   "lowest so far, how many below 1/2; vcppo.algos.confidence) through a "
+                                   "zero-initialised linear layer. A policy backbone's last hidden state "
+                                   "does not say whether an earlier step was wrong; the policy's own "
+                                   "surprise does (docs/results.md, 'What a critic can read').")
+    confidence_lr_scale: float = _f(100.0, "Learning rate of the confidence head as a multiple of lr: four "
+                                    "weights on O(1) features, which Adam moves by ~lr a step.", low=0.0,
+                                    low_open=True)
+    head_lr_scale: float = _f(1.0, "Learning rate of the scalar value head as a multiple of lr. Adam moves "
+                              "each weight by at most ~lr a step, so a zero head at a backbone's lr needs "
+                              "hundreds of steps to read what the features already hold "
+                              "(docs/results.md, 'Why the critic learned only the mean').", low=0.0,
+                              low_open=True)
 
 
 @dataclass
@@ -151,6 +165,11 @@ class AlgorithmConfig:
                                          low=1.0)
     mask_truncated: bool = _f(False, "DAPO overlong filtering: responses cut off at "
                               "rollout.max_response_tokens are left out of the policy loss.")
+    old_logprobs_from_sampler: bool = _f(False, "Take pi_old (the ratio's denominator, and the policy side "
+                                         "of the KL penalty) from the rollout engine's logprobs instead "
+                                         "of an actor forward pass: one pass less per step. Trust it only "
+                                         "where sampler and trainer agree (mismatch/ metrics of a run "
+                                         "without it); TIS is then inert.")
 
 
 @dataclass

@@ -64,6 +64,7 @@ def test_cache_key_ignores_algorithm_and_seed_but_not_critic(tmp_path):
     a = cache_key(load_config("vcppo", base))
     assert a == cache_key(load_config("vcppo_no_dgae", base + ["trainer.seed=3"]))
     assert a != cache_key(load_config("vcppo", base + ["critic.lr=1e-3"]))
+    assert a != cache_key(load_config("vcppo", base + ["critic.head_lr_scale=10"]))
     assert a != cache_key(load_config("vcppo", base + ["value_pretrain.steps=7"]))
     # where the critic's weights live does not change what it learns: the cache still applies
     assert a == cache_key(load_config("vcppo", base + ["critic.zero_stage=3", "critic.offload_optimizer=true"]))

@@ -65,3 +65,22 @@ def test_skipping_the_old_logprobs_pass_changes_no_loss_gradient_or_weight(info,
     for name, w in w_full.items():
         torch.testing.assert_close(w_upd[name], w, **tol)
     assert m_full["actor/lr"] > 0
+
+
+def test_pi_old_from_the_sampler_still_logs_the_entropy(info, tiny_model_dir):
+    """``algorithm.old_logprobs_from_sampler``: the step runs no old-logprobs pass, so the update's own
+    entropies fill ``batch.entropy`` (the metric users watch), and the sampler's logprobs are pi_old."""
+    from vcppo.engines.actor import ActorEngine
+    alg = AlgorithmConfig(old_logprobs_from_sampler=True)
+    actor_cfg = ActorConfig(lr=1e-2, micro_batch_size=2)
+    actor = ActorEngine(tiny_model_dir, actor_cfg, info, total_optimizer_steps=4, temperature=0.7)
+    ctx = SimpleNamespace(cfg=SimpleNamespace(algorithm=alg, actor=actor_cfg, trainer=SimpleNamespace(seed=0)),
+                          actor=actor, reference=object())
+    b = _batch()
+    _, expected_entropy = actor.forward_logprobs(b, with_entropy=True)
+    b.old_logprobs = b.sampler_logprobs
+    metrics = train_actor(ctx, b, step=1)
+    actor.close()
+    assert b.old_logprobs is b.sampler_logprobs
+    torch.testing.assert_close(b.entropy, expected_entropy, rtol=1e-5, atol=1e-6)
+    assert metrics["actor/grad_norm"] > 0

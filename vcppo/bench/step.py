@@ -53,6 +53,9 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
                     help="torch.profiler over the last step: print the top ROWS operators by self CPU time")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra `vcppo train` override of the vcppo side (repeatable), e.g. "
+                         "algorithm.old_logprobs_from_sampler=true")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "vcppo|trl,WORKDIR,MB,OUT_JSON"
     return ap.parse_args(argv)
 
@@ -81,7 +84,7 @@ def train_overrides(args, workdir: Path, micro_batch: int) -> list[str]:
             f"trainer.prompts_per_step={args.prompts}", f"trainer.total_steps={args.steps}",
             "trainer.val_every=0", "trainer.save_every=0", "trainer.resume=never", f"trainer.seed={args.seed}",
             f"trainer.output_root={workdir}/runs", f"trainer.run_name=bench-step-mb{mb}",
-            "value_pretrain.enabled=false", "logging.wandb=false", "logging.progress_bar=false"]
+            "value_pretrain.enabled=false", "logging.wandb=false", "logging.progress_bar=false", *args.set]
 
 
 def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:

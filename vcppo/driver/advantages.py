@@ -27,18 +27,29 @@ def global_whiten(advantages: torch.Tensor, mask: torch.Tensor, zero_mean: bool 
     return centred * torch.rsqrt(torch.tensor(var + eps, dtype=advantages.dtype)) * mask
 
 
-def compute_advantages(batch: Experience, rewards: torch.Tensor, alg: AlgorithmConfig) -> None:
-    """Fill ``batch.returns`` (GAE only), ``lambda_actor`` (length-adaptive only), ``raw_advantages``
-    and ``advantages``. ``rewards`` (B, R): the per-token reward (outcome reward, minus the KL
-    penalty when there is one)."""
+def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """(B, R) discounted returns-to-go: the lambda = 1 GAE target, which telescopes to
+    sum_k gamma^k r_{t+k} whatever the values (computed here with V = 0, so without their rounding)."""
+    _, returns = decoupled_gae(rewards, torch.zeros_like(rewards), mask, gamma=gamma, lam_actor=1.0,
+                               lam_critic=1.0)
+    return returns
+
+
+def compute_advantages(batch: Experience, rewards: torch.Tensor, alg: AlgorithmConfig,
+                       keep_returns: bool = False) -> None:
+    """Fill ``batch.returns`` (GAE only, unless ``keep_returns``: the critic already trained on
+    them), ``lambda_actor`` (length-adaptive only), ``raw_advantages`` and ``advantages``.
+    ``rewards`` (B, R): the per-token reward (outcome reward, minus the KL penalty when there is one)."""
     mask = batch.response_mask
     if alg.advantage_estimator == "gae":
         lam_actor = alg.lambda_actor
         if alg.length_adaptive_lambda:
             # VAPO: longer responses get lambda closer to 1 (less bias on long sequences).
             lam_actor = batch.lambda_actor = length_adaptive_lambda(mask.sum(1), alg.length_adaptive_alpha)
-        advantages, batch.returns = decoupled_gae(rewards, batch.old_values, mask, gamma=alg.gamma,
-                                                  lam_actor=lam_actor, lam_critic=alg.lambda_critic)
+        advantages, returns = decoupled_gae(rewards, batch.old_values, mask, gamma=alg.gamma,
+                                            lam_actor=lam_actor, lam_critic=alg.lambda_critic)
+        if not keep_returns:
+            batch.returns = returns
     else:
         seq_adv = grpo_advantages(batch.scores, group_ids=batch.group, scale_by_std=alg.grpo_scale_by_std)
         advantages = seq_adv[:, None] * mask

@@ -32,6 +32,7 @@ def fingerprint_path(path: str) -> dict:
 
 
 PLACEMENT_KEYS = ("zero_stage", "offload_params", "offload_optimizer")
+LATER_DEFAULTS = {"head_lr_scale": 1.0, "confidence_features": False, "confidence_lr_scale": 100.0}  # critic fields newer than the cache
 
 
 def critic_source(cfg: Config) -> tuple[str, str]:
@@ -57,7 +58,9 @@ def cache_key(cfg: Config) -> str:
         # what the critic is built from (a policy-initialised critic ignores model.critic_path)
         "critic_init": critic_init_key(cfg),
         # where the critic's weights live (ZeRO stage, offload) does not change what it learns
-        "critic": {k: v for k, v in dataclasses.asdict(cfg.critic).items() if k not in PLACEMENT_KEYS},
+        "critic": {k: v for k, v in dataclasses.asdict(cfg.critic).items()
+                   # fields added later count only when set, so the keys of existing caches stay valid
+                   if k not in PLACEMENT_KEYS and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])},
         "value_pretrain": {k: getattr(cfg.value_pretrain, k) for k in
                            ("steps", "lambda_critic", "early_stop", "min_steps", "window", "ev_tolerance",
                             "loss_tolerance")},

@@ -7,6 +7,10 @@ data flows (docs/architecture.md):
       -> values (critic) -> decoupled GAE: advantages with lambda_actor, targets with lambda_critic
       -> whiten the actor's advantages -> critic update -> actor update -> weight sync into vLLM
 
+Two passes drop out where the math allows (docs/performance.md, "Fewer passes"): with one optimizer
+step per update, pi_old is the actor update's own forward and V_old the critic update's (then the
+critic trains first, on lambda_critic = 1 targets that need no values, and the advantages follow).
+
 Value pretraining (VC-PPO sec. 4.1) is the same loop with the policy frozen, Monte-Carlo targets
 (lambda = 1), and only the critic updated; see :mod:`vcppo.driver.value_pretrain`.
 GRPO swaps the critic for group-normalised outcome rewards; every other preset differs only in
@@ -18,14 +22,15 @@ from pathlib import Path
 
 from vcppo.algos.losses import kl_penalty
 from vcppo.config import load_command_config
-from vcppo.driver.advantages import compute_advantages
+from vcppo.driver.advantages import compute_advantages, returns_to_go
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.resume import resume_or_start, save_checkpoint
 from vcppo.driver.context import RunContext
 from vcppo.driver.dapo import sample_batch
 from vcppo.driver.guards import reward_tally, step_reward_failures, update_streaks
 from vcppo.driver.metrics import PhaseTimer, log_validation, step_metrics
-from vcppo.driver.update import old_logprobs_from_update, train_actor, train_critic
+from vcppo.driver.update import old_values_from_update, pi_old_source, train_actor, train_critic
+from vcppo.experience import Experience
 from vcppo.driver.value_pretrain import value_pretrain
 from vcppo.schema import Config
 
@@ -66,11 +71,13 @@ def ppo_step(ctx: RunContext, step: int) -> dict:
         batch, sample_metrics = sample_batch(ctx, "ppo", step)  # + DAPO dynamic sampling / overlong
     sample_metrics.update(step_reward_failures(ctx.scorer, tally))
     ctx.rollout.sleep()  # GPU: hand vLLM's memory to training; no-op on CPU
-    if not old_logprobs_from_update(ctx.cfg.actor, kl_in_reward=ctx.reference is not None):
+    source = pi_old_source(ctx)
+    if source == "sampler":
+        batch.old_logprobs = batch.sampler_logprobs  # trusted by config; TIS weights are then 1
+    elif source == "pass":
         with timer("old_logprobs"):
             batch.old_logprobs, batch.entropy = ctx.actor.forward_logprobs(batch, with_entropy=True)
     # else the actor update's own forward gives them (exact: update.old_logprobs_from_update).
-    # The critic's old values cannot come from its update: GAE needs them before any update.
     rewards = batch.token_rewards
     if ctx.reference is not None:
         with timer("ref_logprobs"):
@@ -78,15 +85,7 @@ def ppo_step(ctx: RunContext, step: int) -> dict:
         # KL folded into the per-token reward (PPO-RLHF convention); the paper uses kl_coef=0.
         batch.kl = kl_penalty(batch.old_logprobs, ref_logprobs, alg.kl_estimator) * batch.response_mask
         rewards = rewards - alg.kl_coef * batch.kl
-    if ctx.critic is not None:
-        with timer("values"):
-            batch.old_values = ctx.critic.forward_values(batch)
-    with timer("advantages"):
-        compute_advantages(batch, rewards, alg)
-    update_metrics = {}
-    if ctx.critic is not None:
-        with timer("critic_update"):
-            update_metrics.update(train_critic(ctx, batch, step))
+    update_metrics = critic_and_advantages(ctx, batch, rewards, timer, step)
     with timer("actor_update"):
         update_metrics.update(train_actor(ctx, batch, step))
     ctx.rollout.wake_up()
@@ -96,6 +95,32 @@ def ppo_step(ctx: RunContext, step: int) -> dict:
     metrics.update(update_metrics)
     metrics.update(sample_metrics)
     return metrics
+
+
+def critic_and_advantages(ctx: RunContext, batch: Experience, rewards, timer: PhaseTimer, step: int) -> dict:
+    """Values, advantages and the critic update, in the order the config allows: when the targets
+    need no values (lambda_critic = 1) and the critic makes one optimizer step, its update's own
+    forward gives V_old (exact, :func:`~vcppo.driver.update.old_values_from_update`), so the critic
+    trains first and the advantages follow from the values it kept; otherwise a values pass,
+    then the advantages, then the update. Returns the critic's metrics."""
+    alg = ctx.cfg.algorithm
+    if ctx.critic is None:  # GRPO
+        with timer("advantages"):
+            compute_advantages(batch, rewards, alg)
+        return {}
+    if old_values_from_update(ctx.cfg.critic, alg.lambda_critic):
+        batch.returns = returns_to_go(rewards, batch.response_mask, alg.gamma)
+        with timer("critic_update"):
+            metrics = train_critic(ctx, batch, step)  # fills batch.old_values
+        with timer("advantages"):
+            compute_advantages(batch, rewards, alg, keep_returns=True)
+        return metrics
+    with timer("values"):
+        batch.old_values = ctx.critic.forward_values(batch)
+    with timer("advantages"):
+        compute_advantages(batch, rewards, alg)
+    with timer("critic_update"):
+        return train_critic(ctx, batch, step)
 
 
 def ppo_loop(ctx: RunContext, state: RunState) -> None:

@@ -24,13 +24,15 @@ class PolicyLoss:
     importance sampling against the sampler's logprobs (``algorithm.rollout_is_cap``) and without
     truncated responses (``algorithm.mask_truncated``, DAPO's overlong filtering)."""
 
-    def __init__(self, alg: AlgorithmConfig, old_from_update: bool = False):
+    def __init__(self, alg: AlgorithmConfig, old_from_update: bool = False, keep_outputs: bool = False):
         self.alg = alg
         # old_from_update: pi_old is the update's own forward, detached (exact when the step makes
-        # ONE optimizer step from the weights that sampled: see old_logprobs_from_update). The
-        # detached logprobs and entropies are kept for the step's metrics.
+        # ONE optimizer step from the weights that sampled: see old_logprobs_from_update).
+        # keep_outputs: the detached logprobs and entropies are kept for the step's metrics (the
+        # step ran no separate old-logprobs pass that would have given them).
         self.old_from_update = old_from_update
-        self.needs_entropy = alg.entropy_coef > 0 or old_from_update
+        self.keep_outputs = keep_outputs or old_from_update
+        self.needs_entropy = alg.entropy_coef > 0 or self.keep_outputs
         self.kept: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def loss_mask(self, batch: Experience) -> torch.Tensor:
@@ -49,10 +51,9 @@ class PolicyLoss:
         a, mask = self.alg, self.loss_mask(micro)
         norm = dict(agg=a.loss_agg, global_token_count=counts.tokens[RESPONSE],
                     global_seq_count=counts.sequences[RESPONSE])
-        old = micro.old_logprobs
-        if self.old_from_update:
-            old = outputs.logprobs.detach()
-            self.kept.append((old, outputs.entropy.detach()))
+        old = outputs.logprobs.detach() if self.old_from_update else micro.old_logprobs
+        if self.keep_outputs:
+            self.kept.append((outputs.logprobs.detach(), outputs.entropy.detach()))
         weights = None
         if a.rollout_is_cap is not None:
             # The step's per-token weights are logged over the global batch (driver.metrics).
@@ -79,13 +80,21 @@ class ValueLoss:
     """Clipped value loss against the value targets, aggregated by ``algorithm.loss_agg``."""
     needs_entropy = False
 
-    def __init__(self, critic: CriticConfig, agg: str):
+    def __init__(self, critic: CriticConfig, agg: str, old_from_update: bool = False):
         self.clip, self.agg = critic.value_clip, agg
+        # old_from_update: V_old is the update's own forward, detached (exact under
+        # old_values_from_update); kept so the step's advantages can be computed from it afterwards.
+        self.old_from_update = old_from_update
+        self.kept: list[tuple[torch.Tensor]] = []
 
     count_masks = staticmethod(response_counts)
 
     def __call__(self, outputs: ModelOutputs, micro: Experience, counts: GlobalCounts):
-        loss, metrics = losses.value_loss(outputs.values, micro.old_values, micro.returns, micro.response_mask,
+        old = micro.old_values
+        if self.old_from_update:
+            old = outputs.values.detach()
+            self.kept.append((old,))
+        loss, metrics = losses.value_loss(outputs.values, old, micro.returns, micro.response_mask,
                                           clip_range=self.clip, agg=self.agg,
                                           global_token_count=counts.tokens[RESPONSE],
                                           global_seq_count=counts.sequences[RESPONSE])
@@ -121,9 +130,30 @@ def run_update(engine: DeepSpeedModelEngine, loss: EngineLoss, optim: ActorConfi
     return out
 
 
-def train_critic(ctx: RunContext, batch: Experience, step: int) -> dict:
-    loss = ValueLoss(ctx.cfg.critic, ctx.cfg.algorithm.loss_agg)
-    return run_update(ctx.critic, loss, ctx.cfg.critic, batch, ctx.cfg.trainer.seed, step, "critic")
+def old_values_from_update(critic: CriticConfig, lambda_critic: float) -> bool:
+    """With one epoch of one mini-batch the critic update's forward runs on the weights of before the
+    step, so its values ARE V_old, and the separate values pass can be skipped, provided the value
+    targets do not need V: with lambda_critic = 1 they are the discounted returns-to-go (GAE
+    telescopes), known from the rewards alone. The actor's advantages are then computed after the
+    critic update, from the values it kept (GAE is per row, so micro-batching does not matter)."""
+    return critic.ppo_epochs == 1 and critic.ppo_mini_batches == 1 and lambda_critic == 1.0
+
+
+def train_critic(ctx: RunContext, batch: Experience, step: int, lambda_critic: float | None = None) -> dict:
+    """The critic's update; when ``batch.old_values`` is None (the step skipped their pass, see
+    :func:`old_values_from_update`) the update's own detached values fill it afterwards.
+    ``lambda_critic``: that of the targets in ``batch.returns`` (default: ``algorithm.lambda_critic``)."""
+    from_update = batch.old_values is None
+    lam = ctx.cfg.algorithm.lambda_critic if lambda_critic is None else lambda_critic
+    if from_update and not old_values_from_update(ctx.cfg.critic, lam):
+        raise RuntimeError("old_values missing but the value targets need them or the update makes "
+                           "more than one optimizer step")
+    loss = ValueLoss(ctx.cfg.critic, ctx.cfg.algorithm.loss_agg, old_from_update=from_update)
+    out = run_update(ctx.critic, loss, ctx.cfg.critic, batch, ctx.cfg.trainer.seed, step, "critic")
+    if from_update:
+        groups = ctx.critic.micro_batch_rows(batch)  # the one mini-batch holds the batch's rows in order
+        batch.old_values, = stitch_rows(groups, loss.kept[:len(groups)])  # (rank-padding passes last)
+    return out
 
 
 def old_logprobs_from_update(actor: ActorConfig, kl_in_reward: bool) -> bool:
@@ -134,16 +164,28 @@ def old_logprobs_from_update(actor: ActorConfig, kl_in_reward: bool) -> bool:
     return actor.ppo_epochs == 1 and actor.ppo_mini_batches == 1 and not kl_in_reward
 
 
+def pi_old_source(ctx: RunContext) -> str:
+    """Where the step's pi_old comes from: ``"update"`` (the actor update's own forward, exact, see
+    :func:`old_logprobs_from_update`), ``"sampler"`` (the rollout engine's logprobs,
+    ``algorithm.old_logprobs_from_sampler``) or ``"pass"`` (a separate actor forward)."""
+    if old_logprobs_from_update(ctx.cfg.actor, kl_in_reward=ctx.reference is not None):
+        return "update"
+    return "sampler" if ctx.cfg.algorithm.old_logprobs_from_sampler else "pass"
+
+
 def train_actor(ctx: RunContext, batch: Experience, step: int) -> dict:
     """The actor's update; when ``batch.old_logprobs`` is None (the step skipped their pass, see
-    :func:`old_logprobs_from_update`) the update's own detached logprobs and entropies fill
-    ``batch.old_logprobs`` / ``batch.entropy`` afterwards, for the step's metrics."""
+    :func:`old_logprobs_from_update`) the update's own detached logprobs fill it afterwards, and when
+    ``batch.entropy`` is None the update's entropies fill that, for the step's metrics."""
     from_update = batch.old_logprobs is None
     if from_update and not old_logprobs_from_update(ctx.cfg.actor, ctx.reference is not None):
         raise RuntimeError("old_logprobs missing but the update makes more than one optimizer step")
-    loss = PolicyLoss(ctx.cfg.algorithm, old_from_update=from_update)
+    one_step = ctx.cfg.actor.ppo_epochs == 1 and ctx.cfg.actor.ppo_mini_batches == 1  # kept rows = the batch's
+    loss = PolicyLoss(ctx.cfg.algorithm, old_from_update=from_update, keep_outputs=batch.entropy is None and one_step)
     out = run_update(ctx.actor, loss, ctx.cfg.actor, batch, ctx.cfg.trainer.seed, step, "actor")
-    if from_update:
+    if loss.keep_outputs:
         groups = ctx.actor.micro_batch_rows(batch)  # the one mini-batch holds the batch's rows in order
-        batch.old_logprobs, batch.entropy = stitch_rows(groups, loss.kept[:len(groups)])  # (rank-padding passes last)
+        logprobs, batch.entropy = stitch_rows(groups, loss.kept[:len(groups)])  # (rank-padding passes last)
+        if from_update:
+            batch.old_logprobs = logprobs
     return out

@@ -17,13 +17,14 @@ import numpy as np
 
 from vcppo.algos.gae import decoupled_gae
 from vcppo.driver import critic_cache
+from vcppo.driver.advantages import returns_to_go
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.resume import save_checkpoint
 from vcppo.driver.context import RunContext
 from vcppo.driver.dapo import sample_batch
 from vcppo.driver.guards import reward_tally, step_reward_failures, update_streaks
 from vcppo.driver.metrics import PhaseTimer, step_metrics
-from vcppo.driver.update import train_critic
+from vcppo.driver.update import old_values_from_update, train_critic
 from vcppo.schema import ValuePretrainConfig
 
 
@@ -74,16 +75,26 @@ def pretrain_step(ctx: RunContext, step: int) -> dict:
         batch, sample_metrics = sample_batch(ctx, "pretrain", step)  # + DAPO overlong penalty, if set
     sample_metrics.update(step_reward_failures(ctx.scorer, tally))
     ctx.rollout.sleep()  # GPU: hand vLLM's memory to the critic; woken before the next sampling
-    with timer("values"):
-        batch.old_values = ctx.critic.forward_values(batch)
+    gamma, lam_critic = cfg.algorithm.gamma, cfg.value_pretrain.lambda_critic
+    from_update = old_values_from_update(cfg.critic, lam_critic)
+    if from_update:
+        # Monte-Carlo targets need no values, so the update's own forward gives V_old (exact).
+        batch.returns = returns_to_go(batch.token_rewards, batch.response_mask, gamma)
+        with timer("critic_update"):
+            update = train_critic(ctx, batch, step, lambda_critic=lam_critic)  # fills batch.old_values
+    else:
+        with timer("values"):
+            batch.old_values = ctx.critic.forward_values(batch)
     with timer("advantages"):
-        # Targets: Monte-Carlo returns (lambda = 1). The actor's advantages are computed too,
-        # only as a diagnostic: their position profile shows the bias the critic would inject.
-        batch.raw_advantages, batch.returns = decoupled_gae(
-            batch.token_rewards, batch.old_values, batch.response_mask, gamma=cfg.algorithm.gamma,
-            lam_actor=cfg.algorithm.lambda_actor, lam_critic=cfg.value_pretrain.lambda_critic)
-    with timer("critic_update"):
-        update = train_critic(ctx, batch, step)
+        # The actor's advantages are computed only as a diagnostic: their position profile shows
+        # the bias the critic would inject.
+        batch.raw_advantages, returns = decoupled_gae(
+            batch.token_rewards, batch.old_values, batch.response_mask, gamma=gamma,
+            lam_actor=cfg.algorithm.lambda_actor, lam_critic=lam_critic)
+    if not from_update:
+        batch.returns = returns
+        with timer("critic_update"):
+            update = train_critic(ctx, batch, step, lambda_critic=lam_critic)
     ctx.rollout.wake_up()
     metrics = step_metrics(ctx, batch, timer)
     metrics.update(update)

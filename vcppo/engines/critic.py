@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from vcppo.algos.confidence import confidence_features
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine, ModelOutputs
 from vcppo.engines.dist import DistInfo, barrier
 from vcppo.engines.packing import pack
@@ -27,19 +28,52 @@ class CriticEngine(DeepSpeedModelEngine):
 
     def _build_module(self):
         from vcppo.models.value_model import ValueModel
+        confidence = bool(getattr(self.cfg, "confidence_features", False))
         if self.init == "policy":
-            return ValueModel.from_policy(self.path, dtype=self.dtype)
-        return ValueModel.from_pretrained(self.path, dtype=self.dtype)
+            return ValueModel.from_policy(self.path, dtype=self.dtype, confidence=confidence)
+        return ValueModel.from_pretrained(self.path, dtype=self.dtype, confidence=confidence)
+
+    def _confidence_features(self, micro: Experience) -> torch.Tensor | None:
+        """(b, R, 3) features of the sampler's logprobs, when the model has a confidence head."""
+        if getattr(self.module, "confidence_head", None) is None:
+            return None
+        if micro.sampler_logprobs is None:
+            raise ValueError("critic.confidence_features needs the sampler's logprobs in the batch "
+                             "(Experience.sampler_logprobs)")
+        return confidence_features(micro.sampler_logprobs, micro.response_mask)
+
+    def _param_groups(self, module: torch.nn.Module) -> list:
+        """The backbone at lr, the value head at lr x head_lr_scale, the confidence head (if any) at
+        lr x confidence_lr_scale; one group when nothing is scaled."""
+        lr = float(self.cfg.lr)
+        rates = {"value_head.": lr * float(getattr(self.cfg, "head_lr_scale", 1.0))}
+        if getattr(module, "confidence_head", None) is not None:
+            rates["confidence_head."] = lr * float(getattr(self.cfg, "confidence_lr_scale", 1.0))
+        if all(r == lr for r in rates.values()):
+            return super()._param_groups(module)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        groups = [{"params": [p for n, p in named if not n.startswith(tuple(rates))]}]
+        groups += [{"params": [p for n, p in named if n.startswith(prefix)], "lr": rate} for prefix, rate in rates.items()]
+        return groups
 
     def _forward_outputs(self, micro: Experience, need_entropy: bool = False) -> ModelOutputs:
         micro = micro.to(self.dist.device)
+        feats = self._confidence_features(micro)  # (b, R, 3) or None
+        P, R = micro.prompt_len, micro.responses.shape[1]
         if self.cfg.packed:
             packed = pack(micro)
-            values = self.engine(input_ids=packed.input_ids, position_ids=packed.position_ids)
+            kw = {}
+            if feats is not None:  # at the positions whose outputs are read as values
+                kw["confidence"] = feats.new_zeros(1, packed.input_ids.shape[1], feats.shape[-1])
+                kw["confidence"][0, packed.predict_index] = feats[packed.rows, packed.cols]
+            values = self.engine(input_ids=packed.input_ids, position_ids=packed.position_ids, **kw)
             return ModelOutputs(values=packed.to_response_layout(values[0, packed.predict_index].float()))
-        P, R = micro.prompt_len, micro.responses.shape[1]
+        kw = {}
+        if feats is not None:
+            kw["confidence"] = feats.new_zeros(*micro.input_ids.shape, feats.shape[-1])
+            kw["confidence"][:, P - 1:P + R - 1] = feats
         values = self.engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
-                             position_ids=micro.position_ids)
+                             position_ids=micro.position_ids, **kw)
         # V(state before response token t) = value at the column of the previous token.
         v = values[:, P - 1:P + R - 1].float()
         return ModelOutputs(values=v * micro.response_mask)

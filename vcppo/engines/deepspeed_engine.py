@@ -236,7 +236,7 @@ class DeepSpeedModelEngine:
         if train and cfg.gradient_checkpointing:
             self._enable_gradient_checkpointing(module)
         if train:
-            params = [p for p in module.parameters() if p.requires_grad]
+            params = self._param_groups(module)
             sched = lr_lambda_factory(cfg.warmup_steps, self.total_optimizer_steps, cfg.lr_schedule,
                                       cfg.min_lr_ratio)
             self.engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
@@ -249,6 +249,11 @@ class DeepSpeedModelEngine:
         self.module = self.engine.module
 
     # --- construction ----------------------------------------------------------------------
+    def _param_groups(self, module: torch.nn.Module) -> list:
+        """What the optimizer trains: the trainable parameters, or param groups (dicts with their
+        own ``lr``; the first group's lr is the one logged)."""
+        return [p for p in module.parameters() if p.requires_grad]
+
     def _build_under_zero_init(self) -> torch.nn.Module:
         """Build the module; under ZeRO-3, transformers' from_pretrained partitions it at load
         (deepspeed.zero.Init, needs `accelerate`), so it is never fully materialised per rank."""

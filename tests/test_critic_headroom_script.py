@@ -1,0 +1,42 @@
+"""scripts/critic_headroom.py --probe: the held-out linear probes and their features, on a tiny real
+Qwen2 policy (no sampling: samples are given)."""
+import importlib.util
+from pathlib import Path
+
+import torch
+
+spec = importlib.util.spec_from_file_location("critic_headroom",
+                                              Path(__file__).parents[1] / "scripts" / "critic_headroom.py")
+headroom = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(headroom)
+
+
+def test_the_ridge_probe_finds_a_planted_signal_on_held_out_rows_and_nothing_in_noise():
+    g = torch.Generator().manual_seed(0)
+    B, R = 64, 10
+    mask = torch.ones(B, R)
+    mask[::3, 7:] = 0  # uneven lengths
+    x = torch.randn(B, R, 4, generator=g)
+    returns = (x[..., 0] > 0).float() * 2 - 1  # decided by feature 0, per token
+    train_rows = torch.arange(B) % 2 == 0
+    assert headroom._ridge_ev(x, returns * mask, mask, train_rows) > 0.5
+    noise = torch.randn(B, R, 4, generator=g)
+    assert abs(headroom._ridge_ev(noise, returns * mask, mask, train_rows)) < 0.1
+
+
+def test_confidence_features_describe_the_tokens_before_each_state(tmp_path):
+    from tests.engines.conftest import build_tiny_model
+    from transformers import AutoModelForCausalLM
+    policy = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m")).eval()
+    samples = [([5, 6, 7], [10, 11, 12, 13], 1.0, None), ([8, 9], [20, 21], -1.0, 1)]
+    hidden, conf = headroom._probe_features(policy, samples, R=4)
+    assert hidden.shape == (2, 4, policy.config.hidden_size) and conf.shape == (2, 4, 3)
+    with torch.no_grad():
+        logits = policy(torch.tensor([[5, 6, 7, 10, 11, 12, 13]])).logits[0]
+    logp = torch.log_softmax(logits[2:6], -1).gather(1, torch.tensor([[10], [11], [12], [13]]))[:, 0]
+    # the state before token t has seen tokens < t: its features come from logprobs 0..t-1
+    before = torch.cat([torch.zeros(1), logp[:3]])
+    torch.testing.assert_close(conf[0, :, 0], before)
+    torch.testing.assert_close(conf[0, :, 1], torch.cummin(before, 0).values)
+    torch.testing.assert_close(conf[0, :, 2], torch.log1p(torch.cumsum((before < -0.6931).float(), 0)))
+    assert conf[1, 2:].abs().sum() == 0 and hidden[1, 2:].abs().sum() == 0  # padding stays zero
