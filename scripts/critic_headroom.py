@@ -150,7 +150,7 @@ def _ridge_ev(x: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, train_
 def _probes(hidden: torch.Tensor, confidence: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
             per_prompt: int) -> dict:
     """Is what a critic needs linearly readable from the frozen policy? Split by prompt."""
-    train_rows = (torch.arange(len(samples)) // per_prompt) % 2 == 0
+    train_rows = (torch.arange(returns.shape[0]) // per_prompt) % 2 == 0
     return {"probe_ev_hidden": _ridge_ev(hidden, returns, mask, train_rows),
             "probe_ev_confidence": _ridge_ev(confidence, returns, mask, train_rows),
             "probe_ev_hidden_and_confidence": _ridge_ev(torch.cat([hidden, confidence], -1), returns, mask,

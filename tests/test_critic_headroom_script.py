@@ -22,6 +22,9 @@ def test_the_ridge_probe_finds_a_planted_signal_on_held_out_rows_and_nothing_in_
     assert headroom._ridge_ev(x, returns * mask, mask, train_rows) > 0.5
     noise = torch.randn(B, R, 4, generator=g)
     assert abs(headroom._ridge_ev(noise, returns * mask, mask, train_rows)) < 0.1
+    probes = headroom._probes(x, noise, returns * mask, mask, per_prompt=4)  # split by prompt groups of 4
+    assert probes["probe_ev_hidden"] > 0.5 and abs(probes["probe_ev_confidence"]) < 0.1
+    assert probes["probe_ev_hidden_and_confidence"] > 0.5
 
 
 def test_confidence_features_describe_the_tokens_before_each_state(tmp_path):

@@ -3,7 +3,7 @@
 On `add` an error in the trace is usually a token the policy itself found unlikely, yet the last
 hidden state of a policy-initialised critic does not say whether an earlier step was wrong: a
 linear probe of the return on it explains ~0 of the variance, while the same probe on these three
-features explains ~2/3 of what an error-aware oracle does (docs/results.md, "What a critic can
+features explains ~70% of what an error-aware oracle does (docs/results.md, "What a critic can
 read"). Tensors in, tensors out.
 """
 from __future__ import annotations
