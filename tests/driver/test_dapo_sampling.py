@@ -125,7 +125,9 @@ def test_overlong_penalty_shifts_scores_and_the_last_token_reward():
 
 
 def test_vllm_sleeps_after_sampling_and_wakes_before_the_next_in_value_pretraining():
-    ctx = FakeCtx([scored([[1, -1], [1, 1]]), scored([[1, 1], [-1, -1]])])
+    # lambda_critic < 1 keeps the separate values pass (with 1 the critic update's own forward gives
+    # V_old; the real engine's test of that path: tests/driver/test_old_values_from_update.py)
+    ctx = FakeCtx([scored([[1, -1], [1, 1]]), scored([[1, 1], [-1, -1]])], **{"value_pretrain.lambda_critic": 0.99})
     for step in (1, 2):
         pretrain_step(ctx, step)
     one = ["sample:pretrain", "sleep", "values", "critic_update", "wake_up"]
@@ -134,7 +136,7 @@ def test_vllm_sleeps_after_sampling_and_wakes_before_the_next_in_value_pretraini
 
 # Two actor mini-batches keep the separate old-logprobs pass (with one, the update's own forward
 # gives them; the real engine's test of that path: tests/driver/test_old_logprobs_from_update.py).
-TWO_MINI_BATCHES = {"actor.ppo_mini_batches": 2}
+TWO_MINI_BATCHES = {"actor.ppo_mini_batches": 2, "algorithm.lambda_critic": 0.99}  # + the values pass
 
 
 def test_vllm_sleeps_during_the_ppo_updates():
