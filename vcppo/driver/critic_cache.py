@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from vcppo.schema import Config
+from vcppo.schema import Config, CriticConfig
 
 COMPLETE_MARKER = "vcppo_pretrain.json"
 
@@ -32,7 +32,8 @@ def fingerprint_path(path: str) -> dict:
 
 
 PLACEMENT_KEYS = ("zero_stage", "offload_params", "offload_optimizer")
-LATER_DEFAULTS = {"head_lr_scale": 1.0, "confidence_features": False, "confidence_lr_scale": 100.0}  # critic fields newer than the cache
+# critic fields newer than the cache format: they enter the key only when set away from their default
+LATER_DEFAULTS = {k: getattr(CriticConfig(), k) for k in ("head_lr_scale", "confidence_features", "confidence_lr_scale")}
 
 
 def critic_source(cfg: Config) -> tuple[str, str]:

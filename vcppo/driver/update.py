@@ -130,13 +130,26 @@ def run_update(engine: DeepSpeedModelEngine, loss: EngineLoss, optim: ActorConfi
     return out
 
 
+def one_optimizer_step(optim: ActorConfig) -> bool:
+    """One epoch of one mini-batch: the update's forward runs on the weights of before the step, and
+    its micro-batches hold the batch's rows in order."""
+    return optim.ppo_epochs == 1 and optim.ppo_mini_batches == 1
+
+
+def kept_outputs(engine: DeepSpeedModelEngine, batch: Experience, kept: list[tuple]) -> list[torch.Tensor]:
+    """What a loss kept from the update's forwards (one tuple per micro-batch), as (B, R) tensors
+    in the batch's row order; valid under :func:`one_optimizer_step` (rank-padding passes come last)."""
+    groups = engine.micro_batch_rows(batch)
+    return stitch_rows(groups, kept[:len(groups)])
+
+
 def old_values_from_update(critic: CriticConfig, lambda_critic: float) -> bool:
     """With one epoch of one mini-batch the critic update's forward runs on the weights of before the
     step, so its values ARE V_old, and the separate values pass can be skipped, provided the value
     targets do not need V: with lambda_critic = 1 they are the discounted returns-to-go (GAE
     telescopes), known from the rewards alone. The actor's advantages are then computed after the
     critic update, from the values it kept (GAE is per row, so micro-batching does not matter)."""
-    return critic.ppo_epochs == 1 and critic.ppo_mini_batches == 1 and lambda_critic == 1.0
+    return one_optimizer_step(critic) and lambda_critic == 1.0
 
 
 def train_critic(ctx: RunContext, batch: Experience, step: int, lambda_critic: float | None = None) -> dict:
@@ -151,8 +164,7 @@ def train_critic(ctx: RunContext, batch: Experience, step: int, lambda_critic: f
     loss = ValueLoss(ctx.cfg.critic, ctx.cfg.algorithm.loss_agg, old_from_update=from_update)
     out = run_update(ctx.critic, loss, ctx.cfg.critic, batch, ctx.cfg.trainer.seed, step, "critic")
     if from_update:
-        groups = ctx.critic.micro_batch_rows(batch)  # the one mini-batch holds the batch's rows in order
-        batch.old_values, = stitch_rows(groups, loss.kept[:len(groups)])  # (rank-padding passes last)
+        batch.old_values, = kept_outputs(ctx.critic, batch, loss.kept)
     return out
 
 
@@ -161,7 +173,7 @@ def old_logprobs_from_update(actor: ActorConfig, kl_in_reward: bool) -> bool:
     its logprobs ARE pi_old (ratio exactly 1 at the single step): the separate old-logprobs pass can
     be skipped. Not when the KL penalty is folded into the reward: the advantages need pi_old's
     logprobs before the update."""
-    return actor.ppo_epochs == 1 and actor.ppo_mini_batches == 1 and not kl_in_reward
+    return one_optimizer_step(actor) and not kl_in_reward
 
 
 def pi_old_source(ctx: RunContext) -> str:
@@ -180,12 +192,11 @@ def train_actor(ctx: RunContext, batch: Experience, step: int) -> dict:
     from_update = batch.old_logprobs is None
     if from_update and not old_logprobs_from_update(ctx.cfg.actor, ctx.reference is not None):
         raise RuntimeError("old_logprobs missing but the update makes more than one optimizer step")
-    one_step = ctx.cfg.actor.ppo_epochs == 1 and ctx.cfg.actor.ppo_mini_batches == 1  # kept rows = the batch's
-    loss = PolicyLoss(ctx.cfg.algorithm, old_from_update=from_update, keep_outputs=batch.entropy is None and one_step)
+    loss = PolicyLoss(ctx.cfg.algorithm, old_from_update=from_update,
+                      keep_outputs=batch.entropy is None and one_optimizer_step(ctx.cfg.actor))
     out = run_update(ctx.actor, loss, ctx.cfg.actor, batch, ctx.cfg.trainer.seed, step, "actor")
     if loss.keep_outputs:
-        groups = ctx.actor.micro_batch_rows(batch)  # the one mini-batch holds the batch's rows in order
-        logprobs, batch.entropy = stitch_rows(groups, loss.kept[:len(groups)])  # (rank-padding passes last)
+        logprobs, batch.entropy = kept_outputs(ctx.actor, batch, loss.kept)
         if from_update:
             batch.old_logprobs = logprobs
     return out
