@@ -270,6 +270,8 @@ class SFTConfig(OptimConfig):
     target_accuracy: float = _f(0.0, "Stop once greedy val accuracy reaches this (0: off). A cold start "
                                 "for RL should leave room to improve.", low=0.0, high=1.0)
     eval_prompts: int = _f(200, "Validation prompts for the greedy accuracy.", low=1)
+    save_every: int = _f(0, "Also keep a checkpoint every N steps in output_dir/step_N, e.g. to start RL from "
+                         "several points of one run (0: only the final one).", low=0)
     lr: float = _f(2e-3, "Peak learning rate.", low=0.0)
     warmup_steps: int = _f(30, "Linear learning-rate warm-up, in optimizer steps.", low=0)
     lr_schedule: str = _f("cosine", "Schedule after warm-up.", choices=("constant", "cosine", "linear"))

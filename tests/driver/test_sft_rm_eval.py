@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from tests.conftest import vcppo
 
@@ -13,8 +14,8 @@ def test_sft_lowers_nll_and_exports_a_loadable_checkpoint(tiny_artifacts, tmp_pa
     res = vcppo("sft", "base", f"sft.init_model={art / 'tiny'}", f"data.train_files={art / 'data/train.parquet'}",
                 f"data.val_files={art / 'data/val.parquet'}", f"sft.output_dir={tmp_path / 'sft'}", "sft.steps=8",
                 "sft.batch_size=8", "sft.micro_batch_size=4", "sft.lr=3e-3", "sft.warmup_steps=1",
-                "sft.eval_prompts=4", "sft.eval_every=2", "sft.eval_after=5", "rollout.max_response_tokens=32",
-                "logging.wandb=false", cwd=tmp_path, check=False)
+                "sft.eval_prompts=4", "sft.eval_every=2", "sft.eval_after=5", "sft.save_every=3",
+                "rollout.max_response_tokens=32", "logging.wandb=false", cwd=tmp_path, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "sft" / "sft_summary.json").read_text())
     assert summary["steps"] == 8 and 0.0 <= summary["val/pass@1_greedy"] <= 1.0
@@ -24,6 +25,12 @@ def test_sft_lowers_nll_and_exports_a_loadable_checkpoint(tiny_artifacts, tmp_pa
     assert nll[-1] < nll[0] - 0.5, nll  # a random 0.5M model learns the trace alphabet fast
     from transformers import AutoModelForCausalLM, AutoTokenizer
     AutoModelForCausalLM.from_pretrained(tmp_path / "sft")
+    kept = sorted(p.name for p in (tmp_path / "sft").glob("step_*"))
+    assert kept == ["step_3", "step_6"], kept  # every 3 steps; the final one is the output_dir itself
+    early = AutoModelForCausalLM.from_pretrained(tmp_path / "sft" / "step_3")
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "sft")
+    assert any(not torch.equal(a, b) for a, b in zip(early.parameters(), final.parameters()))
+    assert AutoTokenizer.from_pretrained(tmp_path / "sft" / "step_3").convert_tokens_to_ids("<think>") is not None
     assert AutoTokenizer.from_pretrained(tmp_path / "sft").convert_tokens_to_ids("<think>") is not None
 
 

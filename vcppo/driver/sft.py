@@ -96,6 +96,8 @@ def run_sft(cfg: Config) -> dict:
         m = actor.train_step(batch, ResponseNLL())
         m["time/step_s"] = time.perf_counter() - t0
         log.log(m, step=step, phase="sft")
+        if s.save_every and step % s.save_every == 0 and step < s.steps:
+            actor.export_hf(str(out / f"step_{step}"))
         if s.eval_every and step % s.eval_every == 0 and step >= s.eval_after and val_rows and step < s.steps:
             metrics, evaluated_at = eval_now(step), step
             if s.target_accuracy and metrics["val/pass@1_greedy"] >= s.target_accuracy:
