@@ -23,6 +23,7 @@ from pathlib import Path
 
 from vcppo.config import load_command_config, save_config
 from vcppo.driver.ppo import run_dir_of
+from vcppo.driver.sft import target_shortfall
 from vcppo.tracking import machine_info
 
 
@@ -49,6 +50,9 @@ def main(argv: list[str]) -> int:
         _run("model", ["model", "make", "--size", d.model_size, "--out", str(init)], log)
     if not (sft / "sft_summary.json").exists():
         _run("sft", ["sft", config], log)
+    sft_warning = target_shortfall(json.loads((sft / "sft_summary.json").read_text()), cfg.sft.target_accuracy)
+    if sft_warning:
+        print(f"\n=== WARNING: {sft_warning}", flush=True)
     # The reward model is a stage only where the preset's critic starts from it (`ppo`): VC-PPO's
     # critic starts from the SFT policy and value pretraining, so the demo does not pay ~3 min for
     # an RM it never reads. `launch/ablation.sh` builds it for the `ppo` runs.
@@ -74,4 +78,6 @@ def main(argv: list[str]) -> int:
     s, r = test_metrics["sft"], test_metrics["rl"]
     print(f"\n=== demo done in {summary['minutes']} min. Test greedy pass@1: SFT {s['val/pass@1_greedy']:.3f} "
           f"-> RL {r['val/pass@1_greedy']:.3f}; report: {run_dir / 'report' / 'report.md'}")
+    if sft_warning:
+        print(f"=== WARNING (see above): {sft_warning}")
     return 0

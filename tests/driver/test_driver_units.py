@@ -171,3 +171,15 @@ def test_a_policy_initialised_critic_starts_from_the_policy_even_when_a_critic_p
     assert critic_source(demo) == ("policy", "/w/sft")
     rm = load_config("demo", ["demo.workdir=/w", "model.critic_init=reward_model"])
     assert critic_source(rm) == ("reward_model", "/w/rm")
+
+
+def test_sft_that_stops_below_its_target_is_named_with_the_reason():
+    from vcppo.driver.sft import target_shortfall
+    short = {"steps": 600, "stopped_by": "steps", "val/pass@1_greedy": 0.25}
+    msg = target_shortfall(short, 0.4)
+    assert "step 600" in msg and "sft.steps" in msg and "0.250" in msg and "sft.target_accuracy 0.4" in msg
+    assert "(by sft.max_minutes)" in target_shortfall({**short, "stopped_by": "max_minutes"}, 0.4)
+    assert target_shortfall({**short, "val/pass@1_greedy": 0.4}, 0.4) is None  # reached
+    assert target_shortfall(short, 0.0) is None  # no target asked
+    assert target_shortfall({"steps": 8}, 0.4) is None  # no val split: nothing to judge
+    assert "step 600 with" in target_shortfall({"steps": 600, "val/pass@1_greedy": 0.1}, 0.4)  # older summary

@@ -14,11 +14,14 @@ def test_sft_lowers_nll_and_exports_a_loadable_checkpoint(tiny_artifacts, tmp_pa
     res = vcppo("sft", "base", f"sft.init_model={art / 'tiny'}", f"data.train_files={art / 'data/train.parquet'}",
                 f"data.val_files={art / 'data/val.parquet'}", f"sft.output_dir={tmp_path / 'sft'}", "sft.steps=8",
                 "sft.batch_size=8", "sft.micro_batch_size=4", "sft.lr=3e-3", "sft.warmup_steps=1",
-                "sft.eval_prompts=4", "sft.eval_every=2", "sft.eval_after=5", "sft.save_every=3",
+                "sft.eval_prompts=4", "sft.eval_every=2", "sft.eval_after=5", "sft.save_every=3", "sft.target_accuracy=0.99",
                 "rollout.max_response_tokens=32", "logging.wandb=false", cwd=tmp_path, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "sft" / "sft_summary.json").read_text())
     assert summary["steps"] == 8 and 0.0 <= summary["val/pass@1_greedy"] <= 1.0
+    assert summary["stopped_by"] == "steps"
+    # a target this model cannot reach in 8 steps: the run says so, naming the key to change
+    assert "below sft.target_accuracy 0.99" in res.stdout + res.stderr
     rows = [json.loads(l) for l in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["phase"] == "sft_val"] == [6, 8]  # every 2 from step 5, and the end
     nll = [r["sft/nll_token"] for r in rows if r["phase"] == "sft"]

@@ -61,6 +61,21 @@ def _load_data(cfg: Config, tokenizer) -> tuple:
     return train, val_rows
 
 
+def target_shortfall(summary: dict, target_accuracy: float) -> str | None:
+    """Why an SFT run that was asked to reach ``target_accuracy`` is not a cold start RL can use, or
+    None. A checkpoint left below the target by the schedule or the time cap can sit on a plateau
+    where one skill of the task (on `add`: reading one digit of the prompt) is missing entirely;
+    RL's 1-bit rewards then only reinforce lucky guesses and do not improve it (docs/results.md,
+    "RL from SFT checkpoints of five trajectories")."""
+    accuracy = summary.get("val/pass@1_greedy")
+    if not target_accuracy or accuracy is None or accuracy >= target_accuracy:
+        return None
+    why = f" (by sft.{summary['stopped_by']})" if "stopped_by" in summary else ""
+    return (f"SFT stopped at step {summary.get('steps', '?')}{why} with greedy val accuracy "
+            f"{accuracy:.3f}, below sft.target_accuracy {target_accuracy}. RL from a checkpoint that has not "
+            f"learned the task may not improve on it; give SFT more sft.steps or sft.max_minutes.")
+
+
 def run_sft(cfg: Config) -> dict:
     from transformers import AutoTokenizer
 
@@ -85,7 +100,7 @@ def run_sft(cfg: Config) -> dict:
                  f"(mean length {m['val/response_length_greedy']:.0f} tokens)")
         return m
 
-    start, metrics, evaluated_at = time.time(), {}, -1
+    start, metrics, evaluated_at, stopped_by = time.time(), {}, -1, "steps"
     log.start_phase("sft", total=s.steps)
     for step in range(1, s.steps + 1):
         _, mine = rank_slice(stream.next_batch(s.batch_size), dist.rank, dist.world_size)
@@ -102,17 +117,22 @@ def run_sft(cfg: Config) -> dict:
             metrics, evaluated_at = eval_now(step), step
             if s.target_accuracy and metrics["val/pass@1_greedy"] >= s.target_accuracy:
                 log.info(f"stopping at step {step}: val accuracy reached sft.target_accuracy {s.target_accuracy}")
+                stopped_by = "target_accuracy"
                 break
         if s.max_minutes and (time.time() - start) / 60 > s.max_minutes:
             log.info(f"stopping at step {step}: sft.max_minutes {s.max_minutes} reached")
+            stopped_by = "max_minutes"
             break
     train_minutes = (time.time() - start) / 60
     if val_rows and evaluated_at != step:
         metrics = eval_now(step)
     actor.export_hf(str(out))
-    summary = {"steps": step, "train_minutes": round(train_minutes, 2),
+    summary = {"steps": step, "train_minutes": round(train_minutes, 2), "stopped_by": stopped_by,
                "final_nll_token": m.get("sft/nll_token", math.nan), **metrics}
+    short = target_shortfall(summary, s.target_accuracy)
     if dist.is_main:
+        if short:
+            log.info(f"WARNING: {short}")
         (out / "sft_summary.json").write_text(json.dumps(summary, indent=1))
         log.info(f"SFT done: {json.dumps(summary)}")
     log.close()
