@@ -76,6 +76,14 @@ def target_shortfall(summary: dict, target_accuracy: float) -> str | None:
             f"learned the task may not improve on it; give SFT more sft.steps or sft.max_minutes.")
 
 
+def _write_summary(summary: dict, out: Path, target_accuracy: float, log) -> None:
+    short = target_shortfall(summary, target_accuracy)
+    if short:
+        log.info(f"WARNING: {short}")
+    (out / "sft_summary.json").write_text(json.dumps(summary, indent=1))
+    log.info(f"SFT done: {json.dumps(summary)}")
+
+
 def run_sft(cfg: Config) -> dict:
     from transformers import AutoTokenizer
 
@@ -116,12 +124,11 @@ def run_sft(cfg: Config) -> dict:
         if s.eval_every and step % s.eval_every == 0 and step >= s.eval_after and val_rows and step < s.steps:
             metrics, evaluated_at = eval_now(step), step
             if s.target_accuracy and metrics["val/pass@1_greedy"] >= s.target_accuracy:
-                log.info(f"stopping at step {step}: val accuracy reached sft.target_accuracy {s.target_accuracy}")
                 stopped_by = "target_accuracy"
-                break
-        if s.max_minutes and (time.time() - start) / 60 > s.max_minutes:
-            log.info(f"stopping at step {step}: sft.max_minutes {s.max_minutes} reached")
+        if s.max_minutes and (time.time() - start) / 60 > s.max_minutes and stopped_by == "steps":
             stopped_by = "max_minutes"
+        if stopped_by != "steps":
+            log.info(f"stopping at step {step}: sft.{stopped_by} {getattr(s, stopped_by)} reached")
             break
     train_minutes = (time.time() - start) / 60
     if val_rows and evaluated_at != step:
@@ -129,12 +136,8 @@ def run_sft(cfg: Config) -> dict:
     actor.export_hf(str(out))
     summary = {"steps": step, "train_minutes": round(train_minutes, 2), "stopped_by": stopped_by,
                "final_nll_token": m.get("sft/nll_token", math.nan), **metrics}
-    short = target_shortfall(summary, s.target_accuracy)
     if dist.is_main:
-        if short:
-            log.info(f"WARNING: {short}")
-        (out / "sft_summary.json").write_text(json.dumps(summary, indent=1))
-        log.info(f"SFT done: {json.dumps(summary)}")
+        _write_summary(summary, out, s.target_accuracy, log)
     log.close()
     if rollout is not None:
         rollout.close()
