@@ -50,7 +50,8 @@ def main(argv: list[str]) -> int:
         _run("model", ["model", "make", "--size", d.model_size, "--out", str(init)], log)
     if not (sft / "sft_summary.json").exists():
         _run("sft", ["sft", config], log)
-    sft_warning = target_shortfall(json.loads((sft / "sft_summary.json").read_text()), cfg.sft.target_accuracy)
+    sft_summary = json.loads((sft / "sft_summary.json").read_text())
+    sft_warning = target_shortfall(sft_summary, cfg.sft.target_accuracy)
     if sft_warning:
         print(f"\n=== WARNING: {sft_warning}", flush=True)
     # The reward model is a stage only where the preset's critic starts from it (`ppo`): VC-PPO's
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> int:
 
     summary = {"minutes": round((time.time() - t0) / 60, 1), "host": machine_info(), "stages": log,
                "test": test_metrics,
-               "sft": json.loads((sft / "sft_summary.json").read_text())}
+               "sft": sft_summary}
     if wants_rm:
         summary["rm"] = json.loads((rm / "rm_summary.json").read_text())
     (run_dir / "demo_summary.json").write_text(json.dumps(summary, indent=1))
