@@ -51,15 +51,17 @@ def test_rollout_bench_builds_its_model_with_the_factory_not_the_tests(tmp_path)
 @pytest.mark.slow
 @pytest.mark.integration
 def test_rollout_bench_runs_the_real_engines(tmp_path):
-    """vLLM, HF generate, the DeepSpeed actor / critic steps with the PPO losses, and the weight sync."""
+    """vLLM (eager and compiled), HF generate, the DeepSpeed actor / critic steps with the PPO
+    losses, and the weight sync."""
     from tests.conftest import vcppo
-    res = vcppo("bench", "rollout", "--sizes", "tiny", "--rounds", "1", "--train-step", "--prompts", "4", "--n", "2",
+    res = vcppo("bench", "rollout", "--sizes", "tiny", "--rounds", "1", "--train-step", "--compiled",
+                "--prompts", "4", "--n", "2",
                 "--max-tokens", "16", "--micro-batch-size", "4", "--json", tmp_path / "out" / "rollout.json",
                 cwd=tmp_path, check=False, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     figures = json.loads((tmp_path / "out" / "rollout.json").read_text())["tiny"]
-    for key in ("engine_tok_per_s", "seeded_tok_per_s", "hf_tok_per_s", "fwd_logprobs_s", "fwd_values_s",
-                "actor_step_s", "critic_step_s", "sync_s"):
+    for key in ("engine_tok_per_s", "seeded_tok_per_s", "hf_tok_per_s", "compiled_tok_per_s", "compiled_over_hf",
+                "fwd_logprobs_s", "fwd_values_s", "actor_step_s", "critic_step_s", "sync_s"):
         assert figures[key] > 0, key
     assert figures["train_tokens"] == figures["engine_tokens"]  # one round: the batch that trained
 

@@ -70,7 +70,7 @@ class RolloutConfig:
                                                  "(colocated with training), 0.05 on CPU.",
                                                  low=0.0, high=1.0, low_open=True)
     tensor_parallel_size: int = _f(1, "vLLM tensor parallel size (GPU only).", low=1)
-    enforce_eager: bool = _f(True, "Disable CUDA graphs in vLLM (faster start-up, slower decode).")
+    enforce_eager: bool = _f(True, "Run vLLM eagerly: no CUDA graphs on GPU, no torch.compile of the model on CPU (faster start-up, slower decode; docs/performance.md).")
     free_memory_during_training: bool = _f(True, "GPU: put vLLM to sleep while actor/critic train.")
 
 

@@ -25,6 +25,18 @@ def rollout(info, tiny_model_dir):
     r.close()
 
 
+@pytest.fixture(scope="module")
+def compiled_rollout(info, tiny_model_dir):
+    """The same engine with ``rollout.enforce_eager=false``: vLLM compiles the model (on CPU,
+    torch.compile / inductor), and a weight sync must still reach the compiled graph."""
+    from vcppo.engines.rollout import RolloutEngine
+    from vcppo.schema import RolloutConfig
+    r = RolloutEngine(tiny_model_dir, RolloutConfig(gpu_memory_utilization=0.02, enforce_eager=False), info,
+                      seed=0, max_model_len=256)
+    yield r
+    r.close()
+
+
 def _actor(info, path, temperature=1.0, **kw):
     from vcppo.engines.actor import ActorEngine
     from vcppo.schema import ActorConfig
@@ -242,14 +254,15 @@ def test_export_loads_in_transformers_and_vllm(info, request, exports, tying, tm
 
 
 def _policy(request, tying):
-    """(vLLM engine, model dir) of the weight-sync test: the char-level tied model of conftest, or
-    the untied BPE export (its engine shared with the export test)."""
-    if tying == "tied":
-        return request.getfixturevalue("rollout"), request.getfixturevalue("tiny_model_dir")
+    """(vLLM engine, model dir) of the weight-sync test: the char-level tied model of conftest (in
+    an eager or a compiled engine), or the untied BPE export (its engine shared with the export test)."""
+    if tying.startswith("tied"):
+        engine = "compiled_rollout" if tying == "tied-compiled" else "rollout"
+        return request.getfixturevalue(engine), request.getfixturevalue("tiny_model_dir")
     return request.getfixturevalue("untied_rollout"), request.getfixturevalue("exports")("untied").export
 
 
-@pytest.mark.parametrize("tying", ["tied", "untied"])
+@pytest.mark.parametrize("tying", ["tied", "untied", "tied-compiled"])
 def test_train_step_then_sync_weights_updates_vllm(info, request, tying):
     """A ZeRO-3 step, synced into vLLM: tied, the LM head is re-tied to the new embedding; untied,
     lm_head.weight is sent and loaded. vLLM's head is the trainer's, its logprobs and greedy choices

@@ -2,12 +2,13 @@
 
 Measures, on the same model and prompts, real (uneven) lengths stopping at EOS: tokens/s of our
 ``RolloutEngine.generate`` (batched sampling, reseeded per call), of the same vLLM engine with
-per-request seeds (the old scheme), and of HF ``generate`` in one batch, alternated over
+per-request seeds (the old scheme), of HF ``generate`` in one batch (and, with ``--compiled``, of
+a second engine with ``rollout.enforce_eager=false``, which vLLM compiles), alternated over
 ``--rounds`` (ABAB: the machine is shared), with the ratio to HF; then the weight sync time
 (actor -> vLLM) and one training step split into forward logprobs, forward values, actor step and
 critic step (``--train-step``).
 
-    vcppo bench rollout [--sizes small,medium] [--prompts 64 --n 4 --max-tokens 128 --rounds 3]
+    vcppo bench rollout [--sizes small,medium] [--prompts 64 --n 4 --max-tokens 128 --rounds 3] [--compiled]
     vcppo bench rollout --model <hf dir> [--train-step] [--json PATH]
 """
 from __future__ import annotations
@@ -38,6 +39,8 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--sizes", default="small,medium", help="factory sizes to build when --model is not given")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per engine (ABAB)")
     ap.add_argument("--train-step", action="store_true", help="also time weight sync and a training step")
+    ap.add_argument("--compiled", action="store_true",
+                    help="also time a second engine with rollout.enforce_eager=false (vLLM compiles the model)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=32)
@@ -91,20 +94,26 @@ def _hf_rollout(hf, prompts: list, args) -> tuple[int, float]:
     return int(((is_eos.cumsum(1) - is_eos) == 0).sum()), dt
 
 
-def _compare(rollout, model: str, prompts: list, args, device, res: dict) -> list:
-    """ABAB rounds of engine / per-request seeds / HF; sums of tokens over sums of seconds."""
+def _compare(rollout, model: str, prompts: list, args, device, res: dict, compiled=None) -> list:
+    """ABAB rounds of engine / per-request seeds / HF (/ the compiled engine); sums of tokens over
+    sums of seconds."""
     import torch
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device).eval()
-    rollout.generate(prompts[:2], n=1, temperature=1.0, top_p=1.0, max_tokens=4)  # warm-up
+    for engine in (rollout, compiled) if compiled is not None else (rollout,):
+        engine.generate(prompts[:2], n=1, temperature=1.0, top_p=1.0, max_tokens=4)  # warm-up
     _hf_rollout(hf, prompts[:2], argparse.Namespace(n=1, max_tokens=4))
-    tot = {k: [0, 0.0] for k in ("engine", "seeded", "hf")}
+    keys = ("engine", "seeded", "hf") + (("compiled",) if compiled is not None else ())
+    tot = {k: [0, 0.0] for k in keys}
     samples = []
     for r in range(args.rounds):
         ntok, dt, samples = _engine_rollout(rollout, prompts, args)
-        for key, (ntok, dt) in (("engine", (ntok, dt)), ("seeded", _seeded_rollout(rollout, prompts, args)),
-                                ("hf", _hf_rollout(hf, prompts, args))):
+        timings = [("engine", (ntok, dt)), ("seeded", _seeded_rollout(rollout, prompts, args)),
+                   ("hf", _hf_rollout(hf, prompts, args))]
+        if compiled is not None:
+            timings.append(("compiled", _engine_rollout(compiled, prompts, args)[:2]))
+        for key, (ntok, dt) in timings:
             tot[key][0] += ntok
             tot[key][1] += dt
             print(f"  round {r} {key:7s} {ntok:6d} tokens {dt:7.2f} s {ntok / dt:8.0f} tok/s", flush=True)
@@ -113,6 +122,8 @@ def _compare(rollout, model: str, prompts: list, args, device, res: dict) -> lis
         res[f"{key}_tokens"], res[f"{key}_s"] = ntok, dt
     res["engine_over_hf"] = res["engine_tok_per_s"] / res["hf_tok_per_s"]
     res["seeded_over_hf"] = res["seeded_tok_per_s"] / res["hf_tok_per_s"]
+    if compiled is not None:
+        res["compiled_over_hf"] = res["compiled_tok_per_s"] / res["hf_tok_per_s"]
     del hf
     return samples
 
@@ -167,7 +178,15 @@ def _bench_model(model: str, args, info) -> dict:
     rollout = RolloutEngine(model, RolloutConfig(gpu_memory_utilization=0.05), info, seed=0,
                             max_model_len=args.prompt_len + args.max_tokens + 8)
     res["vllm_startup_s"] = time.perf_counter() - t
-    samples = _compare(rollout, model, prompts, args, info.device, res)
+    compiled = None
+    if args.compiled:
+        t = time.perf_counter()
+        compiled = RolloutEngine(model, RolloutConfig(gpu_memory_utilization=0.05, enforce_eager=False), info,
+                                 seed=0, max_model_len=args.prompt_len + args.max_tokens + 8)
+        res["compiled_startup_s"] = time.perf_counter() - t
+    samples = _compare(rollout, model, prompts, args, info.device, res, compiled)
+    if compiled is not None:
+        compiled.close()
     if args.train_step:
         actor = _bench_train_step(model, samples, args, info, res)
         res["sync_s"] = rollout.sync_weights(actor.named_parameters_gathered())
@@ -189,7 +208,9 @@ def main(argv=None) -> dict:
         if info.is_main:
             print(f"{name}: engine {res['engine_tok_per_s']:.0f} tok/s, per-request seeds "
                   f"{res['seeded_tok_per_s']:.0f}, HF generate {res['hf_tok_per_s']:.0f}; "
-                  f"engine / HF = {res['engine_over_hf']:.2f}, seeded / HF = {res['seeded_over_hf']:.2f}", flush=True)
+                  f"engine / HF = {res['engine_over_hf']:.2f}, seeded / HF = {res['seeded_over_hf']:.2f}"
+                  + (f"; compiled {res['compiled_tok_per_s']:.0f} tok/s, compiled / HF = {res['compiled_over_hf']:.2f}"
+                     f" (start-up {res['compiled_startup_s']:.0f} s)" if args.compiled else ""), flush=True)
     dist.shutdown()
     if info.is_main:
         print(json.dumps({n: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}

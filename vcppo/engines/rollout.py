@@ -168,8 +168,10 @@ class RolloutEngine:
         # runs unsharded on every rank and a group of tp ranks submits the same requests anyway.
         self.replica = RolloutGroups(dist.world_size, cfg.tensor_parallel_size).group_of(dist.rank)
         self.on_gpu = dist.device.type == "cuda"
+        # enforce_eager=False: CUDA graphs on GPU; on CPU, vLLM's torch.compile of the model (a
+        # compile of ~30-60 s at start-up, cached under ~/.cache/vllm; docs/performance.md)
         kwargs = dict(model=model_path, max_model_len=int(max_model_len), seed=self.seed,
-                      enforce_eager=bool(cfg.enforce_eager) if self.on_gpu else True,
+                      enforce_eager=bool(cfg.enforce_eager),
                       gpu_memory_utilization=memory_share(cfg, dist.device),
                       logprobs_mode="processed_logprobs", enable_prefix_caching=True)
         if self.on_gpu:
