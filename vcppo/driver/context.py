@@ -12,6 +12,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from vcppo.config import save_config, to_dict
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
 from vcppo.driver.critic_cache import cached_critic, critic_source
+from vcppo.driver.run_lock import RunDirInUse, release, try_lock_run_dir
 from vcppo.driver.sampling import balance_across_ranks, collect_experience, rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
@@ -177,6 +179,7 @@ class RunContext:
     reference: ReferenceEngine | None
     log: MetricsLogger
     critic_from_cache: Path | None = None
+    run_lock: IO | None = None   # main rank: the run directory's lock (driver/run_lock.py)
 
     @classmethod
     def create(cls, cfg: Config, run_dir: Path) -> "RunContext":
@@ -198,6 +201,9 @@ class RunContext:
         if cfg.data.val_files:
             val_rows = load_prompt_set(cfg, cfg.data.val_files, tokenizer, max_prompt_tokens=max_tokens,
                                        shuffle_seed=None, limit=cfg.trainer.val_max_prompts).rows()
+        held, problem = try_lock_run_dir(run_dir) if dist.is_main else (None, None)
+        if (problem := D.all_gather_object(problem)[0]) is not None:  # every rank stops, not only the main
+            raise RunDirInUse(problem)
         # verified here, before the engines start: a damaged checkpoint is skipped (or named)
         point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
                                   gather=D.all_gather_object)
@@ -216,7 +222,8 @@ class RunContext:
         return cls(cfg=cfg, run_dir=run_dir, dist=dist, pad_id=pad_token_id(tokenizer),
                    prompts=train_set.stream(seed=cfg.trainer.seed), val_rows=val_rows, scorer=scorer,
                    rollout=engines.rollout, actor=engines.actor, critic=engines.critic,
-                   reference=engines.reference, log=log, critic_from_cache=engines.critic_from_cache)
+                   reference=engines.reference, log=log, critic_from_cache=engines.critic_from_cache,
+                   run_lock=held)
 
     # ---------------------------------------------------------------------------------------------
     def sample_seed(self, phase: str, step: int) -> int:
@@ -266,4 +273,5 @@ class RunContext:
         try:
             self.rollout.close()
         finally:
+            release(self.run_lock)
             D.shutdown(wait_for_peers=clean)
