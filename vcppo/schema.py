@@ -219,7 +219,7 @@ class TrainerConfig:
     seed: int = _f(0, "Seed of data order, sampling and initialisation (numpy accepts [0, 2**32)).",
                    low=0, high=2**32 - 1)
     output_root: str = _f("runs", "Directory under which run directories are created.")
-    run_name: Optional[str] = _f(None, "Run directory name (default: <preset>-<timestamp>).")
+    run_name: Optional[str] = _f(None, "Run directory name (default: <preset>-seed<seed>, so re-running a command resumes its run).")
     save_every: int = _f(0, "Checkpoint every N steps (0: only at the end).", low=0)
     keep_last: int = _f(2, "Keep the last K checkpoints.", low=1)
     resume: str = _f("auto", "'auto' continues from the run's last complete checkpoint, 'never' "

@@ -125,3 +125,17 @@ def test_a_sigkilled_run_resumes_with_the_uninterrupted_metrics(uninterrupted, t
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming from" in res.stderr
     assert_same(records(tmp_path / "vcppo-seed0"), full)
+
+
+@pytest.mark.slow
+def test_a_command_that_lands_on_another_runs_directory_is_refused(uninterrupted, tiny_artifacts):
+    """trainer.resume=auto would continue (here: re-report) the seed-0 run for a seed-1 command that
+    names its directory; it exits 2 naming the key, and the directory is left as it was."""
+    root, _ = uninterrupted
+    run = root / "vcppo-seed0"
+    before, config_before = records(run), (run / "config.yaml").read_text()
+    res = train("vcppo", overrides(tiny_artifacts, root) + ["trainer.seed=1", "trainer.run_name=vcppo-seed0"],
+                cwd=root, timeout=600)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "holds another run (trainer.seed: 0 there, 1 now)" in res.stderr and "trainer.resume=never" in res.stderr
+    assert records(run) == before and (run / "config.yaml").read_text() == config_before

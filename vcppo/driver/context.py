@@ -21,7 +21,7 @@ from vcppo.config import save_config, to_dict
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
 from vcppo.driver.critic_cache import cached_critic, critic_source
-from vcppo.driver.run_lock import RunDirInUse, release, try_lock_run_dir
+from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
 from vcppo.driver.sampling import balance_across_ranks, collect_experience, rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
@@ -210,6 +210,8 @@ class RunContext:
         resumed = peek_state(point) if point is not None else None
         # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
         own = point is not None and point.resolve().parent == (run_dir / "checkpoints").resolve()
+        if (problem := D.all_gather_object(identity_conflict(run_dir, cfg) if own and dist.is_main else None)[0]):
+            raise RunDirInUse(problem)
         sent = rewind_metrics(run_dir, resumed) if (own and dist.is_main) else set()
         log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None, already_sent=sent)
         if dist.is_main:

@@ -1,4 +1,4 @@
-"""One live run per run directory.
+"""One live run per run directory, and one run per directory over time.
 
 Two processes that resolve to the same run directory (two launches of one command, or a sweep
 whose grid leaves the seed out of the run names while the seed varies in its overrides) would
@@ -6,6 +6,13 @@ both auto-resume from, and then overwrite, the same checkpoints and metrics file
 main rank therefore holds an exclusive ``flock`` on ``<run_dir>/.run.lock`` for the life of the
 run. The kernel releases it when the process dies, however it dies, so a crashed run never leaves
 a stale lock behind and its resume is never refused.
+
+Over time: ``trainer.resume=auto`` continues whatever run the directory holds, so a command that
+lands on another run's directory (a sweep for seed 1 whose run names leave the seed out, after the
+seed-0 sweep finished there) would silently continue, or simply re-report, the other run. Before
+resuming from the directory's own checkpoint, the keys that say which run it is are compared with
+the saved ``config.yaml``; any difference refuses the resume. Other keys (total steps, lrs,
+logging) may change on resume, as users of other trainers expect.
 """
 from __future__ import annotations
 
@@ -15,13 +22,21 @@ import socket
 from pathlib import Path
 from typing import IO
 
-from vcppo.schema import ConfigError
+from omegaconf import OmegaConf
+
+from vcppo.schema import Config, ConfigError
 
 LOCK_FILE = ".run.lock"
 
 
+# What makes a run that run: a resume that changes one of these would continue another experiment.
+IDENTITY_KEYS = ("preset", "trainer.seed", "model.policy_path", "model.critic_init", "data.train_files",
+                 "algorithm.advantage_estimator")
+
+
 class RunDirInUse(ConfigError):
-    """Another live process holds the run directory (the CLI prints the reason and exits 2)."""
+    """Another live process holds the run directory, or the directory holds another run (the CLI
+    prints the reason and exits 2)."""
 
 
 def try_lock_run_dir(run_dir: Path) -> tuple[IO | None, str | None]:
@@ -48,3 +63,18 @@ def release(handle: IO | None) -> None:
     if handle is not None:
         fcntl.flock(handle, fcntl.LOCK_UN)
         handle.close()
+
+
+def identity_conflict(run_dir: Path, cfg: Config) -> str | None:
+    """Why resuming ``run_dir``'s run with ``cfg`` would continue a different run, or None."""
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.exists():  # a run from before configs were saved: nothing to compare
+        return None
+    saved, now = OmegaConf.load(saved_path), OmegaConf.structured(cfg)
+    diffs = [f"{key}: {OmegaConf.select(saved, key)!r} there, {OmegaConf.select(now, key)!r} now"
+             for key in IDENTITY_KEYS if OmegaConf.select(saved, key) != OmegaConf.select(now, key)]
+    if not diffs:
+        return None
+    return (f"run dir {run_dir} holds another run ({'; '.join(diffs)}), and trainer.resume=auto would "
+            f"continue it. Give this run its own trainer.run_name or trainer.output_root, or pass "
+            f"trainer.resume=never to start over in that directory.")
