@@ -72,3 +72,17 @@ def test_missing_hostfile_is_a_clear_error(tmp_path):
     env = dict(os.environ, HOSTFILE=str(tmp_path / "nope"))
     res = subprocess.run([str(REPO / "launch/multi_node.sh"), "vcppo"], env=env, capture_output=True, text=True)
     assert res.returncode == 2 and "no hostfile" in res.stderr
+
+
+def test_chain_ablation_dry_run_lists_every_run_and_builds_nothing(tmp_path):
+    """launch/chain_ablation.sh --dry-run: the 3 shipped chain sweeps expand (5 presets + 3 lambdas + 2
+    budgets, x 3 seeds, every run its own directory) and nothing is built or trained."""
+    res = subprocess.run([str(REPO / "launch/chain_ablation.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = [line for line in res.stdout.splitlines() if " train " in line]
+    assert len(runs) == 30
+    dirs = {line.split("trainer.output_root=")[1].split()[0] + "/" + line.split("trainer.run_name=")[1].split()[0]
+            for line in runs}
+    assert len(dirs) == 30 and all("model.policy_path=chain/sft" in line for line in runs)
+    assert not any(tmp_path.iterdir())
