@@ -157,21 +157,32 @@ def _probes(hidden: torch.Tensor, confidence: torch.Tensor, returns: torch.Tenso
                                                         train_rows)}
 
 
+def _accuracy_by(rows: list) -> dict:
+    """[(key, correct, length)] -> {key: {n, acc, mean_len}}, keys sorted."""
+    groups: dict = {}
+    for key, correct, n in rows:
+        groups.setdefault(key, []).append((correct, n))
+    return {k: {"n": len(v), "acc": round(sum(a for a, _ in v) / len(v), 3),
+                "mean_len": round(sum(n for _, n in v) / len(v), 1)} for k, v in sorted(groups.items())}
+
+
 def _chain_breakdown(samples: list, texts: list) -> dict:
-    """Length quantiles, style shares, and accuracy / mean length per difficulty (chain only)."""
+    """Length quantiles, style shares, and accuracy / mean length per difficulty (operands), per
+    style, and per style on the harder half of the prompts (chain only)."""
     from vcppo.data import tasks_chain
     if not texts or tasks_chain.parse_prompt(texts[0][0]) is None:
         return {}
     lengths = torch.tensor([float(len(s[1])) for s in samples])
     styles = [tasks_chain.style_of(p, t) for p, t in texts]
-    by_k: dict = {}
-    for (_, resp, reward, _), (prompt, _) in zip(samples, texts):
-        by_k.setdefault(len(tasks_chain.parse_prompt(prompt)), []).append((reward > 0, len(resp)))
+    operands = [len(tasks_chain.parse_prompt(prompt)) for prompt, _ in texts]
+    rows = [(k, style, reward > 0, len(resp)) for (_, resp, reward, _), k, style in zip(samples, operands, styles)]
+    hard = sorted(operands)[len(operands) // 2]  # the harder half: at least the median operand count
     return {
         "length_quantiles_10_50_90": [round(lengths.quantile(q).item()) for q in (0.1, 0.5, 0.9)],
         "style_share": {st: round(styles.count(st) / len(styles), 3) for st in sorted(set(styles))},
-        "by_operands": {k: {"n": len(v), "acc": round(sum(a for a, _ in v) / len(v), 3),
-                            "mean_len": round(sum(n for _, n in v) / len(v), 1)} for k, v in sorted(by_k.items())},
+        "by_operands": _accuracy_by([(k, ok, n) for k, _, ok, n in rows]),
+        "by_style": _accuracy_by([(style, ok, n) for _, style, ok, n in rows]),
+        f"by_style_operands_ge_{hard}": _accuracy_by([(style, ok, n) for k, style, ok, n in rows if k >= hard]),
     }
 
 

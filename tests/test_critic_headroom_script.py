@@ -43,3 +43,19 @@ def test_confidence_features_describe_the_tokens_before_each_state(tmp_path):
     torch.testing.assert_close(conf[0, :, 1], torch.cummin(before, 0).values)
     torch.testing.assert_close(conf[0, :, 2], torch.log1p(torch.cumsum((before < -0.6931).float(), 0)))
     assert conf[1, 2:].abs().sum() == 0 and hidden[1, 2:].abs().sum() == 0  # padding stays zero
+
+
+def test_chain_breakdown_reports_accuracy_by_style_and_by_difficulty():
+    """Accuracy per reasoning style (all prompts and the harder half), per operand count."""
+    from vcppo.data.tasks_chain import prompt_of, solution
+    rows = [([1, 2], "full", 1.0), ([1, 2], "direct", -1.0), ([3, 4, 5], "full", 1.0), ([3, 4, 5], "skip", -1.0),
+            ([1, 1, 1, 1], "full", -1.0), ([1, 1, 1, 1], "direct", 1.0)]
+    texts = [(prompt_of(ops), solution(ops, style)) for ops, style, _ in rows]
+    samples = [(None, [0] * len(t), reward, None) for (_, t), (_, _, reward) in zip(texts, rows)]
+    out = headroom._chain_breakdown(samples, texts)
+    assert out["style_share"] == {"direct": round(2 / 6, 3), "full": 0.5, "skip": round(1 / 6, 3)}
+    assert {k: v["acc"] for k, v in out["by_style"].items()} == {"direct": 0.5, "full": round(2 / 3, 3), "skip": 0.0}
+    assert {k: (v["n"], v["acc"]) for k, v in out["by_operands"].items()} == {2: (2, 0.5), 3: (2, 0.5), 4: (2, 0.5)}
+    hard = out["by_style_operands_ge_3"]  # the median operand count of the six is 3
+    assert {k: v["n"] for k, v in hard.items()} == {"direct": 1, "full": 2, "skip": 1}
+    assert out["by_style"]["full"]["mean_len"] == round(sum(len(texts[i][1]) for i in (0, 2, 4)) / 3, 1)
