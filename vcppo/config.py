@@ -369,7 +369,10 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def save_config(cfg: Config, run_dir: str | Path, name: str = "config.yaml") -> Path:
+SAVED_CONFIG = "config.yaml"  # the resolved config of a run, in its run directory
+
+
+def save_config(cfg: Config, run_dir: str | Path, name: str = SAVED_CONFIG) -> Path:
     """Write the resolved config (every field, defaults included) into ``run_dir``."""
     path = Path(run_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -53,3 +53,24 @@ def test_a_second_trainer_on_a_live_run_dir_exits_2_and_writes_nothing(tiny_arti
     assert res.returncode == 2, res.stderr[-3000:]
     assert "is in use by a live run" in res.stderr and "trainer.output_root" in res.stderr
     assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE]  # no config, metrics or checkpoint
+
+
+@pytest.mark.integration
+def test_a_start_up_failure_releases_the_lock_in_a_process_that_lives_on(tiny_artifacts, tmp_path, monkeypatch):
+    """An in-process caller (a notebook, a test) whose run failed while starting keeps its traceback,
+    and with it the frame that opened the lock: the next attempt must not find the directory taken."""
+    from vcppo.config import load_config
+    from vcppo.driver import context
+
+    def engines_fail(*args, **kwargs):
+        raise RuntimeError("the engines failed to start")
+
+    monkeypatch.setattr(context, "build_engines", engines_fail)
+    cfg = load_config("vcppo", base_overrides(tiny_artifacts, tmp_path) + ["logging.wandb=false"])
+    run_dir = tmp_path / "vcppo-seed0"
+    with pytest.raises(RuntimeError, match="engines failed") as failure:
+        context.RunContext.create(cfg, run_dir)
+    handle, why = try_lock_run_dir(run_dir)
+    assert why is None, why
+    release(handle)
+    assert failure.value is not None  # the traceback (and its frames) lived through the check above

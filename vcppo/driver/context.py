@@ -204,28 +204,33 @@ class RunContext:
         held, problem = try_lock_run_dir(run_dir) if dist.is_main else (None, None)
         if (problem := D.all_gather_object(problem)[0]) is not None:  # every rank stops, not only the main
             raise RunDirInUse(problem)
-        # verified here, before the engines start: a damaged checkpoint is skipped (or named)
-        point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
-                                  gather=D.all_gather_object)
-        resumed = peek_state(point) if point is not None else None
-        # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
-        own = point is not None and point.resolve().parent == (run_dir / "checkpoints").resolve()
-        if (problem := D.all_gather_object(identity_conflict(run_dir, cfg) if own and dist.is_main else None)[0]):
-            raise RunDirInUse(problem)
-        sent = rewind_metrics(run_dir, resumed) if (own and dist.is_main) else set()
-        log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None, already_sent=sent)
-        if dist.is_main:
-            save_config(cfg, run_dir)
-        log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "
-                 f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
-                 f"{len(val_rows)} val prompts")
-        scorer = make_scorer(cfg)
-        engines = build_engines(cfg, dist, log, resumed, resume_point=point)
-        return cls(cfg=cfg, run_dir=run_dir, dist=dist, pad_id=pad_token_id(tokenizer),
-                   prompts=train_set.stream(seed=cfg.trainer.seed), val_rows=val_rows, scorer=scorer,
-                   rollout=engines.rollout, actor=engines.actor, critic=engines.critic,
-                   reference=engines.reference, log=log, critic_from_cache=engines.critic_from_cache,
-                   run_lock=held)
+        try:  # from here on, a failure must not leave the lock held by this (still living) process
+            # verified here, before the engines start: a damaged checkpoint is skipped (or named)
+            point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
+                                      gather=D.all_gather_object)
+            resumed = peek_state(point) if point is not None else None
+            # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
+            own = point is not None and point.resolve().parent == (run_dir / "checkpoints").resolve()
+            conflict = identity_conflict(run_dir, cfg) if own and dist.is_main else None
+            if (problem := D.all_gather_object(conflict)[0]) is not None:
+                raise RunDirInUse(problem)
+            sent = rewind_metrics(run_dir, resumed) if (own and dist.is_main) else set()
+            log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None, already_sent=sent)
+            if dist.is_main:
+                save_config(cfg, run_dir)
+            log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "
+                     f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
+                     f"{len(val_rows)} val prompts")
+            scorer = make_scorer(cfg)
+            engines = build_engines(cfg, dist, log, resumed, resume_point=point)
+            return cls(cfg=cfg, run_dir=run_dir, dist=dist, pad_id=pad_token_id(tokenizer),
+                       prompts=train_set.stream(seed=cfg.trainer.seed), val_rows=val_rows, scorer=scorer,
+                       rollout=engines.rollout, actor=engines.actor, critic=engines.critic,
+                       reference=engines.reference, log=log, critic_from_cache=engines.critic_from_cache,
+                       run_lock=held)
+        except BaseException:
+            release(held)
+            raise
 
     # ---------------------------------------------------------------------------------------------
     def sample_seed(self, phase: str, step: int) -> int:

@@ -24,11 +24,10 @@ from typing import IO
 
 from omegaconf import OmegaConf
 
+from vcppo.config import SAVED_CONFIG
 from vcppo.schema import Config, ConfigError
 
 LOCK_FILE = ".run.lock"
-
-
 # What makes a run that run: a resume that changes one of these would continue another experiment.
 IDENTITY_KEYS = ("preset", "trainer.seed", "model.policy_path", "model.critic_init", "data.train_files",
                  "algorithm.advantage_estimator")
@@ -67,7 +66,7 @@ def release(handle: IO | None) -> None:
 
 def identity_conflict(run_dir: Path, cfg: Config) -> str | None:
     """Why resuming ``run_dir``'s run with ``cfg`` would continue a different run, or None."""
-    saved_path = run_dir / "config.yaml"
+    saved_path = run_dir / SAVED_CONFIG
     if not saved_path.exists():  # a run from before configs were saved: nothing to compare
         return None
     saved, now = OmegaConf.load(saved_path), OmegaConf.structured(cfg)
