@@ -39,5 +39,5 @@ setup(
         # (trl.experimental.ppo) and was removed in 1.13.0.
         "trl": ["trl==1.12.0"],
     },
-    entry_points={"console_scripts": ["vcppo=vcppo.cli:main"]},
+    entry_points={"console_scripts": ["vcppo=vcppo.cli:entry"]},
 )

@@ -79,5 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def entry() -> None:
+    """The ``vcppo`` console script and ``python -m vcppo.cli``: :func:`main`, then an exit that a
+    multi-rank run cannot turn into an abort after its work is done (dist.exit_process)."""
+    code = main()
+    dist = sys.modules.get("vcppo.engines.dist")  # only loaded by commands that start engines
+    if dist is None:
+        sys.exit(code)
+    dist.exit_process(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

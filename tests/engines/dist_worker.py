@@ -125,4 +125,6 @@ def rollout_group_check(rollout, info) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    from vcppo.engines import dist
+    dist.exit_process(code)  # as the vcppo CLI ends a multi-rank run

@@ -38,6 +38,7 @@ def main(argv):
         json.dump({"bad": bad["nonfinite_skipped"], "unchanged": unchanged, "good": good["nonfinite_skipped"],
                    "moved": moved}, f)
     dist.shutdown(wait_for_peers=True)
+    dist.exit_process(0)  # as the vcppo CLI ends a multi-rank run
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ class DistInfo:
 
 
 _INFO: DistInfo | None = None
+_HAD_PEERS = False  # a group of more than one rank was set up in this process (see exit_process)
 _CLOSERS: list[Callable[[], None]] = []
 
 
@@ -122,7 +123,30 @@ def init_distributed(device: str = "auto") -> DistInfo:
                                    rank=rank, world_size=world, init_method="env://")
     _INFO = DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
                      backend=backend, is_main=(rank == 0))
+    global _HAD_PEERS
+    _HAD_PEERS = _HAD_PEERS or world > 1
     return _INFO
+
+
+def exit_process(code: int) -> None:
+    """End the process with ``code``; a process that had peers skips interpreter teardown.
+
+    After :func:`shutdown` every result is written, but a multi-rank CPU process can still abort
+    in C++ static destruction ("terminate called without an active exception", SIGABRT, rc -6):
+    CI hit it twice in 2-rank gloo runs, once after the barrier of ``wait_for_peers`` was added,
+    and the launcher then kills the healthy peer and reports the whole run failed. Python-level
+    teardown is done by hand (streams, logging), then ``os._exit`` skips the C++ destructors.
+    A single-rank process exits normally."""
+    if not _HAD_PEERS:
+        sys.exit(code)
+    import logging
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing left to flush
+            pass
+    os._exit(code)
 
 
 def get_info() -> DistInfo | None:
