@@ -1,6 +1,7 @@
 """dist.exit_process: a process that had peers ends with its code and its output flushed, without
 interpreter teardown (where 2-rank CPU runs aborted with SIGABRT after their work was done); a
 single-rank process exits normally."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,6 @@ import pytest
 SCRIPT = textwrap.dedent("""
     import atexit, sys
     from vcppo.engines import dist
-    dist._HAD_PEERS = {had_peers}
     atexit.register(lambda: print("teardown ran", flush=True))
     print("result line", end="")   # unflushed: exit_process must flush it
     sys.stderr.write("err line")
@@ -21,8 +21,8 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("had_peers", [True, False])
 def test_exit_code_and_flushed_output(had_peers):
-    res = subprocess.run([sys.executable, "-c", SCRIPT.format(had_peers=had_peers)],
-                         capture_output=True, text=True, timeout=120)
+    env = dict(os.environ, WORLD_SIZE="2" if had_peers else "1")  # as the launcher sets it
+    res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 3
     assert res.stdout.startswith("result line") and "err line" in res.stderr
     assert "unreachable" not in res.stdout

@@ -34,7 +34,6 @@ class DistInfo:
 
 
 _INFO: DistInfo | None = None
-_HAD_PEERS = False  # a group of more than one rank was set up in this process (see exit_process)
 _CLOSERS: list[Callable[[], None]] = []
 
 
@@ -123,8 +122,6 @@ def init_distributed(device: str = "auto") -> DistInfo:
                                    rank=rank, world_size=world, init_method="env://")
     _INFO = DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
                      backend=backend, is_main=(rank == 0))
-    global _HAD_PEERS
-    _HAD_PEERS = _HAD_PEERS or world > 1
     return _INFO
 
 
@@ -136,8 +133,9 @@ def exit_process(code: int) -> None:
     CI hit it twice in 2-rank gloo runs, once after the barrier of ``wait_for_peers`` was added,
     and the launcher then kills the healthy peer and reports the whole run failed. Python-level
     teardown is done by hand (streams, logging), then ``os._exit`` skips the C++ destructors.
-    A single-rank process exits normally."""
-    if not _HAD_PEERS:
+    A single-rank process exits normally. Whether it had peers is the launcher's WORLD_SIZE, the
+    figure :func:`init_distributed` reads (it is still set after :func:`shutdown`)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         sys.exit(code)
     import logging
     logging.shutdown()
