@@ -50,6 +50,17 @@ def test_rollout_bench_builds_its_model_with_the_factory_not_the_tests(tmp_path)
 
 @pytest.mark.slow
 @pytest.mark.integration
+def test_rollout_bench_stops_hf_where_vllm_stops(tmp_path):
+    """HF generate is stopped (and counted) at every id of the generation config's EOS list, the ids
+    vLLM ends a response on, not only at config.eos_token_id."""
+    from transformers import AutoModelForCausalLM
+    model_dir = rollout_bench._factory_model("tiny")
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert model.config.eos_token_id == 4 and rollout_bench.stop_token_ids(model) == [4, 1]
+    model.generation_config.eos_token_id = None
+    assert rollout_bench.stop_token_ids(model) == [4]
+
+
 def test_rollout_bench_runs_the_real_engines(tmp_path):
     """vLLM (eager and compiled), HF generate, the DeepSpeed actor / critic steps with the PPO
     losses, and the weight sync."""
@@ -60,7 +71,7 @@ def test_rollout_bench_runs_the_real_engines(tmp_path):
                 cwd=tmp_path, check=False, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     figures = json.loads((tmp_path / "out" / "rollout.json").read_text())["tiny"]
-    for key in ("engine_tok_per_s", "seeded_tok_per_s", "hf_tok_per_s", "compiled_tok_per_s", "compiled_over_hf",
+    for key in ("engine_tok_per_s", "logprobs_tok_per_s", "seeded_tok_per_s", "hf_tok_per_s", "compiled_tok_per_s", "compiled_over_hf",
                 "fwd_logprobs_s", "fwd_values_s", "actor_step_s", "critic_step_s", "sync_s"):
         assert figures[key] > 0, key
     assert figures["train_tokens"] == figures["engine_tokens"]  # one round: the batch that trained

@@ -174,3 +174,29 @@ def test_check_paths_per_command_names_the_key(command, key, tmp_path):
                                f"eval.data_files={tmp_path}/none.parquet", f"data.train_files={tmp_path}"])
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         check_paths(cfg, command)
+
+
+@pytest.mark.parametrize("overrides, device, wanted", [
+    ([], "cpu", False),                                             # fp32 CPU: nothing reads them
+    ([], "cuda", True),                                             # model.dtype auto = bf16 on CUDA
+    (["model.dtype=bfloat16"], "cpu", True),                        # low precision: mismatch/* matter
+    (["model.dtype=float32"], "cuda", False),
+    (["algorithm.rollout_is_cap=2"], "cpu", True),                  # TIS weights
+    (["algorithm.old_logprobs_from_sampler=true"], "cpu", True),    # pi_old from the sampler
+    (["critic.confidence_features=true"], "cpu", True),             # the critic's confidence head
+    (["rollout.sampler_logprobs=true"], "cpu", True),
+    (["rollout.sampler_logprobs=false"], "cuda", False),
+])
+def test_sampler_logprobs_are_asked_for_only_when_used(overrides, device, wanted):
+    import torch
+
+    from vcppo.driver.sampling import wants_sampler_logprobs
+    assert wants_sampler_logprobs(load_config("vcppo", overrides), torch.device(device)) is wanted
+
+
+@pytest.mark.parametrize("user", ["algorithm.rollout_is_cap=2", "algorithm.old_logprobs_from_sampler=true",
+                                  "critic.confidence_features=true"])
+def test_sampler_logprobs_off_while_a_key_needs_them_names_both_keys(user):
+    with pytest.raises(ConfigError) as e:
+        load_config("vcppo", ["rollout.sampler_logprobs=false", user])
+    assert "rollout.sampler_logprobs" in str(e.value) and user.split("=")[0] in str(e.value)

@@ -180,6 +180,7 @@ def load_config(config: str | Path | None = None, overrides: Sequence[str] = ())
         cfg.preset = preset
     # YAML reads `false` as a bool, which OmegaConf turns into the string 'False'
     cfg.data.use_chat_template = str(cfg.data.use_chat_template).lower()
+    cfg.rollout.sampler_logprobs = str(cfg.rollout.sampler_logprobs).lower()
     validate(cfg)
     return finalize(cfg)
 
@@ -231,6 +232,18 @@ def _walk(obj: Any, prefix: str = ""):
             yield prefix + f.name, value, f.metadata
 
 
+def logprob_users(cfg: Config) -> list[str]:
+    """The config keys whose setting makes the run read the sampler's logprobs."""
+    alg, users = cfg.algorithm, []
+    if alg.rollout_is_cap is not None:
+        users.append("algorithm.rollout_is_cap")
+    if alg.old_logprobs_from_sampler:
+        users.append("algorithm.old_logprobs_from_sampler")
+    if cfg.critic.confidence_features and alg.advantage_estimator == "gae":
+        users.append("critic.confidence_features")
+    return users
+
+
 def validate(cfg: Config) -> None:
     """Range and choice checks from the schema metadata, plus cross-field rules."""
     for key, value, meta in _walk(cfg):
@@ -257,6 +270,10 @@ def validate(cfg: Config) -> None:
     if cfg.trainer.dynamic_sampling and cfg.rollout.n_samples_per_prompt < 2:
         raise ConfigError("config key 'rollout.n_samples_per_prompt' must be >= 2 with trainer.dynamic_sampling "
                           "(a group of one sample always has equal rewards and would be dropped)")
+    users = logprob_users(cfg)
+    if users and cfg.rollout.sampler_logprobs == "false":
+        raise ConfigError(f"config key 'rollout.sampler_logprobs' is 'false' but {', '.join(users)} "
+                          "need(s) the sampler's logprobs: set it to 'auto' or 'true'")
     if cfg.reward.overlong_buffer_tokens > cfg.rollout.max_response_tokens:
         raise ConfigError(f"config key 'reward.overlong_buffer_tokens' ({cfg.reward.overlong_buffer_tokens}) "
                           f"must be <= rollout.max_response_tokens ({cfg.rollout.max_response_tokens})")

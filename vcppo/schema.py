@@ -72,6 +72,11 @@ class RolloutConfig:
     tensor_parallel_size: int = _f(1, "vLLM tensor parallel size (GPU only).", low=1)
     enforce_eager: bool = _f(True, "Run vLLM eagerly: no CUDA graphs on GPU, no torch.compile of the model on CPU (faster start-up, slower decode; docs/performance.md).")
     free_memory_during_training: bool = _f(True, "GPU: put vLLM to sleep while actor/critic train.")
+    sampler_logprobs: str = _f("auto", "Return vLLM's logprob of each sampled token: 'auto' = when the run "
+                               "uses them (algorithm.rollout_is_cap, algorithm.old_logprobs_from_sampler, "
+                               "critic.confidence_features) or samples in bf16 / fp16, where the mismatch/* "
+                               "metrics earn their cost (~10% of a small model's CPU rollout); 'true' = always "
+                               "(mismatch/* in fp32 too); 'false' = never.", choices=("auto", "true", "false"))
 
 
 @dataclass

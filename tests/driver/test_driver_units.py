@@ -113,7 +113,12 @@ def test_collect_experience_places_outcome_reward_on_last_token():
     assert batch.group.tolist() == [10, 10, 11, 11]
     assert torch.equal(batch.token_rewards[0], torch.tensor([0.0, 0.0, 1.0]))
     assert torch.equal(batch.token_rewards[1], torch.tensor([-1.0, 0.0, 0.0]))
-    assert torch.allclose(batch.sampler_logprobs[0], torch.tensor([-0.1, -0.2, -0.3]))
+    assert batch.sampler_logprobs is None  # not asked for (rollout.sampler_logprobs)
+    with_lp = collect_experience(rows, first_index=10, rollout=_FakeRollout(), scorer=RewardScorer(), pad_id=0,
+                                 device=torch.device("cpu"), seed=0, logprobs=True,
+                                 sampling=RolloutConfig(n_samples_per_prompt=2, max_response_tokens=3))
+    assert torch.allclose(with_lp.sampler_logprobs[0], torch.tensor([-0.1, -0.2, -0.3]))
+    assert torch.equal(with_lp.sampler_logprobs[1], torch.tensor([-0.5, 0.0, 0.0]))
 
 
 def test_phase_timer_sums_phases():

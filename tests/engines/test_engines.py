@@ -89,6 +89,27 @@ def test_rollout_fields_reproducibility_and_logprobs(info, rollout, tiny_model_d
     assert g1[0].text == tiny_tokenizer.decode(g1[0].response_ids, skip_special_tokens=False)
 
 
+NEVER = ["\u00a7never\u00a7"]  # a stop string the models cannot write: only switches vLLM's detokenizer on
+
+
+def test_no_logprobs_and_no_incremental_text_leave_the_samples_unchanged(rollout, tiny_tokenizer):
+    """#16: without stop strings vLLM no longer detokenizes step by step (the text is decoded once
+    afterwards) and ``logprobs=False`` skips its per-token logprob output. Neither changes what is
+    sampled: against vLLM's own incremental text (a stop string that never matches turns it on) and
+    logprobs, the same seed gives the same tokens, texts, finish reasons."""
+    prompts = [tiny_tokenizer.encode(t, add_special_tokens=False) for t in ("12+34=", "What is 7+8?", "<think>")]
+    kw = dict(n=4, temperature=1.0, top_p=1.0, max_tokens=40, seed=3)
+    vllm_text = rollout.generate(prompts, stop=NEVER, **kw)
+    fast = rollout.generate(prompts, logprobs=False, **kw)
+    assert [x.response_ids for x in fast] == [x.response_ids for x in vllm_text]
+    assert [x.text for x in fast] == [x.text for x in vllm_text]
+    assert [x.finish_reason for x in fast] == [x.finish_reason for x in vllm_text]
+    assert all(x.logprobs == [] for x in fast) and all(len(x.logprobs) == len(x.response_ids) for x in vllm_text)
+    stopped = [x for x in fast if x.finish_reason == "stop"]
+    assert stopped and all(x.text.endswith(tiny_tokenizer.decode(x.response_ids[-1:])) for x in stopped)
+    assert all(x.text.endswith(("<|im_end|>", "<eos>")) for x in stopped)  # the special stop token is kept
+
+
 # --- tied and untied LM heads (#15): ZeRO-3 load, HF export, weight sync -------------------------
 
 

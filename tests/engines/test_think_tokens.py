@@ -171,3 +171,15 @@ def test_experience_masks_and_the_reward_at_the_last_token(policy, stop):
         assert torch.all(batch.scores == -1.0) and (batch.truncated == 0).any()
     else:  # the learnt responses dominate: most samples are right, each scored at its EOS
         assert batch.correct.mean() >= 0.5
+
+
+def test_text_decoded_afterwards_equals_vllms_incremental_text(policy):
+    """BPE (the close tag one token or several): the text decoded once after sampling (no stop
+    strings) is vLLM's incremental text of the same samples (a never-matching stop string turns that
+    on), and sampling without logprobs draws the same tokens (#16)."""
+    kw = dict(n=4, temperature=1.0, top_p=1.0, max_tokens=MAX_TOKENS, seed=11)
+    vllm_text = policy.rollout.generate(policy.prompts, stop=["\u00a7never\u00a7"], **kw)
+    fast = policy.rollout.generate(policy.prompts, logprobs=False, **kw)
+    assert [x.response_ids for x in fast] == [x.response_ids for x in vllm_text]
+    assert [x.text for x in fast] == [x.text for x in vllm_text]
+    assert any(THINK_CLOSE in x.text for x in fast) and all(x.logprobs == [] for x in fast)

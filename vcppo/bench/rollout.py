@@ -1,7 +1,8 @@
 """`vcppo bench rollout`: rollout + training-step micro-benchmark on one rank.
 
 Measures, on the same model and prompts, real (uneven) lengths stopping at EOS: tokens/s of our
-``RolloutEngine.generate`` (batched sampling, reseeded per call), of the same vLLM engine with
+``RolloutEngine.generate`` (batched sampling, reseeded per call; without and with the sampled
+tokens' logprobs), of the same vLLM engine with
 per-request seeds (the old scheme), of HF ``generate`` in one batch (and, with ``--compiled``, of
 a second engine with ``rollout.enforce_eager=false``, which vLLM compiles), alternated over
 ``--rounds`` (ABAB: the machine is shared), with the ratio to HF; then the weight sync time
@@ -51,10 +52,12 @@ def _parse(argv) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _engine_rollout(rollout, prompts: list, args) -> tuple[int, float, list]:
-    """(response tokens, seconds, samples) of one ``RolloutEngine.generate`` call."""
+def _engine_rollout(rollout, prompts: list, args, logprobs: bool = False) -> tuple[int, float, list]:
+    """(response tokens, seconds, samples) of one ``RolloutEngine.generate`` call; without logprobs
+    by default, as a training step in fp32 asks (``rollout.sampler_logprobs=auto``)."""
     t = time.perf_counter()
-    samples = rollout.generate(prompts, n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1)
+    samples = rollout.generate(prompts, n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1,
+                               logprobs=logprobs)
     return sum(len(s.response_ids) for s in samples), time.perf_counter() - t, samples
 
 
@@ -77,21 +80,32 @@ def _seeded_rollout(rollout, prompts: list, args) -> tuple[int, float]:
     return ntok, time.perf_counter() - t
 
 
+def stop_token_ids(model) -> list[int]:
+    """The ids that end a response: the generation config's EOS list (Qwen's: <|im_end|> and
+    <|endoftext|>), which vLLM stops on, else the model config's EOS."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = model.config.eos_token_id
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
 def _hf_rollout(hf, prompts: list, args) -> tuple[int, float]:
-    """HF ``generate``, one batch, sampling until every row has hit EOS or the cap; the tokens
-    counted are those up to and including each row's first EOS (what vLLM returns)."""
+    """HF ``generate``, one batch, sampling until every row has hit a stop token or the cap; the
+    tokens counted are those up to and including each row's first stop token (what vLLM returns).
+    Both sides stop on the same ids (:func:`stop_token_ids`): counting HF's rows past a stop id
+    vLLM ends on would credit HF with ~20% more tokens for the same work (measured, #16)."""
     import torch
 
     ids = torch.tensor(prompts, device=hf.device).repeat_interleave(args.n, 0)
-    eos = hf.config.eos_token_id
+    stops = stop_token_ids(hf)
     t = time.perf_counter()
     with torch.no_grad():
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=args.max_tokens,
-                          top_k=0, top_p=1.0, temperature=1.0, eos_token_id=eos,
+                          top_k=0, top_p=1.0, temperature=1.0, eos_token_id=stops,
                           pad_token_id=hf.config.pad_token_id or 0)
     dt = time.perf_counter() - t
-    is_eos = (out[:, ids.shape[1]:] == eos).int()
-    return int(((is_eos.cumsum(1) - is_eos) == 0).sum()), dt
+    is_stop = torch.isin(out[:, ids.shape[1]:], torch.tensor(stops, device=out.device)).int()
+    return int(((is_stop.cumsum(1) - is_stop) == 0).sum()), dt
 
 
 def _compare(rollout, model: str, prompts: list, args, device, res: dict, compiled=None) -> list:
@@ -104,12 +118,13 @@ def _compare(rollout, model: str, prompts: list, args, device, res: dict, compil
     for engine in (rollout, compiled) if compiled is not None else (rollout,):
         engine.generate(prompts[:2], n=1, temperature=1.0, top_p=1.0, max_tokens=4)  # warm-up
     _hf_rollout(hf, prompts[:2], argparse.Namespace(n=1, max_tokens=4))
-    keys = ("engine", "seeded", "hf") + (("compiled",) if compiled is not None else ())
+    keys = ("engine", "logprobs", "seeded", "hf") + (("compiled",) if compiled is not None else ())
     tot = {k: [0, 0.0] for k in keys}
     samples = []
     for r in range(args.rounds):
         ntok, dt, samples = _engine_rollout(rollout, prompts, args)
-        timings = [("engine", (ntok, dt)), ("seeded", _seeded_rollout(rollout, prompts, args)),
+        timings = [("engine", (ntok, dt)), ("logprobs", _engine_rollout(rollout, prompts, args, logprobs=True)[:2]),
+                   ("seeded", _seeded_rollout(rollout, prompts, args)),
                    ("hf", _hf_rollout(hf, prompts, args))]
         if compiled is not None:
             timings.append(("compiled", _engine_rollout(compiled, prompts, args)[:2]))
@@ -122,6 +137,7 @@ def _compare(rollout, model: str, prompts: list, args, device, res: dict, compil
         res[f"{key}_tokens"], res[f"{key}_s"] = ntok, dt
     res["engine_over_hf"] = res["engine_tok_per_s"] / res["hf_tok_per_s"]
     res["seeded_over_hf"] = res["seeded_tok_per_s"] / res["hf_tok_per_s"]
+    res["logprobs_over_hf"] = res["logprobs_tok_per_s"] / res["hf_tok_per_s"]
     if compiled is not None:
         res["compiled_over_hf"] = res["compiled_tok_per_s"] / res["hf_tok_per_s"]
     del hf
@@ -206,7 +222,8 @@ def main(argv=None) -> dict:
         print(f"{name} ({path}): {args.prompts} prompts x {args.n} samples, up to {args.max_tokens} tokens", flush=True)
         out[name] = res = _bench_model(path, args, info)
         if info.is_main:
-            print(f"{name}: engine {res['engine_tok_per_s']:.0f} tok/s, per-request seeds "
+            print(f"{name}: engine {res['engine_tok_per_s']:.0f} tok/s ({res['logprobs_tok_per_s']:.0f} with "
+                  f"logprobs), per-request seeds "
                   f"{res['seeded_tok_per_s']:.0f}, HF generate {res['hf_tok_per_s']:.0f}; "
                   f"engine / HF = {res['engine_over_hf']:.2f}, seeded / HF = {res['seeded_over_hf']:.2f}"
                   + (f"; compiled {res['compiled_tok_per_s']:.0f} tok/s, compiled / HF = {res['compiled_over_hf']:.2f}"

@@ -22,7 +22,7 @@ from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
 from vcppo.driver.critic_cache import cached_critic, critic_source
 from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
-from vcppo.driver.sampling import balance_across_ranks, collect_experience, rollout_share
+from vcppo.driver.sampling import balance_across_ranks, collect_experience, rollout_share, wants_sampler_logprobs
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.critic import CriticEngine
@@ -248,7 +248,8 @@ class RunContext:
         batch = collect_experience(rows[sampled.start:sampled.stop], first_index=sampled.start, keep=kept,
                                    rollout=self.rollout, scorer=self.scorer, pad_id=self.pad_id,
                                    device=self.dist.device, sampling=self.cfg.rollout,
-                                   seed=self.sample_seed(phase, step))
+                                   seed=self.sample_seed(phase, step),
+                                   logprobs=wants_sampler_logprobs(self.cfg, self.dist.device))
         return balance_across_ranks(batch, self.dist) if balance and self.cfg.trainer.balance_batch else batch
 
     def sync_weights(self) -> float:

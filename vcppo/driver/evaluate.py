@@ -41,7 +41,7 @@ def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScore
     stop, max_tokens = sampling.stop or None, sampling.max_response_tokens
 
     def generate(**kw):
-        out = rollout.generate(ids, max_tokens=max_tokens, stop=stop, **kw)
+        out = rollout.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=False, **kw)
         return [s for s in out if s.prompt_index in keep]
 
     def judge(samples):

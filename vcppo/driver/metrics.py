@@ -90,7 +90,8 @@ def step_metrics(ctx: RunContext, batch: Experience, timer: PhaseTimer) -> dict:
         m.update(position_diagnostics(adv, mask, ctx.cfg.logging.profile_buckets))
     if batch.old_values is not None:
         m.update(_critic_metrics(gather_cat(batch.old_values), gather_cat(batch.returns), mask))
-    if batch.old_logprobs is not None and batch.old_logprobs is not batch.sampler_logprobs:
+    if batch.old_logprobs is not None and batch.sampler_logprobs is not None \
+            and batch.old_logprobs is not batch.sampler_logprobs:
         # (pi_old taken from the sampler, algorithm.old_logprobs_from_sampler: nothing to compare)
         m.update(mismatch_metrics(gather_cat(batch.old_logprobs), gather_cat(batch.sampler_logprobs), mask,
                                   ctx.cfg.algorithm.rollout_is_cap))

@@ -10,7 +10,21 @@ from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_groups import RolloutGroups, contiguous_share
 from vcppo.experience import Experience, compact, concat_experiences, make_experience
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.schema import RolloutConfig
+from vcppo.config import logprob_users
+from vcppo.schema import Config, RolloutConfig
+
+
+def wants_sampler_logprobs(cfg: Config, device: torch.device) -> bool:
+    """Whether a training step asks vLLM for the sampled tokens' logprobs (``rollout.sampler_logprobs``).
+    'auto': when a config key uses them, or when the sampler runs in bf16 / fp16 (``model.dtype``;
+    'auto' is bf16 on CUDA), where sampler and trainer differ enough for the mismatch/* metrics to
+    matter; in fp32 they agree to ~1e-7 (docs/performance.md, #14) and the metrics are not worth the
+    ~10% of a small CPU rollout that vLLM's per-token output processing of logprobs costs."""
+    mode = cfg.rollout.sampler_logprobs
+    if mode != "auto":
+        return mode == "true"
+    low_precision = cfg.model.dtype in ("bfloat16", "float16") or (cfg.model.dtype == "auto" and device.type == "cuda")
+    return bool(logprob_users(cfg)) or low_precision
 
 
 def rank_slice(items: list, rank: int, world_size: int) -> tuple[int, list]:
@@ -31,17 +45,19 @@ def rollout_share(n_rows: int, dist: DistInfo, tp_size: int) -> tuple[range, ran
 
 def collect_experience(rows: list[dict], first_index: int, *, rollout: RolloutEngine, scorer: RewardScorer,
                        pad_id: int, device: torch.device, sampling: RolloutConfig, seed: int,
-                       n: int | None = None, keep: range | None = None) -> Experience:
+                       n: int | None = None, keep: range | None = None, logprobs: bool = False) -> Experience:
     """Sample ``n`` (default ``sampling.n_samples_per_prompt``) responses per prompt row
     (``{"prompt_ids", "answer"}``), score them, and lay them out with the rollout fields set.
 
     ``first_index`` is the global index of ``rows[0]`` (for GRPO groups and pass@k). ``keep``: the
     rows (indices into ``rows``) whose samples this rank keeps; the others were sampled only
     because a tensor-parallel group submits identical requests (:func:`rollout_share`).
+    ``logprobs``: fill ``sampler_logprobs`` (:func:`wants_sampler_logprobs`); None otherwise.
     """
     samples = rollout.generate([r["prompt_ids"] for r in rows], n=n or sampling.n_samples_per_prompt,
                                temperature=sampling.temperature, top_p=sampling.top_p,
-                               max_tokens=sampling.max_response_tokens, stop=sampling.stop or None, seed=seed)
+                               max_tokens=sampling.max_response_tokens, stop=sampling.stop or None, seed=seed,
+                               logprobs=logprobs)
     if keep is not None and len(keep) < len(rows):
         samples = [s for s in samples if s.prompt_index in keep]
     finish = [s.finish_reason for s in samples]
@@ -56,9 +72,9 @@ def collect_experience(rows: list[dict], first_index: int, *, rollout: RolloutEn
     # Outcome reward on the last generated token (the paper's setting: +1 / -1 at <eos>).
     batch.token_rewards = torch.zeros(B, R, dtype=torch.float32, device=device)
     batch.token_rewards[torch.arange(B, device=device), (lengths - 1).clamp(min=0)] = batch.scores
-    batch.sampler_logprobs = torch.zeros(B, R, dtype=torch.float32, device=device)
-    for i, s in enumerate(samples):
-        if s.logprobs:
+    if logprobs:
+        batch.sampler_logprobs = torch.zeros(B, R, dtype=torch.float32, device=device)
+        for i, s in enumerate(samples):
             batch.sampler_logprobs[i, :len(s.logprobs)] = torch.tensor(s.logprobs, dtype=torch.float32)
     batch.group = torch.tensor([first_index + s.prompt_index for s in samples], device=device)
     batch.correct = torch.tensor(correct, dtype=torch.float32, device=device)

@@ -214,9 +214,17 @@ class RolloutEngine:
         return (base * 1_000_003 + self.replica * 7_919 + 12_345) % (2 ** 63 - 1)
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, temperature: float, top_p: float,
-                 max_tokens: int, stop: list[str] | None = None, seed: int | None = None) -> list[RolloutSample]:
+                 max_tokens: int, stop: list[str] | None = None, seed: int | None = None,
+                 logprobs: bool = True) -> list[RolloutSample]:
         """n samples per prompt, prompt-major; the same call with the same ``seed`` (on this engine or
         a fresh one) reproduces the same samples.
+
+        ``logprobs``: return each sampled token's logprob (``RolloutSample.logprobs``; empty when
+        False). They do not change what is sampled, but vLLM's per-token output processing of them
+        cost ~10% of a small model's CPU rollout (docs/performance.md), so callers ask only when
+        they use them. Text: without ``stop`` strings vLLM does not detokenize step by step (~20% of
+        that rollout); the text is decoded once per sample afterwards, with the same settings
+        (special tokens kept), which gives the same string (tested).
 
         Determinism without per-request seeds (those make vLLM draw each request's noise row by
         row, ~13-20% of a CPU rollout): the sampler's torch generator is reseeded with
@@ -229,11 +237,13 @@ class RolloutEngine:
         from vllm import SamplingParams
 
         greedy = temperature == 0
+        detokenize = bool(stop)  # vLLM matches stop strings on its incremental text
         params = SamplingParams(
             n=1 if greedy else n, temperature=0.0 if greedy else float(temperature),
             top_p=1.0 if greedy else float(top_p), max_tokens=int(max_tokens), stop=list(stop) if stop else None,
-            logprobs=0, flat_logprobs=True,  # one float list per sample, not a dict per token
-            skip_special_tokens=False, spaces_between_special_tokens=False, include_stop_str_in_output=True)
+            logprobs=0 if logprobs else None, flat_logprobs=True,  # one float list per sample, not a dict per token
+            detokenize=detokenize, skip_special_tokens=False, spaces_between_special_tokens=False,
+            include_stop_str_in_output=True)
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
         self.llm.reset_prefix_cache()
         self.llm.collective_rpc(_seed_sampler, args=(self.sampler_seed(seed),))
@@ -241,15 +251,14 @@ class RolloutEngine:
             outs = self.llm.generate(prompts, params, use_tqdm=False)
         finally:
             self.llm.collective_rpc(_restore_rng)
-        samples = []
-        for i, o in enumerate(outs):
-            # vLLM refuses n > 1 with greedy sampling; the n greedy samples are identical copies.
-            for c in (o.outputs * n if greedy else o.outputs):
-                samples.append(RolloutSample(
-                    prompt_index=i, prompt_ids=list(prompt_token_ids[i]), response_ids=list(c.token_ids),
-                    logprobs=_sampled_logprobs(c.logprobs),
-                    finish_reason="length" if c.finish_reason == "length" else "stop", text=c.text))
-        return samples
+        # vLLM refuses n > 1 with greedy sampling; the n greedy samples are identical copies.
+        done = [(i, c) for i, o in enumerate(outs) for c in (o.outputs * n if greedy else o.outputs)]
+        texts = [c.text for _, c in done] if detokenize else self.tokenizer.batch_decode(
+            [list(c.token_ids) for _, c in done], skip_special_tokens=False)
+        return [RolloutSample(prompt_index=i, prompt_ids=list(prompt_token_ids[i]), response_ids=list(c.token_ids),
+                              logprobs=_sampled_logprobs(c.logprobs),
+                              finish_reason="length" if c.finish_reason == "length" else "stop", text=text)
+                for (i, c), text in zip(done, texts)]
 
     # --- weights -----------------------------------------------------------------------------
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
