@@ -65,7 +65,7 @@ def test_rollout_bench_runs_the_real_engines(tmp_path):
     """vLLM (eager and compiled), HF generate, the DeepSpeed actor / critic steps with the PPO
     losses, and the weight sync."""
     from tests.conftest import vcppo
-    res = vcppo("bench", "rollout", "--sizes", "tiny", "--rounds", "1", "--train-step", "--compiled",
+    res = vcppo("bench", "rollout", "--sizes", "tiny", "--rounds", "1", "--warmup", "0", "--train-step", "--compiled",
                 "--prompts", "4", "--n", "2",
                 "--max-tokens", "16", "--micro-batch-size", "4", "--json", tmp_path / "out" / "rollout.json",
                 cwd=tmp_path, check=False, timeout=600)

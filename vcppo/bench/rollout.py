@@ -39,6 +39,7 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--model", default=None, help="HF model dir (default: factory models of --sizes)")
     ap.add_argument("--sizes", default="small,medium", help="factory sizes to build when --model is not given")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per engine (ABAB)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed full rounds of each engine first")
     ap.add_argument("--train-step", action="store_true", help="also time weight sync and a training step")
     ap.add_argument("--compiled", action="store_true",
                     help="also time a second engine with rollout.enforce_eager=false (vLLM compiles the model)")
@@ -109,15 +110,19 @@ def _hf_rollout(hf, prompts: list, args) -> tuple[int, float]:
 
 
 def _compare(rollout, model: str, prompts: list, args, device, res: dict, compiled=None) -> list:
-    """ABAB rounds of engine / per-request seeds / HF (/ the compiled engine); sums of tokens over
-    sums of seconds."""
+    """ABAB rounds of engine / per-request seeds / HF (/ the compiled engine) after ``--warmup``
+    untimed rounds of each (vLLM's CPU GEMMs build a oneDNN primitive per new batch size: a cold
+    first round of decode batches 64 -> 1 measured ~30% slower than the next); sums of tokens
+    over sums of seconds."""
     import torch
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device).eval()
-    for engine in (rollout, compiled) if compiled is not None else (rollout,):
-        engine.generate(prompts[:2], n=1, temperature=1.0, top_p=1.0, max_tokens=4)  # warm-up
-    _hf_rollout(hf, prompts[:2], argparse.Namespace(n=1, max_tokens=4))
+    for _ in range(args.warmup):
+        for engine in (rollout, compiled) if compiled is not None else (rollout,):
+            _engine_rollout(engine, prompts, args)
+        _seeded_rollout(rollout, prompts, args)
+        _hf_rollout(hf, prompts, args)
     keys = ("engine", "logprobs", "seeded", "hf") + (("compiled",) if compiled is not None else ())
     tot = {k: [0, 0.0] for k in keys}
     samples = []
