@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from vcppo.config import logprob_users
 from vcppo.engines.dist import DistInfo, all_gather_object
 from vcppo.engines.packing import balanced_partitions, sequence_lengths
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_groups import RolloutGroups, contiguous_share
 from vcppo.experience import Experience, compact, concat_experiences, make_experience
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.config import logprob_users
 from vcppo.schema import Config, RolloutConfig
 
 
