@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from vcppo.config import logprob_users
+from vcppo.engines.deepspeed_engine import resolve_dtype
 from vcppo.engines.dist import DistInfo, all_gather_object
 from vcppo.engines.packing import balanced_partitions, sequence_lengths
 from vcppo.engines.rollout import RolloutEngine
@@ -23,8 +24,7 @@ def wants_sampler_logprobs(cfg: Config, device: torch.device) -> bool:
     mode = cfg.rollout.sampler_logprobs
     if mode != "auto":
         return mode == "true"
-    low_precision = cfg.model.dtype in ("bfloat16", "float16") or (cfg.model.dtype == "auto" and device.type == "cuda")
-    return bool(logprob_users(cfg)) or low_precision
+    return bool(logprob_users(cfg)) or resolve_dtype(cfg.model.dtype, device) != torch.float32
 
 
 def rank_slice(items: list, rank: int, world_size: int) -> tuple[int, list]:
