@@ -178,9 +178,7 @@ def load_config(config: str | Path | None = None, overrides: Sequence[str] = ())
         raise _config_error(e, "interpolation") from None
     if preset and cfg.preset == "custom":
         cfg.preset = preset
-    # YAML reads `false` as a bool, which OmegaConf turns into the string 'False'
-    cfg.data.use_chat_template = str(cfg.data.use_chat_template).lower()
-    cfg.rollout.sampler_logprobs = str(cfg.rollout.sampler_logprobs).lower()
+    _lowercase_bool_choices(cfg)
     validate(cfg)
     return finalize(cfg)
 
@@ -220,6 +218,17 @@ def _check_range(key: str, value: Any, m: dict) -> None:
         raise ConfigError(f"config key '{key}' must be {'>' if m.get('low_open') else '>='} {low}, got {value}")
     if high is not None and value > high:
         raise ConfigError(f"config key '{key}' must be <= {high}, got {value}")
+
+
+def _lowercase_bool_choices(obj: Any) -> None:
+    """Fields whose choices are strings 'true' / 'false' (e.g. 'auto' / 'true' / 'false'): YAML reads
+    `false` as a bool, which OmegaConf turns into the string 'False'; store it as the choice."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            _lowercase_bool_choices(value)
+        elif "true" in (f.metadata.get("choices") or ()) and isinstance(value, str):
+            setattr(obj, f.name, value.lower())
 
 
 def _walk(obj: Any, prefix: str = ""):
