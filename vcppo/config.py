@@ -227,8 +227,8 @@ def _lowercase_bool_choices(obj: Any) -> None:
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             _lowercase_bool_choices(value)
-        elif "true" in (f.metadata.get("choices") or ()) and isinstance(value, str):
-            setattr(obj, f.name, value.lower())
+        elif "true" in (f.metadata.get("choices") or ()):
+            setattr(obj, f.name, str(value).lower())
 
 
 def _walk(obj: Any, prefix: str = ""):
