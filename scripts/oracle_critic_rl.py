@@ -87,34 +87,42 @@ def logprob_shift(batch, spans: list, new_logprobs: torch.Tensor) -> dict:
 def run(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
+    import dataclasses
+
     from vcppo.algos.stats import explained_variance
     from vcppo.config import load_command_config
-    from vcppo.driver.advantages import compute_advantages
+    from vcppo.driver.advantages import estimate
     from vcppo.driver.context import RunContext
-    from vcppo.driver.dapo import sample_batch
+    from vcppo.driver.experience_maker import ExperienceMaker
     from vcppo.driver.metrics import log_validation
-    from vcppo.driver.update import train_actor
+    from vcppo.driver.plan import Source, ppo_plan
+    from vcppo.driver.update import update_actor
+    from vcppo.experience import ActorBatch
 
     cfg = load_command_config([args.config, *args.overrides], "train", default_config=None)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path)
     ctx = RunContext.create(cfg, Path(cfg.trainer.output_root) / cfg.trainer.run_name)
+    # the baseline replaces the critic; pi_old comes from a pass before the actor's update
+    plan = dataclasses.replace(ppo_plan(cfg, ctx.dist.device), pi_old=Source.PASS, entropy=Source.PASS)
+    maker = ExperienceMaker.for_run(ctx, plan)
     try:
         log_validation(ctx, step=0)
         for step in range(1, cfg.trainer.total_steps + 1):
-            batch, _ = sample_batch(ctx, "ppo", step)
+            batch, _ = maker.make("ppo", step)
             spans = error_spans(batch, tokenizer)
-            batch.old_values = baseline_values(batch, spans, args.values, cfg.reward.wrong_score)
-            compute_advantages(batch, batch.token_rewards, cfg.algorithm)
-            batch.old_logprobs, _ = ctx.actor.forward_logprobs(batch)
-            metrics = train_actor(ctx, batch, step)
-            metrics.update(logprob_shift(batch, spans, ctx.actor.forward_logprobs(batch)[0]))
+            values = baseline_values(batch, spans, args.values, cfg.reward.wrong_score)
+            adv = estimate(batch, batch.token_rewards, values, cfg.algorithm, cfg.algorithm.lambda_critic)
+            old_logprobs, _ = ctx.actor.forward_logprobs(batch)
+            actor_batch = ActorBatch(**vars(batch), advantages=adv.advantages, old_logprobs=old_logprobs)
+            metrics = update_actor(ctx, plan, actor_batch, step).metrics
+            metrics.update(logprob_shift(actor_batch, spans, ctx.actor.forward_logprobs(batch)[0]))
             ctx.sync_weights()
             metrics.update({"reward/accuracy": float((batch.scores > 0).float().mean()),
                             "oracle/wrong_with_trace_error": sum(span is not None for span, score in
                                                                  zip(spans, batch.scores.tolist()) if score <= 0)
                             / max(1, int((batch.scores <= 0).sum())),
                             "baseline/explained_variance": float(explained_variance(
-                                batch.old_values, batch.returns, batch.response_mask))})
+                                values, adv.returns, batch.response_mask))})
             print(f"step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())
                                                if k.startswith(("shift/", "reward/", "oracle/", "baseline/"))),
                   flush=True)

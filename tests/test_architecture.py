@@ -110,3 +110,15 @@ def _plain_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
     return out
+
+
+# Floors from the bottom: an import may only point down (pure math never sees an engine, engines
+# never see the driver, the driver never sees the commands built on it).
+FLOORS = ["vcppo.algos", "vcppo.engines", "vcppo.driver", "vcppo.commands"]
+
+
+def test_no_import_points_up_a_floor():
+    floor = lambda mod: next((i for i, f in enumerate(FLOORS) if mod == f or mod.startswith(f + ".")), None)  # noqa: E731
+    up = [f"{src} -> {dst}" for src, dsts in import_graph().items() for dst in dsts
+          if floor(src) is not None and floor(dst) is not None and floor(dst) > floor(src)]
+    assert not up, up

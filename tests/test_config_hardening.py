@@ -1,4 +1,4 @@
-"""Configs that cannot work are rejected at start, naming the key (#17): replaced sections, sampling
+"""Configs that cannot work are rejected at start, naming the key: replaced sections, sampling
 temperature 0, Adam betas and seed out of range, a context the model cannot hold, an output
 directory that cannot be written, a reward function that does not import."""
 import json
@@ -38,16 +38,23 @@ def test_values_at_the_edges_are_accepted():
     assert cfg.rollout.temperature == 0.01 and cfg.trainer.seed == 2**32 - 1
 
 
-@pytest.mark.parametrize("value,expected", [("false", "false"), ("False", "false"), ("true", "true"),
-                                            ("auto", "auto")])
-def test_use_chat_template_false_as_the_docs_list_it(value, expected):
-    assert load_config("vcppo", [f"data.use_chat_template={value}"]).data.use_chat_template == expected
+@pytest.mark.parametrize("value,expected", [("false", False), ("False", False), ("true", True), ("null", None)])
+def test_three_way_switches_are_typed_true_false_or_null(value, expected):
+    for key in ("data.use_chat_template", "rollout.sampler_logprobs"):
+        cfg = load_config("vcppo", [f"{key}={value}"])
+        section, name = key.split(".")
+        assert getattr(getattr(cfg, section), name) is expected
 
 
 def test_use_chat_template_false_in_yaml(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("data:\n  use_chat_template: false\n")
-    assert load_config(str(path)).data.use_chat_template == "false"
+    assert load_config(str(path)).data.use_chat_template is False
+
+
+def test_auto_is_spelled_null_and_the_error_says_so():
+    with pytest.raises(ConfigError, match=r"rollout\.sampler_logprobs.*null means auto"):
+        load_config("vcppo", ["rollout.sampler_logprobs=auto"])
 
 
 @pytest.fixture()

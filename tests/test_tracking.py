@@ -1,4 +1,4 @@
-"""MetricsLogger's TensorBoard output (#15): the event files in <run dir>/tensorboard hold every
+"""MetricsLogger's TensorBoard output: the event files in <run dir>/tensorboard hold every
 scalar as <phase>/<metric> at its step, and a resumed run's records are read back with the rest."""
 import pytest
 

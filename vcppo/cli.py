@@ -17,11 +17,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("vcppo.demo", "the CPU demo end to end: data -> SFT -> [RM] -> VC-PPO -> eval -> report"),
     "data": ("vcppo.data.cli", "make synthetic long-CoT task data: vcppo data make --task NAME --out FILE"),
     "model": ("vcppo.models.cli", "build a local tokenizer + model of a named size: vcppo model make"),
-    "sft": ("vcppo.driver.sft", "cold-start SFT of the policy: vcppo sft [CONFIG] sft.init_model=DIR [k=v ...]"),
-    "rm": ("vcppo.driver.rm", "train an outcome reward model (scalar head at the last token): vcppo rm [CONFIG] [k=v ...]"),
+    "sft": ("vcppo.commands.sft", "cold-start SFT of the policy: vcppo sft [CONFIG] sft.init_model=DIR [k=v ...]"),
+    "rm": ("vcppo.commands.rm", "train an outcome reward model (scalar head at the last token): vcppo rm [CONFIG] [k=v ...]"),
     "train": ("vcppo.driver.ppo", "value pretraining + PPO / GRPO / VAPO: vcppo train CONFIG [k=v ...]"),
-    "eval": ("vcppo.driver.evaluate", "pass@1 / pass@k of any HF causal LM: vcppo eval MODEL_DIR DATA [k=v ...]"),
-    "bench": ("vcppo.bench", "benchmarks: vcppo bench gae|rollout [--json PATH]"),
+    "eval": ("vcppo.commands.evaluate", "pass@1 / pass@k of any HF causal LM: vcppo eval MODEL_DIR DATA [k=v ...]"),
+    "bench": ("vcppo.bench", "benchmarks: vcppo bench gae|rollout|step|train|reward|mismatch (vcppo bench -h)"),
     "report": ("vcppo.report", "markdown + PNG report of one or more run directories"),
     "sweep": ("vcppo.sweep", "expand a sweep file into runs, run them, collect a table"),
 }
@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 # The commands that read the config schema: `vcppo <command> [CONFIG] [key=value ...]`.
 CONFIG_COMMANDS = ("train", "sft", "rm", "eval", "demo")
-# eval also takes the model directory and the data file as arguments (vcppo.driver.evaluate).
+# eval also takes the model directory and the data file as arguments (vcppo.commands.evaluate).
 EVAL_USAGE = ("usage: vcppo eval MODEL_DIR DATA [section.key=value ...]",
               "       vcppo eval [CONFIG] MODEL_DIR DATA [section.key=value ...]",
               "       vcppo eval [CONFIG] eval.model_path=DIR eval.data_files=FILE [section.key=value ...]",

@@ -98,6 +98,8 @@ def _merge(base: DictConfig, data: DictConfig, where: str) -> DictConfig:
 def _config_error(e: OmegaConfBaseException, where: str) -> ConfigError:
     key = getattr(e, "full_key", None) or "?"
     message = str(e).splitlines()[0]
+    if "'auto' is not a valid bool" in message:  # the three-way switches: true / false / null
+        message += "; null means auto"
     return ConfigError(f"config key '{key}': {message} ({where})")
 
 
@@ -178,7 +180,6 @@ def load_config(config: str | Path | None = None, overrides: Sequence[str] = ())
         raise _config_error(e, "interpolation") from None
     if preset and cfg.preset == "custom":
         cfg.preset = preset
-    _lowercase_bool_choices(cfg)
     validate(cfg)
     return finalize(cfg)
 
@@ -218,17 +219,6 @@ def _check_range(key: str, value: Any, m: dict) -> None:
         raise ConfigError(f"config key '{key}' must be {'>' if m.get('low_open') else '>='} {low}, got {value}")
     if high is not None and value > high:
         raise ConfigError(f"config key '{key}' must be <= {high}, got {value}")
-
-
-def _lowercase_bool_choices(obj: Any) -> None:
-    """Fields whose choices are strings 'true' / 'false' (e.g. 'auto' / 'true' / 'false'): YAML reads
-    `false` as a bool, which OmegaConf turns into the string 'False'; store it as the choice."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            _lowercase_bool_choices(value)
-        elif "true" in (f.metadata.get("choices") or ()):
-            setattr(obj, f.name, str(value).lower())
 
 
 def _walk(obj: Any, prefix: str = ""):
@@ -280,9 +270,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError("config key 'rollout.n_samples_per_prompt' must be >= 2 with trainer.dynamic_sampling "
                           "(a group of one sample always has equal rewards and would be dropped)")
     users = logprob_users(cfg)
-    if users and cfg.rollout.sampler_logprobs == "false":
-        raise ConfigError(f"config key 'rollout.sampler_logprobs' is 'false' but {', '.join(users)} "
-                          "need(s) the sampler's logprobs: set it to 'auto' or 'true'")
+    if users and cfg.rollout.sampler_logprobs is False:
+        raise ConfigError(f"config key 'rollout.sampler_logprobs' is false but {', '.join(users)} "
+                          "need(s) the sampler's logprobs: set it to null (auto) or true")
     if cfg.reward.overlong_buffer_tokens > cfg.rollout.max_response_tokens:
         raise ConfigError(f"config key 'reward.overlong_buffer_tokens' ({cfg.reward.overlong_buffer_tokens}) "
                           f"must be <= rollout.max_response_tokens ({cfg.rollout.max_response_tokens})")

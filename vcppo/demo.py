@@ -23,7 +23,7 @@ from pathlib import Path
 
 from vcppo.config import load_command_config, save_config
 from vcppo.driver.ppo import run_dir_of
-from vcppo.driver.sft import target_shortfall
+from vcppo.commands.sft import target_shortfall
 from vcppo.tracking import machine_info
 
 

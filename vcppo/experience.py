@@ -1,54 +1,43 @@
-"""The batch that flows from the sampler through the engines to the losses: :class:`Experience`.
+"""What flows between the stages of a step, typed by stage.
 
 Notation: B samples, P = longest prompt, R = longest response, L = P + R. Prompts are LEFT-padded
 to P and responses RIGHT-padded to R (verl's layout), so response token t (0-based) sits at column
 P + t and is predicted by the logits at column P + t - 1: response logprobs / values are read at
-columns P-1 .. P+R-2.
+columns P-1 .. P+R-2. Every (B, R) tensor is zero at padded response positions.
 
-The layout fields always exist; the rollout fields exist once the batch was sampled and scored
-(:func:`vcppo.driver.sampling.collect_experience`); the PPO step fills the rest in order
-(old logprobs -> reference KL -> values -> advantages). A field that a phase does not compute
-stays ``None`` (value pretraining has no ``old_logprobs``, GRPO no ``old_values``).
+The stages of one RL step (:mod:`vcppo.driver.step`), each returning what it adds:
+
+    sampling + scoring      -> :class:`Rollout`        (the layout and the verifier's reward)
+    the current models      -> :class:`BeforeUpdate`   (pi_old, entropy, KL, V_old, as the plan takes them)
+    advantage estimation    -> :class:`Advantages`     (the actor's advantages, the critic's targets)
+    the critic / actor update reads :class:`CriticBatch` / :class:`ActorBatch` (a rollout plus
+    exactly the tensors its loss needs) and returns :class:`UpdateResult`.
+
+:class:`Layout` alone is what SFT and the benchmarks feed the engines.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, TypeVar
 
 import torch
 
 Tensor = torch.Tensor
+L = TypeVar("L", bound="Layout")
 
 
-@dataclass
-class Experience:
-    """One step's samples on this rank.
+@dataclass(kw_only=True)
+class Layout:
+    """Padded prompt + response tokens (:func:`make_layout`).
 
-    Layout (:func:`make_experience`):
         input_ids        (B, L) long   prompt left-padded to P, then response right-padded to R
         attention_mask   (B, L) long   1 on real tokens
         position_ids     (B, L) long   cumsum(attention_mask) - 1, clamped at 0 (as vLLM saw them)
         responses        (B, R) long   response tokens (pad id after the end)
         response_mask    (B, R) float  1 on response tokens
         prompt_len       int           P
-    Rollout (sampled and scored):
-        scores           (B,)   float  verifier reward of the whole response
-        token_rewards    (B, R) float  the score on the last response token, 0 elsewhere
-        sampler_logprobs (B, R) float  vLLM's logprob of each sampled token (mismatch metric)
-        group            (B,)   long   global index of the prompt (GRPO groups, pass@k)
-        correct          (B,)   float  1.0 where the answer verified
-        truncated        (B,)   float  1.0 where the response hit max_response_tokens
-    Added by the PPO step:
-        old_logprobs     (B, R) float  the actor's logprobs before the update (pi_old)
-        entropy          (B, R) float  the actor's per-token entropy before the update
-        kl               (B, R) float  per-token KL estimate against the reference policy
-        old_values       (B, R) float  V(s_t) of the critic before the update
-        lambda_actor     (B,)   float  per-sequence lambda_actor (VAPO's length-adaptive lambda)
-        returns          (B, R) float  value targets (GAE with lambda_critic)
-        raw_advantages   (B, R) float  advantages before whitening (diagnostics)
-        advantages       (B, R) float  the actor's advantages as the loss uses them
-    Every tensor is zero at padded response positions.
+    Subclasses add per-sample tensors ((B,) or (B, R)); every method below carries them along.
     """
     input_ids: Tensor
     attention_mask: Tensor
@@ -56,42 +45,28 @@ class Experience:
     responses: Tensor
     response_mask: Tensor
     prompt_len: int
-    scores: Optional[Tensor] = None
-    token_rewards: Optional[Tensor] = None
-    sampler_logprobs: Optional[Tensor] = None
-    group: Optional[Tensor] = None
-    correct: Optional[Tensor] = None
-    truncated: Optional[Tensor] = None
-    old_logprobs: Optional[Tensor] = None
-    entropy: Optional[Tensor] = None
-    kl: Optional[Tensor] = None
-    old_values: Optional[Tensor] = None
-    lambda_actor: Optional[Tensor] = None
-    returns: Optional[Tensor] = None
-    raw_advantages: Optional[Tensor] = None
-    advantages: Optional[Tensor] = None
 
     @property
     def size(self) -> int:
         """B."""
         return int(self.input_ids.shape[0])
 
-    def _map(self, fn) -> "Experience":
+    def _map(self: L, fn) -> L:
         """A copy with ``fn`` applied to every per-sample tensor."""
         return dataclasses.replace(self, **{f.name: fn(v) for f in dataclasses.fields(self)
                                             if isinstance(v := getattr(self, f.name), Tensor)})
 
-    def select(self, idx: slice | Tensor | list[int]) -> "Experience":
+    def select(self: L, idx: slice | Tensor | list[int]) -> L:
         """Rows ``idx`` (a slice, index list or index tensor) of every per-sample tensor."""
         if isinstance(idx, slice):
             return self._map(lambda t: t[idx])
         idx_t = torch.as_tensor(idx, dtype=torch.long)
         return self._map(lambda t: t[idx_t.to(t.device)])
 
-    def to(self, device: torch.device | str) -> "Experience":
+    def to(self: L, device: torch.device | str) -> L:
         return self._map(lambda t: t.to(device))
 
-    def split(self, n_chunks: int) -> list["Experience"]:
+    def split(self: L, n_chunks: int) -> list[L]:
         """Contiguous chunks of (nearly) equal size, in order (the first ones take the remainder)."""
         B = self.size
         n_chunks = max(1, min(int(n_chunks), B))
@@ -99,17 +74,114 @@ class Experience:
         starts = [sum(sizes[:i]) for i in range(n_chunks)]
         return [self.select(slice(s, s + n)) for s, n in zip(starts, sizes)]
 
-    def micro_batches(self, micro_batch_size: int | None) -> list["Experience"]:
+    def micro_batches(self: L, micro_batch_size: int | None) -> list[L]:
         """Chunks of at most ``micro_batch_size`` rows (one chunk when None)."""
         B = self.size
         if not micro_batch_size or micro_batch_size >= B:
             return [self]
         return [self.select(slice(s, s + micro_batch_size)) for s in range(0, B, micro_batch_size)]
 
+    def layout_fields(self) -> dict:
+        """The :class:`Layout` fields of this batch, to build a richer stage from it."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Layout)}
 
-def make_experience(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int,
-                    device: torch.device | str = "cpu") -> Experience:
-    """The padded layout of ``B`` (prompt, response) token lists; rollout fields left unset."""
+
+@dataclass(kw_only=True)
+class Rollout(Layout):
+    """A step's samples on this rank, sampled and scored (:func:`vcppo.driver.sampling.collect_rollout`).
+
+        scores           (B,)   float  verifier reward of the whole response (+ overlong shaping)
+        token_rewards    (B, R) float  the score on the last response token, 0 elsewhere
+        group            (B,)   long   global index of the prompt (GRPO groups, pass@k)
+        correct          (B,)   float  1.0 where the answer verified
+        truncated        (B,)   float  1.0 where the response hit max_response_tokens
+        sampler_logprobs (B, R) float  vLLM's logprob of each sampled token; None when the run does
+                                       not ask for them (``rollout.sampler_logprobs``)
+    """
+    scores: Tensor
+    token_rewards: Tensor
+    group: Tensor
+    correct: Tensor
+    truncated: Tensor
+    sampler_logprobs: Optional[Tensor] = None
+
+    @classmethod
+    def unscored(cls, layout: Layout) -> "Rollout":
+        """Tokens that no verifier scored (the benchmarks' and tests' batches): zero rewards, every
+        row its own prompt group, nothing correct or truncated."""
+        B, dev = layout.size, layout.input_ids.device
+        zeros = torch.zeros(B, device=dev)
+        return cls(**layout.layout_fields(), scores=zeros, token_rewards=torch.zeros_like(layout.response_mask),
+                   group=torch.arange(B, device=dev), correct=zeros.clone(), truncated=zeros.clone())
+
+
+@dataclass(kw_only=True)
+class ActorBatch(Rollout):
+    """What the actor's update trains on.
+
+        advantages   (B, R) float  the actor's advantages as the loss uses them (whitened)
+        old_logprobs (B, R) float  pi_old; None when the plan takes it from the update's own forward
+    """
+    advantages: Tensor
+    old_logprobs: Optional[Tensor] = None
+
+
+@dataclass(kw_only=True)
+class CriticBatch(Rollout):
+    """What the critic's update trains on.
+
+        returns    (B, R) float  value targets (GAE with lambda_critic)
+        old_values (B, R) float  V_old, the clip's anchor; None when the plan takes it from the
+                                 update's own forward
+    """
+    returns: Tensor
+    old_values: Optional[Tensor] = None
+
+
+@dataclass
+class BeforeUpdate:
+    """What the current models say about a rollout before this step's updates; each is None
+    where the step plan does not take it at this stage (:class:`vcppo.driver.plan.StepPlan`).
+
+        old_logprobs (B, R) float  pi_old: an actor pass, or the sampler's logprobs
+        entropy      (B, R) float  the actor's per-token entropy (from the same pass)
+        kl           (B, R) float  per-token KL estimate against the reference policy
+        old_values   (B, R) float  V_old: a critic pass
+    """
+    old_logprobs: Optional[Tensor] = None
+    entropy: Optional[Tensor] = None
+    kl: Optional[Tensor] = None
+    old_values: Optional[Tensor] = None
+
+
+@dataclass
+class Advantages:
+    """Advantage estimation's output (:func:`vcppo.driver.advantages.estimate`).
+
+        advantages     (B, R) float  the actor's advantages as the loss uses them
+        raw_advantages (B, R) float  before whitening (the position-profile diagnostic)
+        returns        (B, R) float  the critic's targets (GAE with lambda_critic); None for GRPO
+        lambda_actor   (B,)   float  per-sequence lambda (VAPO's length-adaptive lambda), else None
+    """
+    advantages: Tensor
+    raw_advantages: Tensor
+    returns: Optional[Tensor] = None
+    lambda_actor: Optional[Tensor] = None
+
+
+@dataclass
+class UpdateResult:
+    """What an update returns: its metrics, and what its own forward passes kept when the plan
+    takes pi_old / V_old / entropy from them (each (B, R), in the batch's row order; else None)."""
+    metrics: dict
+    logprobs: Optional[Tensor] = None
+    entropy: Optional[Tensor] = None
+    values: Optional[Tensor] = None
+
+
+def make_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int,
+                device: torch.device | str = "cpu") -> Layout:
+    """The padded layout of ``B`` (prompt, response) token lists."""
     if len(prompt_ids) != len(response_ids):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(response_ids)} responses")
     if not prompt_ids:
@@ -128,21 +200,21 @@ def make_experience(prompt_ids: list[list[int]], response_ids: list[list[int]], 
             input_ids[i, P:P + len(r)] = torch.as_tensor(r, dtype=torch.long)
             attn[i, P:P + len(r)] = 1
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    return Experience(input_ids=input_ids.to(device), attention_mask=attn.to(device),
-                      position_ids=position_ids.to(device), responses=input_ids[:, P:].clone().to(device),
-                      response_mask=attn[:, P:].to(torch.float32).to(device), prompt_len=P)
+    return Layout(input_ids=input_ids.to(device), attention_mask=attn.to(device),
+                  position_ids=position_ids.to(device), responses=input_ids[:, P:].clone().to(device),
+                  response_mask=attn[:, P:].to(torch.float32).to(device), prompt_len=P)
 
 
 LAYOUT_FIELDS = ("input_ids", "attention_mask", "position_ids")  # (B, L) = (B, P + R)
 
 
-def _pad_value(batch: Experience) -> int:
+def _pad_value(batch: L) -> int:
     """The pad id a batch was laid out with (0 when it has no pad position at all)."""
     pads = batch.input_ids[batch.attention_mask == 0]
     return int(pads[0]) if pads.numel() else 0
 
 
-def _relayout(batch: Experience, P: int, R: int, pad_id: int) -> Experience:
+def _relayout(batch: L, P: int, R: int, pad_id: int) -> L:
     """``batch`` re-padded to prompt width ``P`` and response width ``R``: columns are added on the
     left of the prompt / the right of the response, or dropped there when narrower (the caller
     only drops all-pad columns: :func:`compact`), so every real token keeps its position id."""
@@ -176,7 +248,7 @@ def _relayout(batch: Experience, P: int, R: int, pad_id: int) -> Experience:
     return dataclasses.replace(batch, prompt_len=P, **changes)
 
 
-def compact(batch: Experience) -> Experience:
+def compact(batch: L) -> L:
     """``batch`` without the prompt columns that are padding in every row and the response columns
     masked in every row (a row subset of a wide batch keeps the batch's width otherwise)."""
     prompt_real = batch.attention_mask[:, :batch.prompt_len].sum(0) > 0
@@ -186,19 +258,21 @@ def compact(batch: Experience) -> Experience:
     return _relayout(batch, P, R, _pad_value(batch))
 
 
-def concat_experiences(batches: list[Experience], pad_id: int | None = None) -> Experience:
+def concat_batches(batches: list[L], pad_id: int | None = None) -> L:
     """The rows of several batches (any prompt / response widths) in one batch, in order.
 
-    Every field set in one batch must be set in all. ``pad_id`` defaults to the pad id found in
+    All batches must be of one stage type, and every field set in one batch must be set in all. ``pad_id`` defaults to the pad id found in
     the batches (0 if none has a pad position).
     """
     if not batches:
-        raise ValueError("concat_experiences: no batches")
-    names = [f.name for f in dataclasses.fields(Experience)]
+        raise ValueError("concat_batches: no batches")
+    if len({type(b) for b in batches}) > 1:
+        raise ValueError("concat_batches: batches of different stage types")
+    names = [f.name for f in dataclasses.fields(batches[0])]
     for f in names:
         set_in = [getattr(b, f) is not None for b in batches]
         if any(set_in) and not all(set_in):
-            raise ValueError(f"concat_experiences: field {f!r} is set in some batches but not in others")
+            raise ValueError(f"concat_batches: field {f!r} is set in some batches but not in others")
     if len(batches) == 1:
         return batches[0]
     if pad_id is None:

@@ -1,13 +1,13 @@
 """`vcppo report RUN_DIR... [--out DIR]`: a markdown page + PNG plots for one run or several.
 
 Reads each run's ``metrics.jsonl`` (and ``final_metrics.json``) and draws, one line per run:
-  * response length over PPO steps          (the collapse signature: it shrinks under plain PPO)
-  * accuracy and reward over PPO steps
-  * value-pretraining loss and explained variance (VC-PPO Fig. 4: range alignment, then
-    knowledge injection)
-  * the advantage-vs-token-position profile at the start and end of value pretraining (or of PPO
-    for runs without it) — VC-PPO Fig. 2: a critic biased low on early tokens gives them
-    inflated advantages.
+  * mean response length over PPO steps
+  * training accuracy and mean reward over PPO steps
+  * validation greedy pass@1
+  * value-pretraining value loss and explained variance
+  * the critic's explained variance and the advantage-position correlation over PPO steps
+  * the mean advantage by token position at the start and end of value pretraining (or of PPO
+    for runs without it)
 """
 from __future__ import annotations
 
@@ -96,26 +96,26 @@ def _advantage_profile_plot(plt, out_dir: Path, data: dict) -> tuple[str, str] |
         ax.axhline(0, color="gray", lw=0.8)
         ax.set_xlabel("token position in response")
         ax.set_ylabel("mean raw advantage (lambda_actor)")
-        ax.set_title("Advantage vs token position (VC-PPO Fig. 2 diagnostic)")
+        ax.set_title("Mean advantage by token position, first and last step")
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out_dir / "advantage_profile.png", dpi=110)
     plt.close(fig)
-    return ("advantage_profile.png", "Advantage vs token position") if drew else None
+    return ("advantage_profile.png", "Mean advantage by token position") if drew else None
 
 
 _LINE_PLOTS = [
     ("response_length.png", "ppo", [("response/length_mean", "mean response length (tokens)")],
-     "Response length over PPO steps"),
+     "PPO: mean response length"),
     ("accuracy.png", "ppo", [("reward/accuracy", "train accuracy"), ("reward/mean", "mean reward")],
-     "Accuracy and reward over PPO steps"),
-    ("validation.png", "val", [("val/pass@1_greedy", "val greedy pass@1")], "Validation accuracy"),
+     "PPO: training accuracy and mean reward"),
+    ("validation.png", "val", [("val/pass@1_greedy", "val greedy pass@1")], "Validation: greedy pass@1"),
     ("value_pretraining.png", "value_pretrain",
      [("critic/value_loss", "value loss"), ("critic/explained_variance", "explained variance")],
-     "Value pretraining (range alignment, then knowledge injection)"),
+     "Value pretraining: value loss and explained variance"),
     ("critic_ppo.png", "ppo",
      [("critic/explained_variance", "explained variance"), ("adv/position_corr", "corr(position, advantage)")],
-     "Critic quality during PPO"),
+     "PPO: critic explained variance and advantage-position correlation"),
 ]
 
 

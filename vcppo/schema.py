@@ -52,8 +52,8 @@ class DataConfig:
                                                  "arguments; null = data_source and extra_info where the "
                                                  "file has them.")
     max_prompt_tokens: int = _f(256, "Prompts longer than this (in tokens) are dropped, and counted.", low=1)
-    use_chat_template: str = _f("auto", "Wrap prompts with the tokenizer's chat template: auto / true / false.",
-                                choices=("auto", "true", "false"))
+    use_chat_template: Optional[bool] = _f(None, "Wrap prompts with the tokenizer's chat template: true / "
+                                           "false; null = when the tokenizer has one.")
 
 
 @dataclass
@@ -72,11 +72,12 @@ class RolloutConfig:
     tensor_parallel_size: int = _f(1, "vLLM tensor parallel size (GPU only).", low=1)
     enforce_eager: bool = _f(True, "Run vLLM eagerly: no CUDA graphs on GPU, no torch.compile of the model on CPU (faster start-up, slower decode; docs/performance.md).")
     free_memory_during_training: bool = _f(True, "GPU: put vLLM to sleep while actor/critic train.")
-    sampler_logprobs: str = _f("auto", "Return vLLM's logprob of each sampled token: 'auto' = when the run "
-                               "uses them (algorithm.rollout_is_cap, algorithm.old_logprobs_from_sampler, "
-                               "critic.confidence_features) or samples in bf16 / fp16, where the mismatch/* "
-                               "metrics earn their cost (~10% of a small model's CPU rollout); 'true' = always "
-                               "(mismatch/* in fp32 too); 'false' = never.", choices=("auto", "true", "false"))
+    sampler_logprobs: Optional[bool] = _f(None, "Return vLLM's logprob of each sampled token: true = always "
+                                          "(mismatch/* metrics in fp32 too); false = never; null = when the "
+                                          "run uses them (algorithm.rollout_is_cap, "
+                                          "algorithm.old_logprobs_from_sampler, critic.confidence_features) "
+                                          "or samples in bf16 / fp16, where the mismatch/* metrics earn their "
+                                          "cost (docs/performance.md).")
 
 
 @dataclass
@@ -90,8 +91,8 @@ class EngineConfig:
     offload_params: bool = _f(False, "ZeRO-3: keep parameters in CPU memory.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward (saves memory).")
     packed: bool = _f(True, "Padding-free passes: a micro-batch's sequences concatenated into one row, "
-                      "attention kept within each sequence; false: the padded (B, P+R) layout. Measured "
-                      "1.2-5.5x tokens/s at 15-67% padding (docs/performance.md).")
+                      "attention kept within each sequence; false: the padded (B, P+R) layout. Faster the "
+                      "more padding a batch has (docs/performance.md, 'How fast is a packed pass').")
     max_tokens_per_micro_batch: int = _f(0, "Form micro-batches by a budget of real (prompt + response) "
                                          "tokens instead of micro_batch_size sequences (use with packed, for "
                                          "long-tailed lengths); 0: off. A longer "
@@ -112,13 +113,19 @@ class OptimConfig(EngineConfig):
 
 
 @dataclass
-class ActorConfig(OptimConfig):
+class UpdateConfig(OptimConfig):
+    """An engine that PPO updates (actor, critic): epochs x mini-batches of optimizer steps."""
     ppo_mini_batches: int = _f(1, "Optimizer steps per PPO epoch (the step's batch is split into this many).", low=1)
     ppo_epochs: int = _f(1, "Passes over each step's batch.", low=1)
 
 
 @dataclass
-class CriticConfig(ActorConfig):
+class ActorConfig(UpdateConfig):
+    """The policy's update (the policy loss itself is configured in ``algorithm``)."""
+
+
+@dataclass
+class CriticConfig(UpdateConfig):
     lr: float = _f(2e-6, "Peak learning rate (paper: critic 2e-6 vs actor 1e-6).", low=0.0)
     value_clip: Optional[float] = _f(0.5, "Clip range of the value loss around old values (null: off).", low=0.0)
     confidence_features: bool = _f(False, "The value head also reads the policy's confidence in the tokens "
@@ -126,14 +133,14 @@ class CriticConfig(ActorConfig):
                                    "lowest so far, how many below 1/2; vcppo.algos.confidence) through a "
                                    "zero-initialised linear layer. A policy backbone's last hidden state "
                                    "does not say whether an earlier step was wrong; the policy's own "
-                                   "surprise does (docs/results.md, 'What a critic can read').")
+                                   "surprise does (docs/results.md).")
     confidence_lr_scale: float = _f(100.0, "Learning rate of the confidence head as a multiple of lr: four "
                                     "weights on O(1) features, which Adam moves by ~lr a step.", low=0.0,
                                     low_open=True)
     head_lr_scale: float = _f(1.0, "Learning rate of the scalar value head as a multiple of lr. Adam moves "
                               "each weight by at most ~lr a step, so a zero head at a backbone's lr needs "
                               "hundreds of steps to read what the features already hold "
-                              "(docs/results.md, 'Why the critic learned only the mean').", low=0.0,
+                              "(docs/results.md).", low=0.0,
                               low_open=True)
 
 
@@ -150,7 +157,8 @@ class AlgorithmConfig:
     length_adaptive_alpha: float = _f(0.05, "alpha of the length-adaptive lambda (VAPO: 0.05).", low=0.0,
                                       low_open=True)
     whiten_advantages: bool = _f(True, "Normalise the actor's advantages over the batch (std 1).")
-    zero_mean_advantages: bool = _f(True, "When whitening, also subtract the mean (False keeps the mean).")
+    zero_mean_advantages: bool = _f(True, "When whitening, also subtract the mean (False only divides by the std, so "
+                                       "the mean's sign is kept).")
     eps_low: float = _f(0.2, "PPO ratio clip below 1 (1 - eps_low).", low=0.0)
     eps_high: float = _f(0.2, "PPO ratio clip above 1 (1 + eps_high); >eps_low is clip-higher (VAPO/DAPO).",
                          low=0.0)

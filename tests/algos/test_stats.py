@@ -30,11 +30,85 @@ def test_masked_mean_and_var_ignore_masked_entries():
 
 
 def test_masked_whiten_zero_mean_flag():
-    x = torch.tensor([[1.0, 3.0, 5.0, 100.0]])
+    x = torch.tensor([[1.0, 3.0, 5.0, float("nan")]])
     m = torch.tensor([[1, 1, 1, 0]])
-    # mean 3, unbiased var 4, std 2
+    # mean 3, unbiased var 4, std 2; the NaN under the mask changes nothing
     torch.testing.assert_close(masked_whiten(x, m), torch.tensor([[-1.0, 0.0, 1.0, 0.0]]))
-    torch.testing.assert_close(masked_whiten(x, m, zero_mean=False), torch.tensor([[2.0, 3.0, 4.0, 0.0]]))
+    torch.testing.assert_close(masked_whiten(x, m, zero_mean=False), torch.tensor([[0.5, 1.5, 2.5, 0.0]]))
+
+
+def test_masked_whiten_of_an_empty_or_one_token_batch_is_finite():
+    x = torch.tensor([[2.0, 7.0]])
+    assert torch.equal(masked_whiten(x, torch.zeros(1, 2, dtype=torch.bool)), torch.zeros(1, 2))
+    # n = 1: mean 2, var := 0 (divisor max(n - 1, 1)), so the one entry becomes exactly 0
+    assert torch.equal(masked_whiten(x, torch.tensor([[True, False]])), torch.zeros(1, 2))
+
+
+def _global_whiten_before_the_merge(advantages, mask, zero_mean=True, eps=1e-8, global_sum=None):
+    """The trainer's whitening as vcppo.driver.advantages.global_whiten computed it before it
+    called masked_whiten: kept verbatim as the oracle for bitwise equality."""
+    n = global_sum(mask.sum())
+    mean = global_sum((advantages * mask).sum()) / max(n, 1.0)
+    var = global_sum((((advantages - mean) * mask) ** 2).sum()) / max(n - 1.0, 1.0)
+    centred = advantages - mean if zero_mean else advantages
+    return centred * torch.rsqrt(torch.tensor(var + eps, dtype=advantages.dtype)) * mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32, torch.int64])
+@pytest.mark.parametrize("zero_mean", [True, False])
+def test_masked_whiten_is_bitwise_the_trainers_global_whiten(dtype, mask_dtype, zero_mean):
+    from vcppo.engines.dist import global_sum  # what global_whiten passes as sum_fn
+
+    if dtype == torch.bfloat16 and mask_dtype == torch.float32:
+        pytest.skip("the old product promoted bf16 advantages to the fp32 mask's dtype; masked_whiten "
+                    "keeps x's dtype (the trainer's advantages are fp32 with an fp32 mask)")
+    g = torch.Generator().manual_seed(3)
+    for B, T in [(64, 130), (7, 33), (1, 1), (3, 5)]:
+        lengths = torch.randint(0, T + 1, (B,), generator=g)
+        valid = torch.arange(T)[None, :] < lengths[:, None]
+        valid[:, T // 3: T // 3 + 2] = False  # interior holes too
+        # GAE-like input: exactly 0 at masked positions, a positive bias, a 1/x-ish spread
+        x = torch.where(valid, torch.randn(B, T, generator=g) * 3.7 + 0.4, torch.zeros(()))
+        x = x.to(dtype)
+        mask = valid.to(mask_dtype)
+        old = _global_whiten_before_the_merge(x, mask, zero_mean, global_sum=global_sum)
+        for sum_fn in (global_sum, float):  # the trainer's reducer and the local default
+            new = masked_whiten(x, mask, zero_mean=zero_mean, sum_fn=sum_fn)
+            assert new.dtype == old.dtype and torch.equal(new, old), (B, T)
+            # Bit for bit at every valid entry; masked entries are +0.0 (the old product gave
+            # -0.0 where x - mean < 0, which == 0.0 and nothing downstream can tell apart).
+            int_view = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}[dtype]
+            assert torch.equal(new.view(int_view)[valid], old.view(int_view)[valid])
+            assert not torch.signbit(new[~valid]).any()
+
+
+def test_masked_whiten_sum_fn_reduces_over_shards_like_one_batch():
+    # Two "ranks" as threads whose sum_fn all-reduces through a barrier: each shard is whitened
+    # with the statistics of the whole batch, as vcppo.engines.dist.global_sum does across ranks.
+    import threading
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 20, generator=g) * 2 + 1
+    mask = torch.rand(8, 20, generator=g) > 0.3
+    shards = [(x[:3], mask[:3]), (x[3:], mask[3:])]
+    posted, barrier, out = [0.0, 0.0], threading.Barrier(2), [None, None]
+
+    def run(rank):
+        def all_reduce(t):
+            posted[rank] = float(t)
+            barrier.wait()
+            total = sum(posted)
+            barrier.wait()
+            return total
+        out[rank] = masked_whiten(*shards[rank], sum_fn=all_reduce)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.testing.assert_close(torch.cat(out), masked_whiten(x, mask))
 
 
 def test_explained_variance():

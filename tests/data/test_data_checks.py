@@ -1,4 +1,4 @@
-"""Bad prompt data is named before any engine starts (#17): the file, the line or row, the field."""
+"""Bad prompt data is named before any engine starts: the file, the line or row, the field."""
 import gzip
 import json
 

@@ -1,4 +1,4 @@
-"""verl-format prompt data (#15): chat-message prompts through the chat template, dotted answer
+"""verl-format prompt data: chat-message prompts through the chat template, dotted answer
 paths, data_source / extra_info riding along to the reward function, errors naming the field."""
 import copy
 import json

@@ -5,16 +5,15 @@ import torch
 
 from tests.gloo_ranks import cpu_info, run_on_two_ranks
 from vcppo.driver.sampling import balance_across_ranks
-from vcppo.experience import make_experience
+from vcppo.experience import Rollout, make_layout
 
 
 def _rank_batch(rank):
     # rank 0 sampled 2 prompts with long responses, rank 1 two with short ones; 2 samples per prompt
     lengths = [[300, 280, 250, 260], [10, 12, 8, 9]][rank]
-    b = make_experience([[1, 2, 3]] * 4, [[7] * n for n in lengths], pad_id=0)
-    b.group = torch.tensor([2 * rank, 2 * rank, 2 * rank + 1, 2 * rank + 1])
-    b.scores = torch.tensor([float(n) for n in lengths])
-    return b
+    b = Rollout.unscored(make_layout([[1, 2, 3]] * 4, [[7] * n for n in lengths], pad_id=0))
+    return Rollout(**{**vars(b), "group": torch.tensor([2 * rank, 2 * rank, 2 * rank + 1, 2 * rank + 1]),
+                      "scores": torch.tensor([float(n) for n in lengths])})
 
 
 def _worker(rank, out):

@@ -1,4 +1,4 @@
-"""SFT -> value pretraining -> PPO -> eval with a locally trained byte-level BPE tokenizer (#15):
+"""SFT -> value pretraining -> PPO -> eval with a locally trained byte-level BPE tokenizer:
 <|im_end|> as EOS, a Qwen2.5-style chat template, and <think> / </think> as plain text spanning
 several tokens, on verl-format data — through the real commands and engines (vLLM CPU, DeepSpeed)."""
 import json

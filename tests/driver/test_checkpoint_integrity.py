@@ -1,4 +1,4 @@
-"""Checkpoint integrity (#17): a manifest of sizes and SHA-256 sums; resume skips a truncated,
+"""Checkpoint integrity: a manifest of sizes and SHA-256 sums; resume skips a truncated,
 deleted or changed checkpoint for the previous intact one; kill -9 at any moment of a checkpoint
 write or cleanup leaves only intact checkpoints and cleanable debris."""
 import json

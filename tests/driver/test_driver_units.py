@@ -11,7 +11,7 @@ from vcppo.config import load_config
 from vcppo.driver import checkpoint as ckpt
 from vcppo.driver.critic_cache import cache_key
 from vcppo.driver.metrics import PhaseTimer
-from vcppo.driver.sampling import collect_experience, rank_slice
+from vcppo.driver.sampling import collect_rollout, rank_slice
 from vcppo.driver.value_pretrain import settled
 from vcppo.rewards.verifier import RewardScorer
 from vcppo.schema import RolloutConfig
@@ -102,9 +102,9 @@ class _FakeRollout:
         return out[: len(prompt_ids) * n]
 
 
-def test_collect_experience_places_outcome_reward_on_last_token():
+def test_collect_rollout_places_outcome_reward_on_last_token():
     rows = [{"prompt_ids": [1, 2], "answer": "3"}, {"prompt_ids": [4], "answer": "4"}]
-    batch = collect_experience(rows, first_index=10, rollout=_FakeRollout(), scorer=RewardScorer(), pad_id=0,
+    batch = collect_rollout(rows, first_index=10, rollout=_FakeRollout(), scorer=RewardScorer(), pad_id=0,
                                device=torch.device("cpu"), seed=0,
                                sampling=RolloutConfig(n_samples_per_prompt=2, max_response_tokens=3))
     assert batch.scores.tolist() == [1.0, -1.0, -1.0, -1.0]
@@ -113,8 +113,8 @@ def test_collect_experience_places_outcome_reward_on_last_token():
     assert batch.group.tolist() == [10, 10, 11, 11]
     assert torch.equal(batch.token_rewards[0], torch.tensor([0.0, 0.0, 1.0]))
     assert torch.equal(batch.token_rewards[1], torch.tensor([-1.0, 0.0, 0.0]))
-    assert batch.sampler_logprobs is None  # not asked for (rollout.sampler_logprobs)
-    with_lp = collect_experience(rows, first_index=10, rollout=_FakeRollout(), scorer=RewardScorer(), pad_id=0,
+    assert batch.sampler_logprobs is None  # not asked for (the plan's sampler_logprobs)
+    with_lp = collect_rollout(rows, first_index=10, rollout=_FakeRollout(), scorer=RewardScorer(), pad_id=0,
                                  device=torch.device("cpu"), seed=0, logprobs=True,
                                  sampling=RolloutConfig(n_samples_per_prompt=2, max_response_tokens=3))
     assert torch.allclose(with_lp.sampler_logprobs[0], torch.tensor([-0.1, -0.2, -0.3]))
@@ -154,19 +154,6 @@ def test_metrics_logger_wandb_offline(tmp_path):
     assert runs and any(p.suffix == ".wandb" for p in runs[0].iterdir())
 
 
-def test_global_whiten_single_rank_matches_masked_whiten():
-    from vcppo.algos.stats import masked_whiten
-    from vcppo.driver.advantages import global_whiten
-
-    torch.manual_seed(0)
-    adv = torch.randn(4, 6)
-    mask = (torch.rand(4, 6) > 0.3).float()
-    ours = global_whiten(adv, mask)
-    ref = masked_whiten(adv, mask) * mask
-    assert torch.allclose(ours, ref, atol=1e-5)
-    assert (ours[mask == 0] == 0).all()
-
-
 def test_a_policy_initialised_critic_starts_from_the_policy_even_when_a_critic_path_is_set():
     """The demo preset sets model.critic_path (for critic_init=reward_model); with the default
     critic_init=policy the critic must still start from the SFT policy's backbone, not the RM's."""
@@ -179,7 +166,7 @@ def test_a_policy_initialised_critic_starts_from_the_policy_even_when_a_critic_p
 
 
 def test_sft_that_stops_below_its_target_is_named_with_the_reason():
-    from vcppo.driver.sft import target_shortfall
+    from vcppo.commands.sft import target_shortfall
     short = {"steps": 600, "stopped_by": "steps", "val/pass@1_greedy": 0.25}
     msg = target_shortfall(short, 0.4)
     assert "step 600" in msg and "sft.steps" in msg and "0.250" in msg and "sft.target_accuracy 0.4" in msg

@@ -1,4 +1,4 @@
-"""Exact resume (#17) in units: metrics.jsonl cut back to the checkpoint (no duplicate records),
+"""Exact resume in units: metrics.jsonl cut back to the checkpoint (no duplicate records),
 replayed records not sent to wandb / TensorBoard again, and the critic's lr-schedule length fixed
 by how the run started, not by the cache."""
 import json
@@ -27,7 +27,7 @@ def test_rewind_cuts_the_records_past_the_checkpoint_and_names_them(tmp_path):
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [(json.loads(x)["phase"], json.loads(x)["step"]) for x in lines] == [("value_pretrain", 1),
                                                                                  ("value_pretrain", 2)]
-    assert rewind_metrics(tmp_path, state) == set()  # nothing past it any more
+    assert rewind_metrics(tmp_path, state) == set()  # nothing past it
     assert rewind_metrics(tmp_path, RunState(phase="ppo")) == set()  # older checkpoints: untouched
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 

@@ -1,4 +1,4 @@
-"""Exact resume on every path (#17), real engines, cosine schedules for actor and critic. A kill is
+"""Exact resume on every path, real engines, cosine schedules for actor and critic. A kill is
 reproduced exactly: from a finished run's directory, the checkpoints after the kill point, the
 final export and the metrics logged after it are removed. Everything else stays, the published
 critic cache included. The rerun must then log what the uninterrupted run logged, record for

@@ -1,4 +1,4 @@
-"""The step guards (#17, vcppo.driver.guards): streaks of non-finite steps and of all-failed rewards
+"""The step guards (vcppo.driver.guards): streaks of non-finite steps and of all-failed rewards
 abort the run at their limit, reset on a good step, and follow the state across a resume."""
 import pytest
 

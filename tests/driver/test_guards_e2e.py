@@ -1,4 +1,4 @@
-"""`vcppo train` with real engines that cannot make progress (#17): a reward on a scale that
+"""`vcppo train` with real engines that cannot make progress: a reward on a scale that
 overflows the losses (every optimizer step non-finite, so skipped) and a reward function that
 fails on every sample. Both abort at their limit with exit 2 and one clear line, keeping the last
 good checkpoint and writing no final export."""

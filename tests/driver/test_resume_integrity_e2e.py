@@ -1,4 +1,4 @@
-"""`vcppo train` with real engines, resumed after its newest checkpoint was damaged (#17): the
+"""`vcppo train` with real engines, resumed after its newest checkpoint was damaged: the
 damage is reported before the engines start, the previous intact checkpoint is used, the run
 finishes; a print-on-unpickle object planted in the RNG file never runs."""
 import glob

@@ -1,4 +1,4 @@
-"""Resume loads nothing by unpickling (#17): RNG states as JSON, DeepSpeed states with
+"""Resume loads nothing by unpickling: RNG states as JSON, DeepSpeed states with
 weights_only=True; a planted print-on-unpickle object never runs."""
 import json
 import logging

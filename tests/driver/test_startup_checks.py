@@ -1,4 +1,4 @@
-"""`vcppo train` names bad input and exits 2 before any engine starts (#17), as a user runs it."""
+"""`vcppo train` names bad input and exits 2 before any engine starts, as a user runs it."""
 import subprocess
 import sys
 import time

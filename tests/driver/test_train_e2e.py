@@ -44,7 +44,7 @@ LOSS_OPTIONS = {  # KL penalty (reference engine), dual-clip, entropy bonus, seq
     "algorithm.entropy_coef": 0.01, "algorithm.loss_agg": "seq-mean-token-mean", "actor.ppo_epochs": 2,
     "actor.ppo_mini_batches": 2, "critic.ppo_mini_batches": 2, "actor.warmup_steps": 1,
     "actor.lr_schedule": "cosine", "actor.gradient_checkpointing": True,
-    "rollout.sampler_logprobs": "true"}  # fp32 would leave them off ('auto'): the mismatch/* metrics
+    "rollout.sampler_logprobs": True}  # fp32 would leave them off (null = auto): the mismatch/* metrics
 DAPO_AND_MISMATCH = {  # DAPO's dynamic sampling, soft overlong punishment and overlong filtering,
     # and truncated importance sampling against vLLM's logprobs
     "trainer.dynamic_sampling": True, "trainer.dynamic_sampling_max_tries": 3,
@@ -86,7 +86,7 @@ def test_preset_runs_end_to_end(preset, tiny_artifacts, tmp_path, request):
                     "actor/grad_norm", "actor/lr", "actor/entropy", "time/rollout_s", "perf/tokens_per_s"):
             assert key in r, f"{key} missing from step {r['step']}"
         # fp32 with nothing that reads the sampler's logprobs: vLLM is not asked for them
-        # (rollout.sampler_logprobs=auto); ppo asks ('true'), vapo's TIS needs them
+        # (rollout.sampler_logprobs=null, auto); ppo asks (true), vapo's TIS needs them
         assert ("mismatch/logprob_abs_mean" in r) == (preset in ("ppo", "vapo"))
         if preset in ("ppo", "vapo"):
             # the sampler (vLLM) and the trainer (DeepSpeed) agree on logprobs of the same weights

@@ -8,23 +8,26 @@ from vcppo.algos import losses
 from vcppo.algos.mismatch import tis_weights
 from vcppo.driver.update import PolicyLoss, ValueLoss
 from vcppo.engines.deepspeed_engine import GlobalCounts, ModelOutputs
-from vcppo.experience import make_experience
+from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout
 from vcppo.schema import AlgorithmConfig, CriticConfig
 
 
-def _batch(seed=0):
+def _batch(seed=0, critic=False):
+    """The actor's batch, or (``critic``) the critic's batch of the same rollout."""
     g = torch.Generator().manual_seed(seed)
     lengths = [1, 5, 3, 7, 2, 6]
-    b = make_experience([[1, 2]] * len(lengths), [[3] * n for n in lengths], pad_id=0)
-    mask = b.response_mask
-    b.old_logprobs = -torch.rand(mask.shape, generator=g) * mask
-    b.advantages = torch.randn(mask.shape, generator=g) * mask
-    b.old_values = torch.randn(mask.shape, generator=g) * mask
-    b.returns = torch.randn(mask.shape, generator=g) * mask
-    b.correct = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
-    b.sampler_logprobs = (b.old_logprobs + 0.5 * torch.randn(mask.shape, generator=g)) * mask
-    b.truncated = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
-    return b
+    r = Rollout.unscored(make_layout([[1, 2]] * len(lengths), [[3] * n for n in lengths], pad_id=0))
+    mask = r.response_mask
+    old_logprobs = -torch.rand(mask.shape, generator=g) * mask
+    advantages = torch.randn(mask.shape, generator=g) * mask
+    old_values = torch.randn(mask.shape, generator=g) * mask
+    returns = torch.randn(mask.shape, generator=g) * mask
+    r = Rollout(**{**vars(r), "correct": torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0]),
+                   "sampler_logprobs": (old_logprobs + 0.5 * torch.randn(mask.shape, generator=g)) * mask,
+                   "truncated": torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])})
+    if critic:
+        return CriticBatch(**vars(r), returns=returns, old_values=old_values)
+    return ActorBatch(**vars(r), advantages=advantages, old_logprobs=old_logprobs)
 
 
 def _loss_of(loss, b, params, counts):
@@ -42,10 +45,10 @@ def _loss_of(loss, b, params, counts):
     lambda agg: ValueLoss(CriticConfig(value_clip=0.2), agg),
 ])
 def test_micro_batch_losses_sum_to_the_full_batch_loss(agg, make_loss):
-    b = _batch()
     loss = make_loss(agg)
+    b = _batch(critic=isinstance(loss, ValueLoss))
     counts = GlobalCounts.over_ranks(loss.count_masks(b))
-    base = (b.old_logprobs + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(1)))
+    base = (_batch().old_logprobs + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(1)))
     full_params = base.clone().requires_grad_(True)
     full = _loss_of(loss, b, full_params, counts)
     full.backward()

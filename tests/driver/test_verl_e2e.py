@@ -1,4 +1,4 @@
-"""A verl-format data file trains as it is (#15): `vcppo data make --format verl`, then `vcppo train`
+"""A verl-format data file trains as it is: `vcppo data make --format verl`, then `vcppo train`
 with data.answer_field=reward_model.ground_truth and a reward function picked by data_source,
 which sees each row's extra_info (the real engines: vLLM CPU, DeepSpeed on gloo); metrics also go
 to TensorBoard."""

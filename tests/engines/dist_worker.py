@@ -29,7 +29,7 @@ def main(argv):
     from vcppo.engines import dist
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
-    from vcppo.experience import make_experience
+    from vcppo.experience import CriticBatch, Rollout, make_layout
     from vcppo.schema import ActorConfig, CriticConfig, RolloutConfig
 
     info = dist.init_distributed(args.device)
@@ -38,8 +38,8 @@ def main(argv):
     g = torch.Generator().manual_seed(1)
     prompts = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (3, 5, 2, 4)]
     responses = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (6, 2, 4, 5)]
-    full = make_experience(prompts, responses, pad_id=0)
-    full.returns = torch.linspace(-1, 1, full.responses.numel()).view_as(full.response_mask)
+    r = Rollout.unscored(make_layout(prompts, responses, pad_id=0))
+    full = CriticBatch(**vars(r), returns=torch.linspace(-1, 1, r.responses.numel()).view_as(r.response_mask))
     B, W = 4, info.world_size
     per = B // W
     # Each rank holds only its share; the engine counts the global tokens (the normaliser) itself.
@@ -81,11 +81,11 @@ def main(argv):
     if rollout is not None:
         prompts_r = [[5 + info.rank, 6, 7], [9, 10]]
         samples = rollout.generate(prompts_r, n=2, temperature=1.0, top_p=1.0, max_tokens=8, seed=3)
-        b = make_experience([s.prompt_ids for s in samples], [s.response_ids for s in samples], 0)
+        b = make_layout([s.prompt_ids for s in samples], [s.response_ids for s in samples], 0)
         before, _ = actor.forward_logprobs(b)
         result["sync_s"] = rollout.sync_weights(actor.named_parameters_gathered())
         samples = rollout.generate(prompts_r, n=2, temperature=1.0, top_p=1.0, max_tokens=8, seed=3)
-        b = make_experience([s.prompt_ids for s in samples], [s.response_ids for s in samples], 0)
+        b = make_layout([s.prompt_ids for s in samples], [s.response_ids for s in samples], 0)
         lp, _ = actor.forward_logprobs(b)
         vl = torch.zeros_like(lp)
         for i, s in enumerate(samples):
@@ -107,7 +107,7 @@ def main(argv):
 
 def rollout_group_check(rollout, info) -> dict:
     """The group samples the same prompts with the same seeds; each rank keeps its own prompts."""
-    from vcppo.driver.sampling import collect_experience, rollout_share
+    from vcppo.driver.sampling import collect_rollout, rollout_share
     from vcppo.engines import dist
     from vcppo.rewards.verifier import RewardScorer
     from vcppo.schema import RolloutConfig
@@ -117,7 +117,7 @@ def rollout_group_check(rollout, info) -> dict:
     group_rows = rows[sampled.start:sampled.stop]
     outputs = rollout.generate([r["prompt_ids"] for r in group_rows], n=2, temperature=1.0, top_p=1.0,
                                max_tokens=8, seed=11)
-    batch = collect_experience(group_rows, first_index=sampled.start, keep=kept, rollout=rollout,
+    batch = collect_rollout(group_rows, first_index=sampled.start, keep=kept, rollout=rollout,
                                scorer=RewardScorer(None, num_workers=0), pad_id=0, device=info.device,
                                sampling=RolloutConfig(n_samples_per_prompt=2, max_response_tokens=8), seed=11)
     return {"group_outputs_per_rank": dist.all_gather_object([o.response_ids for o in outputs]),

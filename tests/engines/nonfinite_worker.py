@@ -2,6 +2,7 @@
 only rank 1's advantages are non-finite, yet both ranks must skip the step together (no deadlock,
 no update anywhere); a finite step afterwards is applied on both. Each rank writes its figures."""
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -19,19 +20,19 @@ def main(argv):
     from tests.engines.token_loss import nll_loss
     from vcppo.engines import dist
     from vcppo.engines.actor import ActorEngine
-    from vcppo.experience import make_experience
+    from vcppo.experience import ActorBatch, Rollout, make_layout
     from vcppo.schema import ActorConfig
 
     info = dist.init_distributed("cpu")
     actor = ActorEngine(args.model, ActorConfig(lr=1e-3, micro_batch_size=1), info, total_optimizer_steps=4)
-    b = make_experience([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
-    b.advantages = torch.zeros_like(b.response_mask, dtype=torch.float32)
+    r = Rollout.unscored(make_layout([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0))
+    b = ActorBatch(**vars(r), advantages=torch.zeros_like(r.response_mask, dtype=torch.float32))
     if info.rank == 1:
         b.advantages[0, 0] = float("nan")
     before = actor.full_state_dict()
     bad = actor.train_step(b, nll_loss())
     unchanged = all(torch.equal(v, before[k]) for k, v in actor.full_state_dict().items())
-    b.advantages = torch.zeros_like(b.advantages)
+    b = dataclasses.replace(b, advantages=torch.zeros_like(b.advantages))
     good = actor.train_step(b, nll_loss())
     moved = not all(torch.equal(v, before[k]) for k, v in actor.full_state_dict().items())
     with open(os.path.join(args.out, f"rank{info.rank}.json"), "w") as f:

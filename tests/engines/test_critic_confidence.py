@@ -1,10 +1,12 @@
 """``critic.confidence_features``: the real DeepSpeed critic (tiny Qwen2, one rank) reads the sampler's
 logprobs through its confidence head the same way packed and padded, keeps the head through export
 and reload (the critic cache's path), and says what is missing when a batch has no logprobs."""
+import dataclasses
+
 import pytest
 import torch
 
-from vcppo.experience import make_experience
+from vcppo.experience import Rollout, make_layout
 from vcppo.schema import CriticConfig
 
 pytestmark = [pytest.mark.integration]
@@ -12,9 +14,10 @@ pytestmark = [pytest.mark.integration]
 
 def _batch():
     g = torch.Generator().manual_seed(0)
-    b = make_experience([[5, 6], [7, 8, 9], [5]], [[10, 11, 12], [13, 14], [20, 21, 22, 23]], pad_id=0)
-    b.sampler_logprobs = -3 * torch.rand(b.response_mask.shape, generator=g) * b.response_mask
-    return b
+    b = Rollout.unscored(make_layout([[5, 6], [7, 8, 9], [5]], [[10, 11, 12], [13, 14], [20, 21, 22, 23]],
+                                     pad_id=0))
+    return dataclasses.replace(b, sampler_logprobs=-3 * torch.rand(b.response_mask.shape, generator=g)
+                               * b.response_mask)
 
 
 def _critic(info, path, init="policy", **kw):
@@ -50,7 +53,7 @@ def test_confidence_head_packed_equals_padded_and_survives_export(info, tmp_path
     torch.testing.assert_close(reloaded.confidence_head.bias, torch.tensor([0.1]))
     critic = _critic(info, str(tmp_path / "exported"), init="checkpoint")
     torch.testing.assert_close(critic.forward_values(b), values[True], rtol=1e-5, atol=1e-6)
-    b.sampler_logprobs = None
+    b = dataclasses.replace(b, sampler_logprobs=None)
     with pytest.raises(ValueError, match="sampler's logprobs"):
         critic.forward_values(b)
     critic.close()

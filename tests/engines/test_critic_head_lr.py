@@ -5,7 +5,7 @@ zero) moves by at most ~lr at the second, whatever the scale."""
 import pytest
 import torch
 
-from vcppo.experience import make_experience
+from vcppo.experience import CriticBatch, Rollout, make_layout
 from vcppo.schema import CriticConfig
 
 pytestmark = [pytest.mark.integration]
@@ -18,9 +18,9 @@ def _first_step_moves(model_dir, info, scale: float) -> tuple[float, float, list
                        value_clip=None)  # the test keeps old_values at 0: a clip would stop step 2
     critic = CriticEngine("policy", model_dir, cfg, info, total_optimizer_steps=4)
     before = {k: v.clone() for k, v in critic.full_state_dict().items()}
-    b = make_experience([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
-    b.old_values = torch.zeros(b.response_mask.shape)
-    b.returns = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]]) * b.response_mask
+    r = Rollout.unscored(make_layout([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0))
+    b = CriticBatch(**vars(r), old_values=torch.zeros(r.response_mask.shape),
+                    returns=torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]]) * r.response_mask)
     critic.train_step(b, ValueLoss(cfg, "token-mean"))
     first = {k: v.clone() for k, v in critic.full_state_dict().items()}
     critic.train_step(b, ValueLoss(cfg, "token-mean"))

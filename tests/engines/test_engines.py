@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.engines.token_loss import nll_loss, value_mse_loss
-from vcppo.experience import make_experience
+from vcppo.experience import CriticBatch, Rollout, make_layout
 
 pytestmark = [pytest.mark.integration]
 
@@ -45,7 +45,7 @@ def _actor(info, path, temperature=1.0, **kw):
 
 
 def _batch(samples):
-    return make_experience([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id=0)
+    return make_layout([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id=0)
 
 
 def _vllm_logprobs(samples, like):
@@ -93,7 +93,7 @@ NEVER = ["\u00a7never\u00a7"]  # a stop string the models cannot write: only swi
 
 
 def test_no_logprobs_and_no_incremental_text_leave_the_samples_unchanged(rollout, tiny_tokenizer):
-    """#16: without stop strings vLLM no longer detokenizes step by step (the text is decoded once
+    """Without stop strings vLLM does not detokenize step by step (the text is decoded once
     afterwards) and ``logprobs=False`` skips its per-token logprob output. Neither changes what is
     sampled: against vLLM's own incremental text (a stop string that never matches turns it on) and
     logprobs, the same seed gives the same tokens, texts, finish reasons."""
@@ -110,7 +110,7 @@ def test_no_logprobs_and_no_incremental_text_leave_the_samples_unchanged(rollout
     assert all(x.text.endswith(("<|im_end|>", "<eos>")) for x in stopped)  # the special stop token is kept
 
 
-# --- tied and untied LM heads (#15): ZeRO-3 load, HF export, weight sync -------------------------
+# --- tied and untied LM heads: ZeRO-3 load, HF export, weight sync -------------------------
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +159,9 @@ def _train_and_export(info, root, bpe_dir, tied) -> Exported:
         assert not torch.equal(before["lm_head.weight"], before["model.embed_tokens.weight"])
     tok = AutoTokenizer.from_pretrained(src)
     rows = tasks.generate("add", "test", 3, difficulty=2, seed=1)
-    batch = make_experience([encode_prompt(tok, r["prompt"]) for r in rows],
-                            [tok.encode(r["solution"][:40], add_special_tokens=False) for r in rows],
-                            pad_id=tok.pad_token_id)
+    batch = make_layout([encode_prompt(tok, r["prompt"]) for r in rows],
+                        [tok.encode(r["solution"][:40], add_special_tokens=False) for r in rows],
+                        pad_id=tok.pad_token_id)
     actor.train_step(batch, nll_loss())
     state = actor.full_state_dict()
     assert not torch.equal(_head(state), _head(before))  # the step moved the head too
@@ -313,7 +313,7 @@ def test_train_step_then_sync_weights_updates_vllm(info, request, tying):
     hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model_dir), dtype=torch.float32)
     hf.load_state_dict(state, strict=False)
     _assert_greedy_matches(hf.eval(), rollout.generate(PROMPTS, n=1, temperature=0.0, top_p=1.0, max_tokens=10))
-    # and the vLLM logprobs of the same tokens are NOT the old model's any more (every position)
+    # and the vLLM logprobs of the same tokens are NOT the old model's (every position)
     old_actor = _actor(info, tiny_model_dir)
     old2, _ = old_actor.forward_logprobs(b2)
     assert ((old2 - v2).abs()[b2.response_mask.bool()] > 1e-4).all()
@@ -338,7 +338,7 @@ def test_grad_accumulation_and_global_normalisation(info, tiny_model_dir, packed
     g = torch.Generator().manual_seed(0)
     prompts = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (3, 1, 4, 2)]
     resps = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (5, 2, 3, 6)]
-    b = make_experience(prompts, resps, pad_id=0)
+    b = make_layout(prompts, resps, pad_id=0)
     # reference gradient norm with plain autograd on unpadded sequences
     ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     total = 0
@@ -364,7 +364,7 @@ def test_grad_accumulation_and_global_normalisation(info, tiny_model_dir, packed
 
 def test_actor_checkpoint_round_trip_and_hf_export(info, tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
-    b = make_experience([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
+    b = make_layout([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
     a = _actor(info, tiny_model_dir, warmup_steps=4, lr_schedule="cosine", micro_batch_size=2)
     a.train_step(b, nll_loss())
     a.save_checkpoint(str(tmp_path / "ckpt"))
@@ -395,7 +395,7 @@ def test_actor_checkpoint_round_trip_and_hf_export(info, tiny_model_dir, tmp_pat
 def test_reference_engine_matches_initial_policy(info, tiny_model_dir):
     from vcppo.engines.reference import ReferenceEngine
     from vcppo.schema import EngineConfig
-    b = make_experience([[5, 6], [7]], [[10, 11, 12], [13, 14]], pad_id=0)
+    b = make_layout([[5, 6], [7]], [[10, 11, 12], [13, 14]], pad_id=0)
     ref = ReferenceEngine(tiny_model_dir, EngineConfig(micro_batch_size=1), info)
     assert ref.optimizer is None
     with pytest.raises(RuntimeError, match="frozen"):
@@ -427,9 +427,8 @@ def test_critic_learns_a_visible_outcome_and_never_peeks_ahead(info, tiny_model_
         first = torch.randint(0, 2, (n,), generator=g) + 10
         rest = torch.randint(20, 40, (n, 5), generator=g)
         prompts = torch.randint(20, 40, (n, 3), generator=g)
-        b = make_experience(prompts.tolist(), torch.cat([first[:, None], rest], 1).tolist(), pad_id=0)
-        b.returns = torch.where(first == 10, 1.0, -1.0)[:, None].expand(n, 6).clone()
-        return b
+        r = Rollout.unscored(make_layout(prompts.tolist(), torch.cat([first[:, None], rest], 1).tolist(), pad_id=0))
+        return CriticBatch(**vars(r), returns=torch.where(first == 10, 1.0, -1.0)[:, None].expand(n, 6).clone())
 
     train, heldout = batch(64), batch(64)
     critic = CriticEngine("policy", tiny_model_dir, CriticConfig(lr=3e-3, micro_batch_size=64, grad_clip=1.0),
@@ -449,8 +448,8 @@ def test_critic_learns_a_visible_outcome_and_never_peeks_ahead(info, tiny_model_
 def test_critic_train_export_and_reward_model_init(info, tiny_model_dir, tmp_path):
     from vcppo.engines.deepspeed_engine import GlobalCounts, ModelOutputs
     from vcppo.models.value_model import ValueModel
-    b = make_experience([[5, 6, 7], [8]], [[10, 11], [12, 13, 14]], pad_id=0)
-    b.returns = torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]])
+    r = Rollout.unscored(make_layout([[5, 6, 7], [8]], [[10, 11], [12, 13, 14]], pad_id=0))
+    b = CriticBatch(**vars(r), returns=torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]]))
     vloss = value_mse_loss()
     counts = GlobalCounts.over_ranks(vloss.count_masks(b))
     assert counts.tokens == {"response": 5.0} and counts.sequences == {"response": 2.0}
@@ -498,10 +497,10 @@ def _uneven_batch():
     """Ragged prompts; responses of length 1 up to the maximum R."""
     g = torch.Generator().manual_seed(3)
     prompt_lengths, response_lengths = (3, 1, 7, 2, 5, 4), (1, 9, 4, 12, 6, 12)
-    b = make_experience([torch.randint(5, 60, (n,), generator=g).tolist() for n in prompt_lengths],
-                        [torch.randint(5, 60, (n,), generator=g).tolist() for n in response_lengths], pad_id=0)
-    b.returns = torch.randn(b.response_mask.shape, generator=g) * b.response_mask
-    return b
+    r = Rollout.unscored(make_layout([torch.randint(5, 60, (n,), generator=g).tolist() for n in prompt_lengths],
+                                     [torch.randint(5, 60, (n,), generator=g).tolist() for n in response_lengths],
+                                     pad_id=0))
+    return CriticBatch(**vars(r), returns=torch.randn(r.response_mask.shape, generator=g) * r.response_mask)
 
 
 from vcppo.engines.packing import VARLEN_ATTENTION  # noqa: E402

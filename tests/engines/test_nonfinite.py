@@ -1,4 +1,4 @@
-"""Non-finite steps (#17): a train step whose loss or advantages are non-finite is skipped on the
+"""Non-finite steps: a train step whose loss or advantages are non-finite is skipped on the
 real engines (ZeRO 1, 2, 3 and no ZeRO, one rank), leaving no trace; non-finite weights are never written."""
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.engines.token_loss import TokenLoss, nll_loss
-from vcppo.experience import make_experience
+from vcppo.experience import ActorBatch, Rollout, make_layout
 
 pytestmark = [pytest.mark.integration]
 
@@ -20,14 +20,14 @@ def _actor(info, path, **kw):
 
 
 def _batch():
-    return make_experience([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
+    return make_layout([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
 
 
 def _nan_advantages():
-    b = _batch()
-    b.advantages = torch.zeros_like(b.response_mask, dtype=torch.float32)
-    b.advantages[1, 0] = float("nan")  # one bad value on the second micro-batch
-    return b
+    layout = _batch()
+    advantages = torch.zeros_like(layout.response_mask, dtype=torch.float32)
+    advantages[1, 0] = float("nan")  # one bad value on the second micro-batch
+    return ActorBatch(**vars(Rollout.unscored(layout)), advantages=advantages)
 
 
 BAD = {

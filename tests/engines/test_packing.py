@@ -3,14 +3,14 @@ import pytest
 import torch
 
 from vcppo.engines.packing import pack, sequence_lengths, token_budget_groups
-from vcppo.experience import make_experience
+from vcppo.experience import make_layout
 
 PROMPTS = [[5, 6, 7], [8], [9, 10]]
 RESPONSES = [[11], [12, 13, 14, 15], [16, 17]]   # a length-1 and a max-length response
 
 
 def test_pack_keeps_real_tokens_positions_and_prediction_sites():
-    b = make_experience(PROMPTS, RESPONSES, pad_id=0)
+    b = make_layout(PROMPTS, RESPONSES, pad_id=0)
     p = pack(b)
     flat = [t for pr, r in zip(PROMPTS, RESPONSES) for t in pr + r]
     assert p.input_ids.tolist() == [flat]
@@ -41,7 +41,7 @@ def test_token_budget_groups_fit_the_budget_and_cover_every_row_once():
 
 
 def test_sequence_lengths_count_prompt_and_response():
-    b = make_experience(PROMPTS, RESPONSES, pad_id=0)
+    b = make_layout(PROMPTS, RESPONSES, pad_id=0)
     assert sequence_lengths(b).tolist() == [4, 5, 4]
 
 
@@ -127,7 +127,7 @@ def test_bucketed_attention_matches_the_mask_in_values_and_gradients():
 
 def test_bucketed_attention_backward_runs_no_accumulating_index_put():
     """The gathers are index_select (backward: index_add_), not advanced indexing, whose backward
-    is an accumulating index_put_: ~0.9 ms a call on CPU and 8% of a demo-model PPO step (#16)."""
+    is an accumulating index_put_: ~0.9 ms a call on CPU and 8% of a demo-model PPO step."""
     import torch.profiler as tp
 
     from vcppo.engines.packing import varlen_sdpa_attention

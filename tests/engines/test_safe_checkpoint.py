@@ -1,6 +1,6 @@
 """Real DeepSpeed ZeRO-3 checkpoints (actor: weights, Adam moments, cosine schedule) load with
 weights_only=True and resume exactly; a print-on-unpickle object planted in a state file is
-refused without running (#17). One rank, in this process."""
+refused without running. One rank, in this process."""
 import glob
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 
 from tests.engines.token_loss import nll_loss
 from vcppo.engines.safe_checkpoint import WeightsOnlyCheckpointEngine, use_weights_only_loading
-from vcppo.experience import make_experience
+from vcppo.experience import make_layout
 
 pytestmark = [pytest.mark.integration]
 
@@ -30,7 +30,7 @@ def _actor(info, path):
 
 def test_zero3_checkpoint_resumes_exactly_with_weights_only_and_refuses_a_planted_object(
         info, tiny_model_dir, tmp_path, capsys):
-    b = make_experience([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
+    b = make_layout([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
     a = _actor(info, tiny_model_dir)
     a.train_step(b, nll_loss())
     a.save_checkpoint(str(tmp_path / "ckpt"))

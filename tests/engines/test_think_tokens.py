@@ -1,5 +1,5 @@
 """<think> / </think> as added tokens (one id each) and as plain BPE text (several tokens), through
-the real rollout engine (#15, item 2): a tiny model that has learnt two task responses is sampled
+the real rollout engine: a tiny model that has learnt two task responses is sampled
 by vLLM CPU, and the verifier, stop handling, response masks and EOS placement are checked in both
 cases. (The plain-text case also runs end to end, SFT -> PPO -> eval, in
 tests/driver/test_bpe_e2e.py.)"""
@@ -143,15 +143,15 @@ def test_cut_inside_the_thought_scores_wrong(policy):
 
 @pytest.mark.parametrize("stop", [None, [THINK_CLOSE]])
 def test_experience_masks_and_the_reward_at_the_last_token(policy, stop):
-    """Sampled (temperature 1) through collect_experience: the response mask covers exactly the
+    """Sampled (temperature 1) through collect_rollout: the response mask covers exactly the
     generated tokens, EOS (when generated) is the last one, the outcome reward sits on the last
     token and nowhere else, and padding follows."""
-    from vcppo.driver.sampling import collect_experience
+    from vcppo.driver.sampling import collect_rollout
     from vcppo.schema import RolloutConfig
     rows = [{"prompt_ids": p, "answer": r["answer"]} for p, r in zip(policy.prompts, policy.rows)]
     sampling = RolloutConfig(n_samples_per_prompt=4, temperature=1.0, max_response_tokens=MAX_TOKENS, stop=stop or [])
     pad = policy.tok.pad_token_id
-    batch = collect_experience(rows, 0, rollout=policy.rollout, scorer=RewardScorer(num_workers=0), pad_id=pad,
+    batch = collect_rollout(rows, 0, rollout=policy.rollout, scorer=RewardScorer(num_workers=0), pad_id=pad,
                                device=torch.device("cpu"), sampling=sampling, seed=0)
     lengths = batch.response_mask.sum(dim=1).long()
     for i in range(batch.responses.shape[0]):
@@ -176,7 +176,7 @@ def test_experience_masks_and_the_reward_at_the_last_token(policy, stop):
 def test_text_decoded_afterwards_equals_vllms_incremental_text(policy):
     """BPE (the close tag one token or several): the text decoded once after sampling (no stop
     strings) is vLLM's incremental text of the same samples (a never-matching stop string turns that
-    on), and sampling without logprobs draws the same tokens (#16)."""
+    on), and sampling without logprobs draws the same tokens."""
     kw = dict(n=4, temperature=1.0, top_p=1.0, max_tokens=MAX_TOKENS, seed=11)
     vllm_text = policy.rollout.generate(policy.prompts, stop=["\u00a7never\u00a7"], **kw)
     fast = policy.rollout.generate(policy.prompts, logprobs=False, **kw)

@@ -5,7 +5,7 @@ import torch
 
 from tests.engines.token_loss import nll_loss
 from vcppo.engines.deepspeed_engine import checkpoint_zero_stage, resolve_zero_stage
-from vcppo.experience import make_experience
+from vcppo.experience import make_layout
 
 pytestmark = [pytest.mark.integration]
 
@@ -25,7 +25,7 @@ def test_auto_stage_rules(tmp_path):
 
 @pytest.mark.slow
 def test_auto_is_zero0_on_one_rank_and_resumes_a_zero3_checkpoint_as_zero3(info, tiny_model_dir, tmp_path):
-    batch = make_experience([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
+    batch = make_layout([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0)
     for stage in (3, None):  # a checkpoint written before auto existed (ZeRO-3), and one under auto
         a = _actor(info, tiny_model_dir, stage)
         assert a.zero_stage == (3 if stage == 3 else 0)

@@ -44,9 +44,9 @@ def test_auto_picks_triton_on_cuda():
 def test_actor_engine_bf16_on_cuda(tmp_path):
     """The actor on CUDA trains in bf16 under DeepSpeed ZeRO-3 (1 rank, nccl)."""
     pytest.importorskip("deepspeed")
-    from vcppo.driver.sft import ResponseNLL
+    from vcppo.commands.sft import ResponseNLL
     from vcppo.engines.actor import ActorEngine
-    from vcppo.experience import make_experience
+    from vcppo.experience import make_layout
     from vcppo.schema import ActorConfig
     from vcppo.engines.dist import init_distributed
     from vcppo.models.factory import make_model
@@ -55,7 +55,7 @@ def test_actor_engine_bf16_on_cuda(tmp_path):
     dist = init_distributed("cuda")
     eng = ActorEngine(str(tmp_path / "m"), ActorConfig(lr=1e-3, micro_batch_size=4), dist, total_optimizer_steps=2)
     assert next(eng.module.parameters()).dtype == torch.bfloat16
-    b = make_experience([[1, 2, 3]] * 4, [[4, 5, 6, 7]] * 4, pad_id=0, device=dist.device)
+    b = make_layout([[1, 2, 3]] * 4, [[4, 5, 6, 7]] * 4, pad_id=0, device=dist.device)
     m = eng.train_step(b, ResponseNLL())
     assert torch.isfinite(torch.tensor(m["grad_norm"]))
 
@@ -70,7 +70,7 @@ def test_packed_equals_padded_on_cuda(tmp_path, dtype):
     from vcppo.engines.critic import CriticEngine
     from vcppo.engines.dist import init_distributed
     from vcppo.engines.packing import VARLEN_ATTENTION
-    from vcppo.experience import make_experience
+    from vcppo.experience import make_layout
     from vcppo.models.factory import make_model
     from vcppo.schema import ActorConfig, CriticConfig
 
@@ -79,7 +79,7 @@ def test_packed_equals_padded_on_cuda(tmp_path, dtype):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(5, 90, (n,), generator=g).tolist() for n in (3, 9, 1, 5)]
     responses = [torch.randint(5, 90, (n,), generator=g).tolist() for n in (1, 40, 17, 64)]
-    b = make_experience(prompts, responses, pad_id=0, device=dist.device)
+    b = make_layout(prompts, responses, pad_id=0, device=dist.device)
     out = {}
     for packed in (False, True):
         actor = ActorEngine(str(tmp_path / "m"), ActorConfig(micro_batch_size=4, packed=packed), dist,

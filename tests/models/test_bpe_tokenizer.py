@@ -1,4 +1,4 @@
-"""The locally trained byte-level BPE tokenizer (#15): Qwen2.5-style chat template and special
+"""The locally trained byte-level BPE tokenizer: Qwen2.5-style chat template and special
 tokens, <|im_end|> as EOS, and </think> spanning several tokens — decoding, EOS placement in the
 response mask, and the verifier stay right when it does."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from vcppo.data import tasks
 from vcppo.data.dataset import encode_prompt
-from vcppo.experience import make_experience
+from vcppo.experience import make_layout
 from vcppo.models.bpe_tokenizer import QWEN25_CHAT_TEMPLATE, task_corpus, train_bpe_tokenizer
 from vcppo.rewards.verifier import score
 
@@ -63,7 +63,7 @@ def test_response_mask_and_eos_with_a_multi_token_close_tag(bpe, rows):
     prompt = encode_prompt(bpe, r["prompt"])
     full = bpe.encode(r["solution"], add_special_tokens=False) + [bpe.eos_token_id]
     cut = bpe.encode(r["solution"].split("</think>")[0] + "</", add_special_tokens=False)  # mid-tag
-    batch = make_experience([prompt, prompt], [full, cut], pad_id=bpe.pad_token_id)
+    batch = make_layout([prompt, prompt], [full, cut], pad_id=bpe.pad_token_id)
     lengths = [int(n) for n in batch.response_mask.sum(dim=1).tolist()]
     assert lengths == [len(full), len(cut)]
     # EOS is the last real response token (where the outcome reward goes), padding after it is masked

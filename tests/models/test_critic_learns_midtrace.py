@@ -1,4 +1,4 @@
-"""The critic test (issue #12): a ValueModel must learn an outcome decided mid-trace.
+"""The critic test: a ValueModel must learn an outcome decided mid-trace.
 
 Synthetic sequences of random tokens carry, at one position in the middle, a marker token that
 decides the terminal reward (+1 or -1). A critic that learns only the mean (the failure seen on

@@ -1,4 +1,4 @@
-"""The HF export of a policy (#15, item 3), tied and untied LM heads, without the engines (the
+"""The HF export of a policy, tied and untied LM heads, without the engines (the
 DeepSpeed + vLLM path is tests/engines/test_engines.py::test_export_loads_in_transformers_and_vllm):
 the exported dir loads with AutoModelForCausalLM / AutoTokenizer with the given weights, keeps the
 source's tokenizer files, chat template and generation config byte for byte, and exporting it again

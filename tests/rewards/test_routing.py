@@ -1,5 +1,5 @@
 """data_source picks the reward function per row, and the row's reward info (data_source,
-extra_info) reaches custom reward functions, serially and in the worker pool (#15)."""
+extra_info) reaches custom reward functions, serially and in the worker pool."""
 import pickle
 
 import pytest

@@ -1,7 +1,7 @@
 """Pure tensor math for VC-PPO / VAPO: GAE, losses, statistics. No engines, no config objects.
 
-The Triton kernel (`vcppo.algos.gae_triton`) and the numba CPU kernel (`vcppo.algos.gae_numba`)
-are imported lazily by `decoupled_gae` so that importing this package requires neither.
+The Triton kernel (`vcppo.algos.gae_triton`) is imported lazily by `decoupled_gae`, so importing
+this package does not require triton.
 """
 from vcppo.algos.gae import decoupled_gae, gae_reference, length_adaptive_lambda, triton_available
 from vcppo.algos.losses import (

@@ -35,10 +35,12 @@ from typing import Union
 
 import torch
 
+from vcppo.algos.stats import _valid
+
 LambdaLike = Union[float, torch.Tensor]
 
 __all__ = [
-    "gae_reference", "decoupled_gae", "length_adaptive_lambda", "triton_available", "numba_available",
+    "gae_reference", "decoupled_gae", "length_adaptive_lambda", "triton_available",
 ]
 
 
@@ -103,15 +105,6 @@ def triton_available() -> bool:
     return True
 
 
-def numba_available() -> bool:
-    """True when `numba` imports (the CPU single-pass kernel of `vcppo.algos.gae_numba`)."""
-    try:
-        import numba  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 def decoupled_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -132,10 +125,11 @@ def decoupled_gae(
                     (VAPO section 3.1).
         lam_critic: float or (B,) tensor; 1.0 = Monte-Carlo value targets (VC-PPO section 4.2).
         impl:       "auto": CUDA tensors -> "triton" if importable, else "torch";
-                    CPU tensors -> "numba" if importable, else "torch".
+                    other devices -> "torch".
                     "torch" (vectorised blocked scan, any device), "triton" (CUDA kernel),
-                    "numba" (CPU single-pass kernel), "reference" (two calls of
-                    `gae_reference`; for debugging).
+                    "reference" (two calls of `gae_reference`; for debugging).
+                    There is no compiled CPU kernel: the torch scan costs ~0.01-0.04% of a
+                    CPU PPO step (docs/performance.md, "Which GAE implementation").
 
     Returns:
         advantages (B, T) float32: GAE with lam_actor, NOT whitened (whitening is the caller's
@@ -151,13 +145,10 @@ def decoupled_gae(
             f"rewards, values, mask must all be (B, T); got {tuple(rewards.shape)}, "
             f"{tuple(values.shape)}, {tuple(mask.shape)}"
         )
-    # GAE is not differentiated: drop autograd history (the numba path needs plain arrays).
+    # GAE is not differentiated: drop autograd history.
     rewards, values, mask = rewards.detach(), values.detach(), mask.detach()
     if impl == "auto":
-        if rewards.is_cuda:
-            impl = "triton" if triton_available() else "torch"
-        else:
-            impl = "numba" if rewards.device.type == "cpu" and numba_available() else "torch"
+        impl = "triton" if rewards.is_cuda and triton_available() else "torch"
     if impl == "reference":
         advantages, _ = gae_reference(rewards, values, mask, gamma, lam_actor)
         _, returns = gae_reference(rewards, values, mask, gamma, lam_critic)
@@ -165,14 +156,12 @@ def decoupled_gae(
     if impl == "triton":
         from vcppo.algos.gae_triton import decoupled_gae_triton
 
-        return decoupled_gae_triton(rewards, values, mask, gamma, lam_actor, lam_critic)
-    if impl == "numba":
-        from vcppo.algos.gae_numba import decoupled_gae_numba
-
-        return decoupled_gae_numba(rewards, values, mask, gamma, lam_actor, lam_critic)
+        B, device = rewards.shape[0], rewards.device
+        return decoupled_gae_triton(rewards, values, mask, gamma, _as_row_decay(lam_actor, gamma, B, device),
+                                    _as_row_decay(lam_critic, gamma, B, device))
     if impl == "torch":
         return _decoupled_gae_torch(rewards, values, mask, gamma, lam_actor, lam_critic)
-    raise ValueError(f"impl must be one of auto, torch, triton, numba, reference; got {impl!r}")
+    raise ValueError(f"impl must be one of auto, torch, triton, reference; got {impl!r}")
 
 
 # Chunk length C of the torch scan. Within a chunk the discounted reverse sum is one GEMM with a
@@ -198,7 +187,9 @@ def _decay_matrix(decay: torch.Tensor, chunk: int) -> torch.Tensor:
 
 
 def _as_row_decay(lam: LambdaLike, gamma: float, B: int, device) -> torch.Tensor:
-    """gamma * lam as a () tensor (scalar lambda) or a (B,) tensor (per-sequence lambda)."""
+    """gamma * lam, the per-valid-step decay c, in fp32 on `device`: a () tensor for a scalar
+    lambda (the product taken in float64, then rounded once), a (B,) tensor for per-sequence
+    lambdas. Shared by every fused implementation (the Triton kernel expands it to (B,))."""
     if isinstance(lam, torch.Tensor) and lam.dim() > 0:
         if lam.shape != (B,):
             raise ValueError(f"per-sequence lambda must have shape ({B},), got {tuple(lam.shape)}")
@@ -270,7 +261,7 @@ def _decoupled_gae_torch(rewards, values, mask, gamma, lam_actor, lam_critic, ch
     """Vectorised, exact-in-fp32 Decoupled-GAE (see `decoupled_gae`)."""
     B, T = rewards.shape
     device = rewards.device
-    valid = mask if mask.dtype == torch.bool else mask != 0
+    valid = _valid(mask)
     decays = [_as_row_decay(lam_actor, gamma, B, device), _as_row_decay(lam_critic, gamma, B, device)]
     if B == 0 or T == 0:
         empty = torch.zeros(B, T, dtype=torch.float32, device=device)

@@ -56,30 +56,23 @@ def _decoupled_gae_kernel(
         tl.store(returns_ptr + out_offsets, tl.where(valid, critic_t + v, 0.0), mask=row_ok)
 
 
-def _per_row_decay(lam, gamma: float, B: int, device) -> torch.Tensor:
-    """gamma * lam as a contiguous (B,) fp32 tensor (broadcasting a scalar lambda)."""
-    lam_t = torch.as_tensor(lam, dtype=torch.float32, device=device)
-    if lam_t.dim() > 0 and lam_t.shape != (B,):
-        raise ValueError(f"per-sequence lambda must have shape ({B},), got {tuple(lam_t.shape)}")
-    return (gamma * lam_t).expand(B).contiguous()
-
-
 def decoupled_gae_triton(
     rewards: torch.Tensor,
     values: torch.Tensor,
     mask: torch.Tensor,
     gamma: float,
-    lam_actor,
-    lam_critic,
+    decay_actor: torch.Tensor,
+    decay_critic: torch.Tensor,
     block_b: int = 32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decoupled-GAE with the Triton kernel; same contract as `vcppo.algos.gae.decoupled_gae`.
+    """Decoupled-GAE with the Triton kernel; called by `vcppo.algos.gae.decoupled_gae` (impl
+    "triton"), which turns each lambda into its per-row decay gamma * lambda.
 
     Args:
         rewards, values: (B, T) any float dtype (read once, accumulated in fp32).
         mask:            (B, T) bool or 0/1 of any dtype.
         gamma:           discount per valid step.
-        lam_actor, lam_critic: float or (B,) tensor.
+        decay_actor, decay_critic: (1,) or (B,) fp32 tensors, gamma * lambda per row.
         block_b:         sequences per program (a power of two).
 
     Returns:
@@ -98,8 +91,9 @@ def decoupled_gae_triton(
     returns = torch.empty(B, T, dtype=torch.float32, device=device)
     if B == 0 or T == 0:
         return advantages, returns
-    decay_actor = _per_row_decay(lam_actor, gamma, B, device)
-    decay_critic = _per_row_decay(lam_critic, gamma, B, device)
+    # One decay per row, as the kernel loads it (a scalar lambda is broadcast).
+    decay_actor = decay_actor.expand(B).contiguous()
+    decay_critic = decay_critic.expand(B).contiguous()
     grid = (triton.cdiv(B, block_b),)
     _decoupled_gae_kernel[grid](
         rewards, values, mask, decay_actor, decay_critic, advantages, returns,

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from vcppo.algos.stats import explained_variance, masked_mean
+from vcppo.algos.stats import _valid, explained_variance, masked_mean
 
 __all__ = [
     "AGGREGATIONS", "aggregate_loss", "policy_loss", "value_loss", "kl_penalty",
@@ -29,10 +29,6 @@ __all__ = [
 ]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-
-
-def _valid(mask: torch.Tensor) -> torch.Tensor:
-    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def aggregate_loss(

@@ -21,13 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from vcppo.algos.stats import masked_mean
+from vcppo.algos.stats import _valid, masked_mean
 
 __all__ = ["tis_weights", "mismatch_stats"]
-
-
-def _valid(mask: torch.Tensor) -> torch.Tensor:
-    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def tis_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor,

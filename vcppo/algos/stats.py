@@ -10,7 +10,7 @@ Notation
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -23,6 +23,8 @@ __all__ = [
 
 
 def _valid(mask: torch.Tensor) -> torch.Tensor:
+    """The mask as bool (True = the entry counts); a bool mask is returned as it is, no copy.
+    The one definition for `vcppo.algos` (losses and mismatch import it)."""
     return mask if mask.dtype == torch.bool else mask != 0
 
 
@@ -56,29 +58,43 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, zero_mean: bool = True, eps: float = 1e-8
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    zero_mean: bool = True,
+    eps: float = 1e-8,
+    sum_fn: Callable[[torch.Tensor], float] = float,
 ) -> torch.Tensor:
-    """Normalise x by its masked standard deviation; subtract the mean only if `zero_mean`.
+    """Divide x by its masked standard deviation; subtract the mean first only if `zero_mean`.
 
     Args:
         x:         (B, T) e.g. advantages.
-        mask:      (B, T).
-        zero_mean: True  -> (x - mean) / std                 (standard advantage whitening)
-                   False -> (x - mean) / std + mean          (keeps the batch mean, only rescales
-                            the spread; keeps the sign information of a biased batch)
+        mask:      (B, T), or broadcastable to x.
+        zero_mean: True  -> (x - mean) / std   (standard advantage whitening)
+                   False -> x / std            (rescales only: a batch whose advantages are
+                            mostly positive stays mostly positive)
         eps:       added to the variance.
+        sum_fn:    reduces a 0-d local partial sum to the Python float summed over the whole
+                   batch. The default `float` reduces over the local tensor only;
+                   `vcppo.engines.dist.global_sum` sums over all ranks, so the result does not
+                   depend on how many ranks the batch is split over.
 
     Returns:
-        (B, T) same dtype as x; 0 at masked positions. Statistics use the unbiased variance over
-        all valid entries of the batch (pooled over B and T).
+        (B, T) same dtype as x; exactly 0 at masked positions.
+
+    Statistics (each reduced by `sum_fn`): n valid entries, mean = sum(x) / max(n, 1), unbiased
+    var = sum((x - mean)^2) / max(n - 1, 1), so an empty or one-token batch gives var 0 and no
+    NaN. The mean and variance are Python floats (float64); the scale rsqrt(var + eps) is taken
+    in x's dtype on the CPU. Two passes (mean first, then squared deviations) for numerical
+    stability. Masked entries are removed by selection (torch.where), so NaN / inf there
+    change nothing.
     """
     valid = _valid(mask).expand_as(x)
-    mean = masked_mean(x, valid)
-    scale = torch.rsqrt(masked_var(x, valid) + eps)
-    whitened = (x - mean) * scale
-    if not zero_mean:
-        whitened = whitened + mean
-    return torch.where(valid, whitened, torch.zeros((), dtype=whitened.dtype, device=x.device))
+    n = sum_fn(valid.sum())
+    mean = sum_fn(masked_sum(x, valid)) / max(n, 1.0)
+    var = sum_fn(masked_sum((x - mean) ** 2, valid)) / max(n - 1.0, 1.0)
+    scale = torch.rsqrt(torch.tensor(var + eps, dtype=x.dtype))
+    whitened = (x - mean if zero_mean else x) * scale
+    return torch.where(valid, whitened, torch.zeros((), dtype=whitened.dtype, device=whitened.device))
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

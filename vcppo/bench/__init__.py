@@ -11,7 +11,7 @@
 ``rollout`` (:mod:`vcppo.bench.rollout`): vLLM vs HF generate tokens/s, weight sync time and one
 training step split into its parts, on one rank. ``train`` (:mod:`vcppo.bench.train`): padded vs
 packed (padding-free) actor forward and train step on a long-tailed batch. ``step``
-(:mod:`vcppo.bench.step`): the driver's real ``ppo_step`` timed by phase, with ``--trl`` side by
+(:mod:`vcppo.bench.step`): the driver's real ``rl_step`` timed by phase, with ``--trl`` side by
 side with TRL's PPOTrainer on the same model, prompts and batch. ``vcppo bench <benchmark> -h`` lists its options.
 """
 from __future__ import annotations

@@ -8,14 +8,14 @@ What is timed, per (B, T) with random response lengths (right padding):
                (one Python loop over T per lambda; verl, OpenRLHF, TRL). Timed like the fused
                calls: one warm-up, then `--repeats` runs (`--ref-repeats` lowers it for a quick
                look at large shapes; the JSON records the runs of each figure).
-  * torch / numba / triton — one `decoupled_gae(impl=...)` call producing both outputs, per
-               implementation available on the device (torch always; numba on CPU when installed;
-               triton on CUDA when installed). "fused" = the one `impl="auto"` picks there.
+  * torch / triton — one `decoupled_gae(impl=...)` call producing both outputs, per
+               implementation available on the device (torch always; triton on CUDA when
+               installed). "fused" = the one `impl="auto"` picks there.
   * floor    — moving the same bytes: read 3 and write 2 fp32 (B, T) arrays with one
                elementwise op each, into preallocated outputs: the memory-bandwidth floor for a
                kernel that reads rewards, values, mask once and writes advantages and returns.
 Each figure is the median of `--repeats` runs after one warm-up (min is also recorded); the
-warm-up also absorbs numba's one-off JIT compile / cache load.
+warm-up also absorbs Triton's one-off compile.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from vcppo.algos.gae import decoupled_gae, gae_reference, numba_available, triton_available
+from vcppo.algos.gae import decoupled_gae, gae_reference, triton_available
 from vcppo.tracking import machine_info
 
 DEFAULT_SHAPES = "256x1024,1024x4096,512x16384"
@@ -104,18 +104,14 @@ def bench_gae(B: int, T: int, repeats: int, ref_repeats: int, device: torch.devi
 
 def _auto_impl(device: torch.device) -> str:
     """The implementation `decoupled_gae(impl="auto")` picks on this device."""
-    if device.type == "cuda":
-        return "triton" if triton_available() else "torch"
-    return "numba" if device.type == "cpu" and numba_available() else "torch"
+    return "triton" if device.type == "cuda" and triton_available() else "torch"
 
 
 def _impls(device: torch.device) -> list[str]:
-    """Implementations timed on this device: torch always, plus the device's compiled kernel."""
+    """Implementations timed on this device: torch always, plus the Triton kernel on CUDA."""
     impls = ["torch"]
     if device.type == "cuda" and triton_available():
         impls.append("triton")
-    if device.type == "cpu" and numba_available():
-        impls.append("numba")
     return impls
 
 

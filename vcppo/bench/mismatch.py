@@ -77,11 +77,11 @@ def measure(args) -> dict:
                             max_model_len=max(map(len, prompts)) + args.max_tokens + 8, dtype=dtype)
     samples = rollout.generate(prompts, n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1)
     t_sample = time.perf_counter() - t0
-    from vcppo.engines.actor import ActorEngine  # after vLLM (its start-up scan must precede numba)
-    from vcppo.experience import make_experience
+    from vcppo.engines.actor import ActorEngine  # after vLLM: its start-up scan must precede numba/llvmlite
+    from vcppo.experience import make_layout
     actor = ActorEngine(args.model, ActorConfig(micro_batch_size=16), info, total_optimizer_steps=1, dtype=dtype,
                         train=False)
-    batch = make_experience([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id=0,
+    batch = make_layout([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id=0,
                             device=info.device)
     sampler = torch.zeros_like(batch.response_mask)
     for i, s in enumerate(samples):

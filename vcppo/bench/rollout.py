@@ -94,7 +94,7 @@ def _hf_rollout(hf, prompts: list, args) -> tuple[int, float]:
     """HF ``generate``, one batch, sampling until every row has hit a stop token or the cap; the
     tokens counted are those up to and including each row's first stop token (what vLLM returns).
     Both sides stop on the same ids (:func:`stop_token_ids`): counting HF's rows past a stop id
-    vLLM ends on would credit HF with ~20% more tokens for the same work (measured, #16)."""
+    vLLM ends on would credit HF with ~20% more tokens for the same work (measured)."""
     import torch
 
     ids = torch.tensor(prompts, device=hf.device).repeat_interleave(args.n, 0)
@@ -156,14 +156,14 @@ def _bench_train_step(model: str, samples: list, args, info, res: dict):
     from vcppo.driver.update import PolicyLoss, ValueLoss
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
-    from vcppo.experience import make_experience
+    from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout
     from vcppo.schema import ActorConfig, AlgorithmConfig, CriticConfig
 
     mbs = args.micro_batch_size
     actor = ActorEngine(model, ActorConfig(lr=1e-6, micro_batch_size=mbs), info, total_optimizer_steps=10)
     critic = CriticEngine("policy", model, CriticConfig(lr=1e-6, micro_batch_size=mbs), info, 10)
-    batch = make_experience([s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                            pad_id=0, device=info.device)
+    batch = Rollout.unscored(make_layout([s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                                         pad_id=0, device=info.device))
 
     def timed(key, fn):
         t0 = time.perf_counter()
@@ -171,13 +171,14 @@ def _bench_train_step(model: str, samples: list, args, info, res: dict):
         res[key] = time.perf_counter() - t0
         return r
 
-    batch.old_logprobs, _ = timed("fwd_logprobs_s", lambda: actor.forward_logprobs(batch))
-    batch.old_values = timed("fwd_values_s", lambda: critic.forward_values(batch))
-    batch.advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0)) \
+    old_logprobs, _ = timed("fwd_logprobs_s", lambda: actor.forward_logprobs(batch))
+    old_values = timed("fwd_values_s", lambda: critic.forward_values(batch))
+    advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0)) \
         .to(batch.response_mask.device) * batch.response_mask
-    batch.returns = torch.zeros_like(batch.response_mask)
-    timed("actor_step_s", lambda: actor.train_step(batch, PolicyLoss(AlgorithmConfig())))
-    timed("critic_step_s", lambda: critic.train_step(batch, ValueLoss(CriticConfig(), "token-mean")))
+    actor_batch = ActorBatch(**vars(batch), advantages=advantages, old_logprobs=old_logprobs)
+    critic_batch = CriticBatch(**vars(batch), returns=torch.zeros_like(batch.response_mask), old_values=old_values)
+    timed("actor_step_s", lambda: actor.train_step(actor_batch, PolicyLoss(AlgorithmConfig())))
+    timed("critic_step_s", lambda: critic.train_step(critic_batch, ValueLoss(CriticConfig(), "token-mean")))
     res["train_tokens"] = float(batch.response_mask.sum())
     return actor
 

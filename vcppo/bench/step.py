@@ -1,18 +1,18 @@
-"""`vcppo bench step`: one real PPO step (`vcppo.driver.ppo.ppo_step`), timed by phase; with
+"""`vcppo bench step`: one real PPO step (`vcppo.driver.step.rl_step`), timed by phase; with
 ``--trl``, TRL's PPOTrainer side by side on the same model, tokenizer, prompts and batch.
 
     vcppo bench step [--size small] [--micro-batch 16,64] [--steps 6] [--prompts 16 --n 4]
                      [--max-tokens 128] [--kl-coef 0.05] [--threads 2] [--trl] [--rounds 1]
                      [--workdir DIR] [--json PATH]
 
-The workload (issue #16): the factory's ``--size`` model built from config with vcppo's char
+The workload: the factory's ``--size`` model built from config with vcppo's char
 tokenizer (= `vcppo model make`), prompts of the ``add`` task (= `vcppo data make`) read by our
 prompt loader, ``--prompts`` x ``--n`` samples of at most ``--max-tokens`` response tokens
 (stopping at EOS), KL on (a reference pass, k1 estimator), 1 epoch, 1 mini-batch, fp32,
 ``--threads`` threads, ``--micro-batch`` sequences per pass (each setting is measured).
 
 vcppo's side runs in a fresh process with a RunContext built exactly as `vcppo train` builds it
-(preset ``vcppo``, value pretraining off, no validation, no checkpoints) and calls ``ppo_step``
+(preset ``vcppo``, value pretraining off, no validation, no checkpoints) and calls ``rl_step``
 ``--steps`` times: whatever the engines and the driver do today is what is measured. TRL's side
 (:mod:`vcppo.bench.trl_step`, needs ``pip install -e .[trl]``) runs in another process. With
 ``--rounds`` > 1 the two sides alternate (A B A B) so drift in a shared machine's load hits both.
@@ -88,24 +88,29 @@ def train_overrides(args, workdir: Path, micro_batch: int) -> list[str]:
 
 
 def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
-    """``--steps`` calls of the driver's ppo_step on a RunContext built as `vcppo train` builds it."""
+    """``--steps`` calls of the driver's rl_step on a RunContext built as `vcppo train` builds it."""
     import torch
 
     from vcppo.config import load_command_config
     from vcppo.driver.context import RunContext
-    from vcppo.driver.ppo import ppo_step, run_dir_of
+    from vcppo.driver.experience_maker import ExperienceMaker
+    from vcppo.driver.plan import ppo_plan
+    from vcppo.driver.ppo import run_dir_of
+    from vcppo.driver.step import rl_step
 
     torch.set_num_threads(args.threads)
     cfg = load_command_config(["vcppo", *train_overrides(args, workdir, micro_batch)], "train", default_config=None)
     t0 = time.perf_counter()
     ctx = RunContext.create(cfg, run_dir_of(cfg))
+    plan = ppo_plan(cfg, ctx.dist.device)
+    maker = ExperienceMaker.for_run(ctx, plan)
     steps, startup_s, profile_table = [], time.perf_counter() - t0, None
     try:
         for step in range(1, args.steps + 1):
             profiling = bool(args.profile) and step == args.steps
             t = time.perf_counter()
             with _profiler(profiling) as prof:
-                m = ppo_step(ctx, step)
+                m = rl_step(ctx, maker, plan, step)
             wall = time.perf_counter() - t
             if profiling:
                 profile_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile)

@@ -53,18 +53,18 @@ def _parse(argv) -> argparse.Namespace:
 
 
 def long_tailed_batch(n: int, min_len: int, max_len: int, seed: int, vocab: int = 90):
-    """An :class:`Experience` of ``n`` sequences with long-tailed response lengths, rollout and
-    PPO fields filled as a real step would (old logprobs are set by the caller)."""
-    from vcppo.experience import make_experience
+    """An :class:`~vcppo.experience.ActorBatch` of ``n`` sequences with long-tailed response
+    lengths, rollout and PPO fields filled as a real step would (old logprobs are set by the caller)."""
+    from vcppo.experience import ActorBatch, Rollout, make_layout
     g = torch.Generator().manual_seed(seed)
     u = torch.rand(n, generator=g)
     lengths = (min_len + (max_len - min_len) * u ** 3).long().tolist()
     prompts = [torch.randint(5, vocab, (int(k),), generator=g).tolist() for k in torch.randint(16, 49, (n,), generator=g)]
     responses = [torch.randint(5, vocab, (k,), generator=g).tolist() for k in lengths]
-    b = make_experience(prompts, responses, pad_id=0)
-    b.advantages = torch.randn(b.response_mask.shape, generator=g) * b.response_mask
-    b.correct = (torch.rand(n, generator=g) > 0.5).float()
-    return b
+    b = Rollout.unscored(make_layout(prompts, responses, pad_id=0))
+    advantages = torch.randn(b.response_mask.shape, generator=g) * b.response_mask
+    correct = (torch.rand(n, generator=g) > 0.5).float()
+    return ActorBatch(**{**vars(b), "correct": correct}, advantages=advantages)
 
 
 class PeakRSS:

@@ -1,8 +1,8 @@
 """The TRL side of `vcppo bench step`: TRL's PPOTrainer on the same model, tokenizer, prompts and
 batch, in its own process (``python -m vcppo.bench.trl_step ... --worker trl,WORKDIR,MB,OUT``).
 
-TRL's PPOTrainer lives in ``trl.experimental.ppo`` up to TRL 1.12.0 and is gone from 1.13.0 on
-(checked 2026-12-01: 1.13.0 and 1.16.0 wheels have no ``ppo`` module); the `trl` extra pins it.
+TRL's PPOTrainer lives in ``trl.experimental.ppo`` up to TRL 1.12.0; the 1.13.0 and 1.16.0 wheels
+have no ``ppo`` module, so the `trl` extra pins 1.12.0.
 
 What TRL's step computes (its own loop, ``PPOTrainer.train``), against vcppo's:
   * rollout: HF ``generate`` of the 64 queries in ``local_rollout_forward_batch_size`` chunks

@@ -1,4 +1,4 @@
-"""Checks of prompt data that name the file, the line or row, and the field (#17).
+"""Checks of prompt data that name the file, the line or row, and the field.
 
 They run when the prompts are loaded, before any engine starts, so a bad file costs seconds, not
 a vLLM + DeepSpeed start-up, and the message says where to look instead of a bare

@@ -1,5 +1,5 @@
 """Where a prompt row's fields sit in a file: chat-message prompts, dotted answer paths, and the
-per-row fields handed to the reward function (verl's data format, issue #15).
+per-row fields handed to the reward function (verl's data format).
 
 A verl-format row::
 

@@ -1,6 +1,6 @@
 """Task ``chain``: add 2..K numbers with running sums; the policy chooses how long it reasons.
 
-Issue #12 item 1. On ``add`` every correct answer has the same length, so PPO's length collapse
+Why a second task: on ``add`` every correct answer has the same length, so PPO's length collapse
 (arXiv 2503.01491 sec. 3) cannot happen. Here the number of operands varies across prompts
 (2..``max_operands``, uniform), so the full trace runs from ~20 to ~230 tokens, and there are
 three ways to reason, all of which SFT sees::

@@ -2,8 +2,9 @@
 
 GAE presets (VC-PPO, PPO, VAPO) use Decoupled-GAE: advantages with ``lambda_actor`` (or VAPO's
 length-adaptive lambda), value targets with ``lambda_critic`` (VC-PPO sec. 4.2). GRPO uses the
-group-normalised outcome reward on every token. Whitening is the caller's job and touches only
-the actor's advantages (DESIGN.md); it is done over the GLOBAL batch.
+group-normalised outcome reward on every token. The GAE functions return raw (advantages,
+returns); whitening touches only the actor's advantages (DESIGN.md) and runs over the GLOBAL
+batch (every rank), so the result does not depend on how many ranks share the batch.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from vcppo.algos.gae import decoupled_gae, length_adaptive_lambda
 from vcppo.algos.stats import grpo_advantages
 from vcppo.engines.dist import global_sum
-from vcppo.experience import Experience
+from vcppo.experience import Advantages, Rollout
 from vcppo.schema import AlgorithmConfig
 
 
@@ -20,11 +21,9 @@ def global_whiten(advantages: torch.Tensor, mask: torch.Tensor, zero_mean: bool 
                   eps: float = 1e-8) -> torch.Tensor:
     """Whiten (B, R) advantages over the valid tokens of the GLOBAL batch (all ranks), so the result
     does not depend on how many ranks the batch is split over. Masked positions stay 0."""
-    n = global_sum(mask.sum())
-    mean = global_sum((advantages * mask).sum()) / max(n, 1.0)
-    var = global_sum((((advantages - mean) * mask) ** 2).sum()) / max(n - 1.0, 1.0)
-    centred = advantages - mean if zero_mean else advantages
-    return centred * torch.rsqrt(torch.tensor(var + eps, dtype=advantages.dtype)) * mask
+    from vcppo.algos.stats import masked_whiten
+
+    return masked_whiten(advantages, mask, zero_mean=zero_mean, eps=eps, sum_fn=global_sum)
 
 
 def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -35,24 +34,27 @@ def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> to
     return returns
 
 
-def compute_advantages(batch: Experience, rewards: torch.Tensor, alg: AlgorithmConfig,
-                       keep_returns: bool = False) -> None:
-    """Fill ``batch.returns`` (GAE only, unless ``keep_returns``: the critic already trained on
-    them), ``lambda_actor`` (length-adaptive only), ``raw_advantages`` and ``advantages``.
-    ``rewards`` (B, R): the per-token reward (outcome reward, minus the KL penalty when there is one)."""
-    mask = batch.response_mask
-    if alg.advantage_estimator == "gae":
-        lam_actor = alg.lambda_actor
-        if alg.length_adaptive_lambda:
-            # VAPO: longer responses get lambda closer to 1 (less bias on long sequences).
-            lam_actor = batch.lambda_actor = length_adaptive_lambda(mask.sum(1), alg.length_adaptive_alpha)
-        advantages, returns = decoupled_gae(rewards, batch.old_values, mask, gamma=alg.gamma,
-                                            lam_actor=lam_actor, lam_critic=alg.lambda_critic)
-        if not keep_returns:
-            batch.returns = returns
+def estimate(rollout: Rollout, rewards: torch.Tensor, values: torch.Tensor | None, alg: AlgorithmConfig,
+             lambda_critic: float, for_update: bool = True) -> Advantages:
+    """The step's :class:`~vcppo.experience.Advantages` from ``rewards`` (B, R) (the outcome reward,
+    minus the KL penalty when there is one) and ``values`` (B, R) V_old (None for GRPO).
+
+    ``for_update``: the actor trains on them: VAPO's length-adaptive lambda and whitening apply.
+    Otherwise (value pretraining, actor frozen) they are only the position-profile diagnostic:
+    plain ``lambda_actor``, not whitened."""
+    mask = rollout.response_mask
+    if alg.advantage_estimator == "grpo":
+        seq_adv = grpo_advantages(rollout.scores, group_ids=rollout.group, scale_by_std=alg.grpo_scale_by_std)
+        raw, returns, lam_actor = seq_adv[:, None] * mask, None, None
     else:
-        seq_adv = grpo_advantages(batch.scores, group_ids=batch.group, scale_by_std=alg.grpo_scale_by_std)
-        advantages = seq_adv[:, None] * mask
-    batch.raw_advantages = advantages
-    batch.advantages = (global_whiten(advantages, mask, zero_mean=alg.zero_mean_advantages)
-                        if alg.whiten_advantages else advantages)
+        lam_actor = None
+        if for_update and alg.length_adaptive_lambda:
+            # VAPO: longer responses get lambda closer to 1 (less bias on long sequences).
+            lam_actor = length_adaptive_lambda(mask.sum(1), alg.length_adaptive_alpha)
+        raw, returns = decoupled_gae(rewards, values, mask, gamma=alg.gamma,
+                                     lam_actor=alg.lambda_actor if lam_actor is None else lam_actor,
+                                     lam_critic=lambda_critic)
+    advantages = raw
+    if for_update and alg.whiten_advantages:
+        advantages = global_whiten(raw, mask, zero_mean=alg.zero_mean_advantages)
+    return Advantages(advantages=advantages, raw_advantages=raw, returns=returns, lambda_actor=lam_actor)

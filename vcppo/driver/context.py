@@ -1,12 +1,13 @@
-"""The wiring of a training run: process group, seeds, data, logger, reward, and the engines.
+"""The wiring of a training run: process group, seeds, data, logger, reward, the engines, the run
+directory's lock and its resume point.
 
 :class:`RunContext` is built once per run (:meth:`RunContext.create`) and handed to the phases
-(value pretraining, PPO); it holds no training logic itself beyond sampling one step's batch.
+(value pretraining, PPO); it holds no training logic (sampling is
+:class:`vcppo.driver.experience_maker.ExperienceMaker`'s, a step is :mod:`vcppo.driver.step`).
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import random
@@ -22,7 +23,6 @@ from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
 from vcppo.driver.critic_cache import cached_critic, critic_source
 from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
-from vcppo.driver.sampling import balance_across_ranks, collect_experience, rollout_share, wants_sampler_logprobs
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.critic import CriticEngine
@@ -30,7 +30,6 @@ from vcppo.engines.deepspeed_engine import checkpoint_zero_stage, resolve_zero_s
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.reference import ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
-from vcppo.experience import Experience
 from vcppo.rewards.pool import default_num_workers
 from vcppo.rewards.verifier import RewardScorer
 from vcppo.schema import Config, ConfigError
@@ -50,7 +49,7 @@ def pad_token_id(tokenizer) -> int:
 def load_prompt_set(cfg: Config, path: str, tokenizer, *, max_prompt_tokens: int | None,
                     shuffle_seed: int | None, limit: int | None = None) -> PromptSet:
     """``path`` read with the ``data`` section's fields and chat-template setting (every command)."""
-    chat = {"auto": "auto", "true": True, "false": False}[cfg.data.use_chat_template]
+    chat = "auto" if cfg.data.use_chat_template is None else cfg.data.use_chat_template
     return load_prompts(path, tokenizer, prompt_field=cfg.data.prompt_field, answer_field=cfg.data.answer_field,
                         max_prompt_tokens=max_prompt_tokens, use_chat_template=chat, shuffle_seed=shuffle_seed,
                         limit=limit, reward_info=cfg.data.reward_info_fields)
@@ -129,7 +128,7 @@ def with_zero_stage(engine_cfg, dist: DistInfo, log: MetricsLogger, role: str, c
 
 def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunState | None = None,
                   resume_point: Path | None = None) -> Engines:
-    """vLLM first (its start-up scan must precede numba), then the DeepSpeed engines. ``resumed``:
+    """vLLM first (its start-up module scan must precede any numba / llvmlite import), then the DeepSpeed engines. ``resumed``:
     the state of the checkpoint the run resumes from, in ``resume_point`` (None: a fresh start)."""
     alg, vp, temperature = cfg.algorithm, cfg.value_pretrain, cfg.rollout.temperature
     ckpt = (lambda role: resume_point / role) if resume_point is not None else (lambda role: None)
@@ -180,6 +179,7 @@ class RunContext:
     log: MetricsLogger
     critic_from_cache: Path | None = None
     run_lock: IO | None = None   # main rank: the run directory's lock (driver/run_lock.py)
+    resume_point: Path | None = None  # the verified checkpoint the run continues from (None: fresh)
 
     @classmethod
     def create(cls, cfg: Config, run_dir: Path) -> "RunContext":
@@ -227,30 +227,10 @@ class RunContext:
                        prompts=train_set.stream(seed=cfg.trainer.seed), val_rows=val_rows, scorer=scorer,
                        rollout=engines.rollout, actor=engines.actor, critic=engines.critic,
                        reference=engines.reference, log=log, critic_from_cache=engines.critic_from_cache,
-                       run_lock=held)
+                       run_lock=held, resume_point=point)
         except BaseException:
             release(held)
             raise
-
-    # ---------------------------------------------------------------------------------------------
-    def sample_seed(self, phase: str, step: int) -> int:
-        """Sampling seed of one step on this rank: reproducible (resume gives the same samples),
-        different across phases, steps and rollout groups (the same on the ranks of one group)."""
-        key = f"{self.cfg.trainer.seed}/{phase}/{step}/{self.rollout.replica}".encode()
-        return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
-
-    def sample_step(self, phase: str, step: int, balance: bool = True) -> Experience:
-        """This step's prompts (this rank's share of the global batch), sampled and scored; with
-        ``balance`` (and ``trainer.balance_batch``) whole groups then move between ranks to even out
-        their tokens (dynamic sampling balances once, after its last round: driver/dapo.py)."""
-        rows = self.prompts.next_batch(self.cfg.trainer.prompts_per_step)
-        sampled, kept = rollout_share(len(rows), self.dist, self.cfg.rollout.tensor_parallel_size)
-        batch = collect_experience(rows[sampled.start:sampled.stop], first_index=sampled.start, keep=kept,
-                                   rollout=self.rollout, scorer=self.scorer, pad_id=self.pad_id,
-                                   device=self.dist.device, sampling=self.cfg.rollout,
-                                   seed=self.sample_seed(phase, step),
-                                   logprobs=wants_sampler_logprobs(self.cfg, self.dist.device))
-        return balance_across_ranks(batch, self.dist) if balance and self.cfg.trainer.balance_batch else batch
 
     def sync_weights(self) -> float:
         """Stream the actor's (gathered) weights into vLLM; seconds."""

@@ -54,8 +54,9 @@ def cache_key(cfg: Config) -> str:
     relevant = {
         "policy": fingerprint_path(cfg.model.policy_path),
         "data": fingerprint_path(cfg.data.train_files),
+        # the chat-template switch spelled as the key always held it, so existing caches stay valid
         "data_fields": [cfg.data.prompt_field, cfg.data.answer_field, cfg.data.max_prompt_tokens,
-                        cfg.data.use_chat_template],
+                        {None: "auto", True: "true", False: "false"}[cfg.data.use_chat_template]],
         # what the critic is built from (a policy-initialised critic ignores model.critic_path)
         "critic_init": critic_init_key(cfg),
         # where the critic's weights live (ZeRO stage, offload) does not change what it learns

@@ -1,4 +1,4 @@
-"""Steps that must not go on for ever (#17): non-finite optimizer steps and a reward function that
+"""Steps that must not go on for ever: non-finite optimizer steps and a reward function that
 fails on every sample. The engine skips a non-finite step (its gradient contract, point 5); this
 module counts such steps in a row and aborts the run after ``trainer.max_nonfinite_steps``, and
 after ``trainer.max_failed_reward_steps`` steps in a row whose every reward failed. The streaks

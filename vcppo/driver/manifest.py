@@ -1,5 +1,5 @@
 """Checkpoint manifests: the size and SHA-256 of every file, written when a checkpoint is sealed and
-verified before a run resumes from it (#17).
+verified before a run resumes from it.
 
 ``manifest.json`` (in the checkpoint directory, written after every other file)::
 

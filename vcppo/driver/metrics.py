@@ -12,9 +12,11 @@ import torch
 from vcppo.algos import stats
 from vcppo.algos.mismatch import mismatch_stats, tis_weights
 from vcppo.driver.context import RunContext
-from vcppo.driver.evaluate import evaluate
+from vcppo.driver.validation import evaluate
+from vcppo.driver.experience_maker import sample_seed
 from vcppo.engines.dist import gather_cat, global_sum
-from vcppo.experience import Experience
+from vcppo.driver.plan import Source, StepPlan
+from vcppo.experience import Advantages, BeforeUpdate, Rollout
 
 
 @dataclass
@@ -44,7 +46,7 @@ def position_diagnostics(adv: torch.Tensor, mask: torch.Tensor, buckets: int) ->
             "adv/position_edges": [float(x) for x in profile.edges]}
 
 
-def _response_metrics(ctx: RunContext, batch: Experience, mask: torch.Tensor) -> dict:
+def _response_metrics(ctx: RunContext, batch: Rollout, mask: torch.Tensor) -> dict:
     lengths = mask.sum(1)
     m = {"reward/mean": gather_cat(batch.scores).mean().item(),
          "reward/accuracy": gather_cat(batch.correct).mean().item(),
@@ -78,27 +80,28 @@ def mismatch_metrics(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
     return m
 
 
-def step_metrics(ctx: RunContext, batch: Experience, timer: PhaseTimer) -> dict:
-    """The per-step diagnostics, over the global batch (gathered from every rank). Fields the phase
-    did not compute (no critic in GRPO, no old logprobs in value pretraining) are skipped."""
-    mask = gather_cat(batch.response_mask)
-    m: dict[str, Any] = _response_metrics(ctx, batch, mask)
-    if batch.raw_advantages is not None:
-        adv = gather_cat(batch.raw_advantages)
-        m["adv/mean"] = stats.masked_mean(adv, mask).item()
-        m["adv/std"] = stats.masked_var(adv, mask).sqrt().item()
-        m.update(position_diagnostics(adv, mask, ctx.cfg.logging.profile_buckets))
-    if batch.old_values is not None:
-        m.update(_critic_metrics(gather_cat(batch.old_values), gather_cat(batch.returns), mask))
-    if batch.old_logprobs is not None and batch.sampler_logprobs is not None \
-            and batch.old_logprobs is not batch.sampler_logprobs:
-        # (pi_old taken from the sampler, algorithm.old_logprobs_from_sampler: nothing to compare)
-        m.update(mismatch_metrics(gather_cat(batch.old_logprobs), gather_cat(batch.sampler_logprobs), mask,
+def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: BeforeUpdate, adv: Advantages,
+                 timer: PhaseTimer) -> dict:
+    """The per-step diagnostics over the global batch (gathered from every rank). ``models``: what
+    the models said before the updates, with what the updates' own forwards gave filled in; a
+    quantity the plan does not produce (no critic in GRPO, no pi_old in value pretraining) is
+    not reported."""
+    mask = gather_cat(rollout.response_mask)
+    m: dict[str, Any] = _response_metrics(ctx, rollout, mask)
+    raw = gather_cat(adv.raw_advantages)
+    m["adv/mean"] = stats.masked_mean(raw, mask).item()
+    m["adv/std"] = stats.masked_var(raw, mask).sqrt().item()
+    m.update(position_diagnostics(raw, mask, ctx.cfg.logging.profile_buckets))
+    if plan.v_old is not Source.NONE:
+        m.update(_critic_metrics(gather_cat(models.old_values), gather_cat(adv.returns), mask))
+    if plan.sampler_logprobs and plan.pi_old in (Source.PASS, Source.UPDATE):
+        # (pi_old taken from the sampler: nothing to compare)
+        m.update(mismatch_metrics(gather_cat(models.old_logprobs), gather_cat(rollout.sampler_logprobs), mask,
                                   ctx.cfg.algorithm.rollout_is_cap))
-    if batch.entropy is not None:
-        m["actor/entropy"] = stats.masked_mean(gather_cat(batch.entropy), mask).item()
-    if batch.kl is not None:
-        m["actor/kl_ref"] = stats.masked_mean(gather_cat(batch.kl), mask).item()
+    if plan.entropy is not Source.NONE:
+        m["actor/entropy"] = stats.masked_mean(gather_cat(models.entropy), mask).item()
+    if plan.kl_in_reward:
+        m["actor/kl_ref"] = stats.masked_mean(gather_cat(models.kl), mask).item()
     m.update(timer.metrics())
     m["perf/response_tokens"] = mask.sum().item()
     m["perf/tokens_per_s"] = mask.sum().item() / max(m["time/step_s"], 1e-9)
@@ -116,7 +119,7 @@ def log_validation(ctx: RunContext, step: int, final: bool = False) -> dict:
     cfg = ctx.cfg
     metrics = evaluate(ctx.rollout, ctx.val_rows, ctx.scorer, dist=ctx.dist, sampling=cfg.rollout,
                        n_samples=cfg.trainer.val_n_samples, ks=cfg.trainer.val_k,
-                       seed=ctx.sample_seed("val", step))
+                       seed=sample_seed(cfg.trainer.seed, "val", step, ctx.rollout.replica))
     ctx.log.log(metrics, step=step, phase="val")
     ctx.log.info(f"val step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()
                                                   if k.startswith("val/")))

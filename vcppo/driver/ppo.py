@@ -1,38 +1,28 @@
 """`vcppo train CONFIG [key=value ...]`: value pretraining, then the PPO loop with Decoupled-GAE.
 
-Runs on every rank (SPMD) under the deepspeed launcher, torchrun, or plain python. One step, as
-data flows (docs/architecture.md):
-
-    prompts -> vLLM rollout (n per prompt) -> verifier reward -> old logprobs (actor)
-      -> values (critic) -> decoupled GAE: advantages with lambda_actor, targets with lambda_critic
-      -> whiten the actor's advantages -> critic update -> actor update -> weight sync into vLLM
-
-Two passes drop out where the math allows (docs/performance.md, "Fewer passes"): with one optimizer
-step per update, pi_old is the actor update's own forward and V_old the critic update's (then the
-critic trains first, on lambda_critic = 1 targets that need no values, and the advantages follow).
-
-Value pretraining (VC-PPO sec. 4.1) is the same loop with the policy frozen, Monte-Carlo targets
-(lambda = 1), and only the critic updated; see :mod:`vcppo.driver.value_pretrain`.
-GRPO swaps the critic for group-normalised outcome rewards; every other preset differs only in
-config (vcppo/configs/*.yaml), not in code paths.
+Runs on every rank (SPMD) under the deepspeed launcher, torchrun, or plain python. Each step is
+:func:`vcppo.driver.step.rl_step` (sample, score, pi_old and V_old, advantages, critic update,
+actor update, weight sync), run as the run's :class:`~vcppo.driver.plan.StepPlan` says; value
+pretraining (VC-PPO sec. 4.1) is the same step with the policy frozen
+(:mod:`vcppo.driver.value_pretrain`). GRPO swaps the critic for group-normalised outcome rewards;
+every other preset differs only in config (vcppo/configs/*.yaml), not in code paths.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from vcppo.algos.losses import kl_penalty
 from vcppo.config import load_command_config
-from vcppo.driver.advantages import compute_advantages, returns_to_go
 from vcppo.driver.checkpoint import RunState
-from vcppo.driver.resume import resume_or_start, save_checkpoint
 from vcppo.driver.context import RunContext
-from vcppo.driver.dapo import sample_batch
-from vcppo.driver.guards import reward_tally, step_reward_failures, update_streaks
-from vcppo.driver.metrics import PhaseTimer, log_validation, step_metrics
-from vcppo.driver.update import old_values_from_update, pi_old_source, train_actor, train_critic
-from vcppo.experience import Experience
+from vcppo.driver.experience_maker import ExperienceMaker
+from vcppo.driver.guards import update_streaks
+from vcppo.driver.metrics import log_validation
+from vcppo.driver.plan import StepPlan, ppo_plan, pretrain_plan
+from vcppo.driver.resume import resume_or_start, save_checkpoint
+from vcppo.driver.step import rl_step
 from vcppo.driver.value_pretrain import value_pretrain
 from vcppo.schema import Config
+
 
 def main(argv: list[str]) -> int:
     # Checked before any engine starts: a typo must not cost a vLLM start-up.
@@ -52,78 +42,20 @@ def train(cfg: Config) -> Path:
     finished = False
     try:
         state = resume_or_start(ctx)
+        plans = {"value_pretrain": pretrain_plan(cfg, ctx.dist.device), "ppo": ppo_plan(cfg, ctx.dist.device)}
+        maker = ExperienceMaker.for_run(ctx, plans["ppo"])
         if state.phase == "value_pretrain":
-            value_pretrain(ctx, state)
+            value_pretrain(ctx, maker, plans["value_pretrain"], state)
             state.phase, state.step = "ppo", 0
-        ppo_loop(ctx, state)
+        ctx.log.info(plans["ppo"].describe())
+        ppo_loop(ctx, maker, plans["ppo"], state)
         finished = True
     finally:
         ctx.close(clean=finished)
     return ctx.run_dir
 
 
-def ppo_step(ctx: RunContext, step: int) -> dict:
-    """Sample, score, evaluate the batch under the current models, estimate advantages, update the
-    critic and the actor, sync the actor into vLLM; the step's metrics."""
-    alg, timer = ctx.cfg.algorithm, PhaseTimer()
-    tally = reward_tally(ctx.scorer)
-    with timer("rollout"):
-        batch, sample_metrics = sample_batch(ctx, "ppo", step)  # + DAPO dynamic sampling / overlong
-    sample_metrics.update(step_reward_failures(ctx.scorer, tally))
-    ctx.rollout.sleep()  # GPU: hand vLLM's memory to training; no-op on CPU
-    source = pi_old_source(ctx)
-    if source == "sampler":
-        batch.old_logprobs = batch.sampler_logprobs  # trusted by config; TIS weights are then 1
-    elif source == "pass":
-        with timer("old_logprobs"):
-            batch.old_logprobs, batch.entropy = ctx.actor.forward_logprobs(batch, with_entropy=True)
-    # else the actor update's own forward gives them (exact: update.old_logprobs_from_update).
-    rewards = batch.token_rewards
-    if ctx.reference is not None:
-        with timer("ref_logprobs"):
-            ref_logprobs, _ = ctx.reference.forward_logprobs(batch)
-        # KL folded into the per-token reward (PPO-RLHF convention); the paper uses kl_coef=0.
-        batch.kl = kl_penalty(batch.old_logprobs, ref_logprobs, alg.kl_estimator) * batch.response_mask
-        rewards = rewards - alg.kl_coef * batch.kl
-    update_metrics = critic_and_advantages(ctx, batch, rewards, timer, step)
-    with timer("actor_update"):
-        update_metrics.update(train_actor(ctx, batch, step))
-    ctx.rollout.wake_up()
-    with timer("weight_sync"):
-        ctx.sync_weights()
-    metrics = step_metrics(ctx, batch, timer)
-    metrics.update(update_metrics)
-    metrics.update(sample_metrics)
-    return metrics
-
-
-def critic_and_advantages(ctx: RunContext, batch: Experience, rewards, timer: PhaseTimer, step: int) -> dict:
-    """Values, advantages and the critic update, in the order the config allows: when the targets
-    need no values (lambda_critic = 1) and the critic makes one optimizer step, its update's own
-    forward gives V_old (exact, :func:`~vcppo.driver.update.old_values_from_update`), so the critic
-    trains first and the advantages follow from the values it kept; otherwise a values pass,
-    then the advantages, then the update. Returns the critic's metrics."""
-    alg = ctx.cfg.algorithm
-    if ctx.critic is None:  # GRPO
-        with timer("advantages"):
-            compute_advantages(batch, rewards, alg)
-        return {}
-    if old_values_from_update(ctx.cfg.critic, alg.lambda_critic):
-        batch.returns = returns_to_go(rewards, batch.response_mask, alg.gamma)
-        with timer("critic_update"):
-            metrics = train_critic(ctx, batch, step)  # fills batch.old_values
-        with timer("advantages"):
-            compute_advantages(batch, rewards, alg, keep_returns=True)
-        return metrics
-    with timer("values"):
-        batch.old_values = ctx.critic.forward_values(batch)
-    with timer("advantages"):
-        compute_advantages(batch, rewards, alg)
-    with timer("critic_update"):
-        return train_critic(ctx, batch, step)
-
-
-def ppo_loop(ctx: RunContext, state: RunState) -> None:
+def ppo_loop(ctx: RunContext, maker: ExperienceMaker, plan: StepPlan, state: RunState) -> None:
     cfg = ctx.cfg
     total = cfg.trainer.total_steps
     if state.step == 0:
@@ -131,7 +63,7 @@ def ppo_loop(ctx: RunContext, state: RunState) -> None:
     ctx.log.start_phase("ppo", total=total, initial=state.step)
     while state.step < total:
         step = state.step + 1
-        metrics = ppo_step(ctx, step)
+        metrics = rl_step(ctx, maker, plan, step)
         state.step = step
         ctx.log.log(metrics, step=step, phase="ppo")
         update_streaks(state, metrics, cfg.trainer, f"PPO step {step}")  # may abort, before any save

@@ -38,8 +38,7 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
     fresh start (stale partial checkpoints removed)."""
     cfg = ctx.cfg
     first_phase = "value_pretrain" if (ctx.critic is not None and cfg.value_pretrain.enabled) else "ppo"
-    point = ckpt.find_resume_point(ctx.run_dir, cfg.trainer.resume, ctx.dist.rank, ctx.dist.world_size,
-                                   gather=D.all_gather_object)
+    point = ctx.resume_point  # found and verified once, before the engines started
     if ctx.dist.is_main:  # what a crash left behind (unsealed, half-deleted) is never resumed from
         ckpt.clean_partial(ckpt.checkpoint_root(ctx.run_dir))
     if point is None:

@@ -1,30 +1,16 @@
-"""From prompts to a scored :class:`~vcppo.experience.Experience`: the part value pretraining, PPO,
+"""From prompts to a scored :class:`~vcppo.experience.Rollout`: the part value pretraining, PPO,
 the reward model and evaluation share."""
 from __future__ import annotations
 
 import torch
 
-from vcppo.config import logprob_users
-from vcppo.engines.deepspeed_engine import resolve_dtype
 from vcppo.engines.dist import DistInfo, all_gather_object
 from vcppo.engines.packing import balanced_partitions, sequence_lengths
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_groups import RolloutGroups, contiguous_share
-from vcppo.experience import Experience, compact, concat_experiences, make_experience
+from vcppo.experience import Rollout, compact, concat_batches, make_layout
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.schema import Config, RolloutConfig
-
-
-def wants_sampler_logprobs(cfg: Config, device: torch.device) -> bool:
-    """Whether a training step asks vLLM for the sampled tokens' logprobs (``rollout.sampler_logprobs``).
-    'auto': when a config key uses them, or when the sampler runs in bf16 / fp16 (``model.dtype``;
-    'auto' is bf16 on CUDA), where sampler and trainer differ enough for the mismatch/* metrics to
-    matter; in fp32 they agree to ~1e-7 (docs/performance.md, #14) and the metrics are not worth the
-    ~10% of a small CPU rollout that vLLM's per-token output processing of logprobs costs."""
-    mode = cfg.rollout.sampler_logprobs
-    if mode != "auto":
-        return mode == "true"
-    return bool(logprob_users(cfg)) or resolve_dtype(cfg.model.dtype, device) != torch.float32
+from vcppo.schema import RolloutConfig
 
 
 def rank_slice(items: list, rank: int, world_size: int) -> tuple[int, list]:
@@ -43,16 +29,16 @@ def rollout_share(n_rows: int, dist: DistInfo, tp_size: int) -> tuple[range, ran
     return sampled, range(kept.start - sampled.start, kept.stop - sampled.start)
 
 
-def collect_experience(rows: list[dict], first_index: int, *, rollout: RolloutEngine, scorer: RewardScorer,
-                       pad_id: int, device: torch.device, sampling: RolloutConfig, seed: int,
-                       n: int | None = None, keep: range | None = None, logprobs: bool = False) -> Experience:
+def collect_rollout(rows: list[dict], first_index: int, *, rollout: RolloutEngine, scorer: RewardScorer,
+                    pad_id: int, device: torch.device, sampling: RolloutConfig, seed: int,
+                    n: int | None = None, keep: range | None = None, logprobs: bool = False) -> Rollout:
     """Sample ``n`` (default ``sampling.n_samples_per_prompt``) responses per prompt row
-    (``{"prompt_ids", "answer"}``), score them, and lay them out with the rollout fields set.
+    (``{"prompt_ids", "answer"}``), score them, and lay them out.
 
     ``first_index`` is the global index of ``rows[0]`` (for GRPO groups and pass@k). ``keep``: the
     rows (indices into ``rows``) whose samples this rank keeps; the others were sampled only
     because a tensor-parallel group submits identical requests (:func:`rollout_share`).
-    ``logprobs``: fill ``sampler_logprobs`` (:func:`wants_sampler_logprobs`); None otherwise.
+    ``logprobs``: fill ``sampler_logprobs`` (the step plan's ``sampler_logprobs``); None otherwise.
     """
     samples = rollout.generate([r["prompt_ids"] for r in rows], n=n or sampling.n_samples_per_prompt,
                                temperature=sampling.temperature, top_p=sampling.top_p,
@@ -64,25 +50,27 @@ def collect_experience(rows: list[dict], first_index: int, *, rollout: RolloutEn
     scores, correct = scorer.judge([s.text for s in samples], [rows[s.prompt_index]["answer"] for s in samples],
                                    finish)
 
-    batch = make_experience([s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                            pad_id=pad_id, device=device)
-    B, R = batch.responses.shape
-    lengths = batch.response_mask.sum(dim=1).long()
-    batch.scores = torch.tensor(scores, dtype=torch.float32, device=device)
+    layout = make_layout([s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                         pad_id=pad_id, device=device)
+    B, R = layout.responses.shape
+    lengths = layout.response_mask.sum(dim=1).long()
+    score_t = torch.tensor(scores, dtype=torch.float32, device=device)
     # Outcome reward on the last generated token (the paper's setting: +1 / -1 at <eos>).
-    batch.token_rewards = torch.zeros(B, R, dtype=torch.float32, device=device)
-    batch.token_rewards[torch.arange(B, device=device), (lengths - 1).clamp(min=0)] = batch.scores
+    token_rewards = torch.zeros(B, R, dtype=torch.float32, device=device)
+    token_rewards[torch.arange(B, device=device), (lengths - 1).clamp(min=0)] = score_t
+    sampler_logprobs = None
     if logprobs:
-        batch.sampler_logprobs = torch.zeros(B, R, dtype=torch.float32, device=device)
+        sampler_logprobs = torch.zeros(B, R, dtype=torch.float32, device=device)
         for i, s in enumerate(samples):
-            batch.sampler_logprobs[i, :len(s.logprobs)] = torch.tensor(s.logprobs, dtype=torch.float32)
-    batch.group = torch.tensor([first_index + s.prompt_index for s in samples], device=device)
-    batch.correct = torch.tensor(correct, dtype=torch.float32, device=device)
-    batch.truncated = torch.tensor([f == "length" for f in finish], dtype=torch.float32, device=device)
-    return batch
+            sampler_logprobs[i, :len(s.logprobs)] = torch.tensor(s.logprobs, dtype=torch.float32)
+    return Rollout(**layout.layout_fields(), scores=score_t, token_rewards=token_rewards,
+                   group=torch.tensor([first_index + s.prompt_index for s in samples], device=device),
+                   correct=torch.tensor(correct, dtype=torch.float32, device=device),
+                   truncated=torch.tensor([f == "length" for f in finish], dtype=torch.float32, device=device),
+                   sampler_logprobs=sampler_logprobs)
 
 
-def balance_across_ranks(batch: Experience, dist: DistInfo) -> Experience:
+def balance_across_ranks(batch: Rollout, dist: DistInfo) -> Rollout:
     """Redistribute whole prompt groups over the ranks so each rank trains on about the same number
     of real tokens (verl's ``balance_batch``): with long, uneven responses one rank would otherwise
     work through the longest sequences while the others wait at every collective.
@@ -94,7 +82,7 @@ def balance_across_ranks(batch: Experience, dist: DistInfo) -> Experience:
     """
     if dist.world_size == 1:
         return batch
-    whole = concat_experiences(all_gather_object(batch.to("cpu")))
+    whole = concat_batches(all_gather_object(batch.to("cpu")))
     groups = whole.group.tolist()
     order = list(dict.fromkeys(groups))  # groups in first-seen (rank, then row) order
     index = {g: i for i, g in enumerate(order)}

@@ -1,6 +1,8 @@
 """The actor and critic updates: their losses (as :class:`~vcppo.engines.deepspeed_engine.EngineLoss`)
 and the PPO epochs x mini-batches loop. Normalisation over ranks and micro-batches is the engine's
-job (:mod:`vcppo.engines.deepspeed_engine`); a loss only says what it averages over.
+job (:mod:`vcppo.engines.deepspeed_engine`); a loss only says what it averages over. Where pi_old
+and V_old come from is the step plan's decision (:mod:`vcppo.driver.plan`): an update whose plan
+takes them from its own forward keeps those outputs and returns them (:class:`UpdateResult`).
 """
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ from vcppo.algos import losses
 from vcppo.algos.dapo import mask_truncated
 from vcppo.algos.mismatch import tis_weights
 from vcppo.driver.context import RunContext
+from vcppo.driver.plan import Source, StepPlan
 from vcppo.engines.deepspeed_engine import (RESPONSE, DeepSpeedModelEngine, EngineLoss, GlobalCounts,
                                             ModelOutputs, response_counts, stitch_rows)
-from vcppo.experience import Experience
-from vcppo.schema import ActorConfig, AlgorithmConfig, CriticConfig
+from vcppo.experience import ActorBatch, CriticBatch, UpdateResult
+from vcppo.schema import AlgorithmConfig, CriticConfig, UpdateConfig
 
 POSITIVE = "positive"  # VAPO's positive-example NLL averages over correct samples only
 
@@ -27,7 +30,7 @@ class PolicyLoss:
     def __init__(self, alg: AlgorithmConfig, old_from_update: bool = False, keep_outputs: bool = False):
         self.alg = alg
         # old_from_update: pi_old is the update's own forward, detached (exact when the step makes
-        # ONE optimizer step from the weights that sampled: see old_logprobs_from_update).
+        # ONE optimizer step from the weights that sampled: vcppo.driver.plan).
         # keep_outputs: the detached logprobs and entropies are kept for the step's metrics (the
         # step ran no separate old-logprobs pass that would have given them).
         self.old_from_update = old_from_update
@@ -35,19 +38,19 @@ class PolicyLoss:
         self.needs_entropy = alg.entropy_coef > 0 or self.keep_outputs
         self.kept: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def loss_mask(self, batch: Experience) -> torch.Tensor:
+    def loss_mask(self, batch: ActorBatch) -> torch.Tensor:
         """(B, R): the tokens the policy loss averages over."""
         if self.alg.mask_truncated:
             return mask_truncated(batch.response_mask, batch.truncated)
         return batch.response_mask
 
-    def count_masks(self, minibatch: Experience) -> dict[str, torch.Tensor]:
+    def count_masks(self, minibatch: ActorBatch) -> dict[str, torch.Tensor]:
         masks = {RESPONSE: self.loss_mask(minibatch)}
         if self.alg.positive_lm_coef > 0:
             masks[POSITIVE] = masks[RESPONSE] * (minibatch.correct > 0)[:, None]
         return masks
 
-    def __call__(self, outputs: ModelOutputs, micro: Experience, counts: GlobalCounts):
+    def __call__(self, outputs: ModelOutputs, micro: ActorBatch, counts: GlobalCounts):
         a, mask = self.alg, self.loss_mask(micro)
         norm = dict(agg=a.loss_agg, global_token_count=counts.tokens[RESPONSE],
                     global_seq_count=counts.sequences[RESPONSE])
@@ -82,14 +85,14 @@ class ValueLoss:
 
     def __init__(self, critic: CriticConfig, agg: str, old_from_update: bool = False):
         self.clip, self.agg = critic.value_clip, agg
-        # old_from_update: V_old is the update's own forward, detached (exact under
-        # old_values_from_update); kept so the step's advantages can be computed from it afterwards.
+        # old_from_update: V_old is the update's own forward, detached (exact with one optimizer
+        # step); kept so the step's advantages can be computed from it afterwards.
         self.old_from_update = old_from_update
         self.kept: list[tuple[torch.Tensor]] = []
 
     count_masks = staticmethod(response_counts)
 
-    def __call__(self, outputs: ModelOutputs, micro: Experience, counts: GlobalCounts):
+    def __call__(self, outputs: ModelOutputs, micro: CriticBatch, counts: GlobalCounts):
         old = micro.old_values
         if self.old_from_update:
             old = outputs.values.detach()
@@ -103,7 +106,7 @@ class ValueLoss:
         return loss, metrics
 
 
-def minibatches(batch: Experience, optim: ActorConfig, seed: int, step: int):
+def minibatches(batch: ActorBatch | CriticBatch, optim: UpdateConfig, seed: int, step: int):
     """PPO epochs x shuffled mini-batches of this rank's share of the step's batch."""
     for epoch in range(optim.ppo_epochs):
         g = torch.Generator().manual_seed(seed * 7919 + step * 31 + epoch)
@@ -117,7 +120,7 @@ def mean_metrics(records: list[dict]) -> dict:
     return {k: sum(float(r[k]) for r in records if k in r) / sum(k in r for r in records) for k in keys}
 
 
-def run_update(engine: DeepSpeedModelEngine, loss: EngineLoss, optim: ActorConfig, batch: Experience,
+def run_update(engine: DeepSpeedModelEngine, loss: EngineLoss, optim: UpdateConfig, batch: ActorBatch | CriticBatch,
                seed: int, step: int, role: str) -> dict:
     """PPO epochs x mini-batches of optimizer steps; metrics averaged, engine figures prefixed."""
     records = [engine.train_step(mb, loss) for mb in minibatches(batch, optim, seed, step)]
@@ -130,73 +133,32 @@ def run_update(engine: DeepSpeedModelEngine, loss: EngineLoss, optim: ActorConfi
     return out
 
 
-def one_optimizer_step(optim: ActorConfig) -> bool:
-    """One epoch of one mini-batch: the update's forward runs on the weights of before the step, and
-    its micro-batches hold the batch's rows in order."""
-    return optim.ppo_epochs == 1 and optim.ppo_mini_batches == 1
-
-
-def kept_outputs(engine: DeepSpeedModelEngine, batch: Experience, kept: list[tuple]) -> list[torch.Tensor]:
+def kept_outputs(engine: DeepSpeedModelEngine, batch: ActorBatch | CriticBatch,
+                 kept: list[tuple]) -> list[torch.Tensor]:
     """What a loss kept from the update's forwards (one tuple per micro-batch), as (B, R) tensors
-    in the batch's row order; valid under :func:`one_optimizer_step` (rank-padding passes come last)."""
+    in the batch's row order; valid with one optimizer step (rank-padding passes come last)."""
     groups = engine.micro_batch_rows(batch)
     return stitch_rows(groups, kept[:len(groups)])
 
 
-def old_values_from_update(critic: CriticConfig, lambda_critic: float) -> bool:
-    """With one epoch of one mini-batch the critic update's forward runs on the weights of before the
-    step, so its values ARE V_old, and the separate values pass can be skipped, provided the value
-    targets do not need V: with lambda_critic = 1 they are the discounted returns-to-go (GAE
-    telescopes), known from the rewards alone. The actor's advantages are then computed after the
-    critic update, from the values it kept (GAE is per row, so micro-batching does not matter)."""
-    return one_optimizer_step(critic) and lambda_critic == 1.0
-
-
-def train_critic(ctx: RunContext, batch: Experience, step: int, lambda_critic: float | None = None) -> dict:
-    """The critic's update; when ``batch.old_values`` is None (the step skipped their pass, see
-    :func:`old_values_from_update`) the update's own detached values fill it afterwards.
-    ``lambda_critic``: that of the targets in ``batch.returns`` (default: ``algorithm.lambda_critic``)."""
-    from_update = batch.old_values is None
-    lam = ctx.cfg.algorithm.lambda_critic if lambda_critic is None else lambda_critic
-    if from_update and not old_values_from_update(ctx.cfg.critic, lam):
-        raise RuntimeError("old_values missing but the value targets need them or the update makes "
-                           "more than one optimizer step")
+def update_critic(ctx: RunContext, plan: StepPlan, batch: CriticBatch, step: int) -> UpdateResult:
+    """The critic's update; with ``plan.v_old`` UPDATE its own detached values are V_old, returned."""
+    from_update = plan.v_old is Source.UPDATE
     loss = ValueLoss(ctx.cfg.critic, ctx.cfg.algorithm.loss_agg, old_from_update=from_update)
-    out = run_update(ctx.critic, loss, ctx.cfg.critic, batch, ctx.cfg.trainer.seed, step, "critic")
-    if from_update:
-        batch.old_values, = kept_outputs(ctx.critic, batch, loss.kept)
-    return out
+    metrics = run_update(ctx.critic, loss, ctx.cfg.critic, batch, ctx.cfg.trainer.seed, step, "critic")
+    if not from_update:
+        return UpdateResult(metrics)
+    values, = kept_outputs(ctx.critic, batch, loss.kept)
+    return UpdateResult(metrics, values=values)
 
 
-def old_logprobs_from_update(actor: ActorConfig, kl_in_reward: bool) -> bool:
-    """With one epoch of one mini-batch the update's forward runs on the weights that sampled, so
-    its logprobs ARE pi_old (ratio exactly 1 at the single step): the separate old-logprobs pass can
-    be skipped. Not when the KL penalty is folded into the reward: the advantages need pi_old's
-    logprobs before the update."""
-    return one_optimizer_step(actor) and not kl_in_reward
-
-
-def pi_old_source(ctx: RunContext) -> str:
-    """Where the step's pi_old comes from: ``"update"`` (the actor update's own forward, exact, see
-    :func:`old_logprobs_from_update`), ``"sampler"`` (the rollout engine's logprobs,
-    ``algorithm.old_logprobs_from_sampler``) or ``"pass"`` (a separate actor forward)."""
-    if old_logprobs_from_update(ctx.cfg.actor, kl_in_reward=ctx.reference is not None):
-        return "update"
-    return "sampler" if ctx.cfg.algorithm.old_logprobs_from_sampler else "pass"
-
-
-def train_actor(ctx: RunContext, batch: Experience, step: int) -> dict:
-    """The actor's update; when ``batch.old_logprobs`` is None (the step skipped their pass, see
-    :func:`old_logprobs_from_update`) the update's own detached logprobs fill it afterwards, and when
-    ``batch.entropy`` is None the update's entropies fill that, for the step's metrics."""
-    from_update = batch.old_logprobs is None
-    if from_update and not old_logprobs_from_update(ctx.cfg.actor, ctx.reference is not None):
-        raise RuntimeError("old_logprobs missing but the update makes more than one optimizer step")
-    loss = PolicyLoss(ctx.cfg.algorithm, old_from_update=from_update,
-                      keep_outputs=batch.entropy is None and one_optimizer_step(ctx.cfg.actor))
-    out = run_update(ctx.actor, loss, ctx.cfg.actor, batch, ctx.cfg.trainer.seed, step, "actor")
-    if loss.keep_outputs:
-        logprobs, batch.entropy = kept_outputs(ctx.actor, batch, loss.kept)
-        if from_update:
-            batch.old_logprobs = logprobs
-    return out
+def update_actor(ctx: RunContext, plan: StepPlan, batch: ActorBatch, step: int) -> UpdateResult:
+    """The actor's update; with ``plan.pi_old`` UPDATE its own detached logprobs are pi_old, and with
+    ``plan.entropy`` UPDATE its entropies are the step's, both returned."""
+    loss = PolicyLoss(ctx.cfg.algorithm, old_from_update=plan.pi_old is Source.UPDATE,
+                      keep_outputs=plan.entropy is Source.UPDATE)
+    metrics = run_update(ctx.actor, loss, ctx.cfg.actor, batch, ctx.cfg.trainer.seed, step, "actor")
+    if not loss.keep_outputs:
+        return UpdateResult(metrics)
+    logprobs, entropy = kept_outputs(ctx.actor, batch, loss.kept)
+    return UpdateResult(metrics, logprobs=logprobs if plan.pi_old is Source.UPDATE else None, entropy=entropy)

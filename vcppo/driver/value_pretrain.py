@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from vcppo.algos.gae import decoupled_gae
 from vcppo.driver import critic_cache
-from vcppo.driver.advantages import returns_to_go
 from vcppo.driver.checkpoint import RunState
-from vcppo.driver.resume import save_checkpoint
 from vcppo.driver.context import RunContext
-from vcppo.driver.dapo import sample_batch
-from vcppo.driver.guards import reward_tally, step_reward_failures, update_streaks
-from vcppo.driver.metrics import PhaseTimer, step_metrics
-from vcppo.driver.update import old_values_from_update, train_critic
+from vcppo.driver.experience_maker import ExperienceMaker
+from vcppo.driver.guards import update_streaks
+from vcppo.driver.plan import StepPlan
+from vcppo.driver.resume import save_checkpoint
+from vcppo.driver.step import rl_step
 from vcppo.schema import ValuePretrainConfig
 
 
@@ -41,18 +39,20 @@ def settled(ev_history: list[float], loss_history: list[float], vp: ValuePretrai
                 and abs(l_last - l_prev) <= vp.loss_tolerance * max(abs(l_prev), 1e-8))
 
 
-def value_pretrain(ctx: RunContext, state: RunState) -> None:
-    """Critic-only steps on rollouts of the frozen policy; publishes a reusable critic."""
+def value_pretrain(ctx: RunContext, maker: ExperienceMaker, plan: StepPlan, state: RunState) -> None:
+    """Critic-only steps (:func:`~vcppo.driver.step.rl_step` under ``plan``, the actor frozen) on
+    rollouts of the policy; publishes a reusable critic."""
     vp = ctx.cfg.value_pretrain
     if ctx.critic_from_cache is not None:
         ctx.log.info(f"value pretraining: reusing the pretrained critic {ctx.critic_from_cache}")
         ctx.log.log({"reused_from": str(ctx.critic_from_cache)}, step=0, phase="value_pretrain_reused")
         return
+    ctx.log.info(plan.describe())
     ctx.log.start_phase("value_pretrain", total=vp.steps, initial=state.pretrain_step)
     stop_reason = "step budget"
     while state.pretrain_step < vp.steps:
         step = state.pretrain_step + 1
-        metrics = pretrain_step(ctx, step)
+        metrics = rl_step(ctx, maker, plan, step)
         state.pretrain_step = step
         state.pretrain_ev.append(metrics["critic/explained_variance"])
         state.pretrain_loss.append(metrics.get("critic/value_loss", float("nan")))
@@ -65,41 +65,6 @@ def value_pretrain(ctx: RunContext, state: RunState) -> None:
             break
     ctx.log.info(f"value pretraining stopped after {state.pretrain_step} steps ({stop_reason})")
     publish_critic(ctx, {"steps": state.pretrain_step, "stop_reason": stop_reason, "run_dir": str(ctx.run_dir)})
-
-
-def pretrain_step(ctx: RunContext, step: int) -> dict:
-    """One critic-only step: sample, value, Monte-Carlo targets, critic update; its metrics."""
-    cfg, timer = ctx.cfg, PhaseTimer()
-    tally = reward_tally(ctx.scorer)
-    with timer("rollout"):
-        batch, sample_metrics = sample_batch(ctx, "pretrain", step)  # + DAPO overlong penalty, if set
-    sample_metrics.update(step_reward_failures(ctx.scorer, tally))
-    ctx.rollout.sleep()  # GPU: hand vLLM's memory to the critic; woken before the next sampling
-    gamma, lam_critic = cfg.algorithm.gamma, cfg.value_pretrain.lambda_critic
-    from_update = old_values_from_update(cfg.critic, lam_critic)
-    if from_update:
-        # Monte-Carlo targets need no values, so the update's own forward gives V_old (exact).
-        batch.returns = returns_to_go(batch.token_rewards, batch.response_mask, gamma)
-        with timer("critic_update"):
-            update = train_critic(ctx, batch, step, lambda_critic=lam_critic)  # fills batch.old_values
-    else:
-        with timer("values"):
-            batch.old_values = ctx.critic.forward_values(batch)
-    with timer("advantages"):
-        # The actor's advantages are computed only as a diagnostic: their position profile shows
-        # the bias the critic would inject.
-        batch.raw_advantages, returns = decoupled_gae(
-            batch.token_rewards, batch.old_values, batch.response_mask, gamma=gamma,
-            lam_actor=cfg.algorithm.lambda_actor, lam_critic=lam_critic)
-    if not from_update:
-        batch.returns = returns
-        with timer("critic_update"):
-            update = train_critic(ctx, batch, step, lambda_critic=lam_critic)
-    ctx.rollout.wake_up()
-    metrics = step_metrics(ctx, batch, timer)
-    metrics.update(update)
-    metrics.update(sample_metrics)
-    return metrics
 
 
 def publish_critic(ctx: RunContext, info: dict) -> None:

@@ -10,7 +10,7 @@ from vcppo.algos.losses import entropy_from_logits
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine, ModelOutputs
 from vcppo.engines.dist import DistInfo, barrier
 from vcppo.engines.packing import pack
-from vcppo.experience import Experience
+from vcppo.experience import Layout
 from vcppo.models.export import save_causal_lm
 from vcppo.schema import EngineConfig
 
@@ -44,7 +44,7 @@ class ActorEngine(DeepSpeedModelEngine):
         m.config.use_cache = False
         return m
 
-    def _forward_outputs(self, micro: Experience, need_entropy: bool) -> ModelOutputs:
+    def _forward_outputs(self, micro: Layout, need_entropy: bool) -> ModelOutputs:
         micro = micro.to(self.dist.device)
         if self.cfg.packed:
             packed = pack(micro)
@@ -62,10 +62,10 @@ class ActorEngine(DeepSpeedModelEngine):
                             entropy=entropy_from_logits(scaled) * micro.response_mask if need_entropy else None)
 
     @torch.no_grad()
-    def forward_logprobs(self, batch: Experience, with_entropy: bool = False):
+    def forward_logprobs(self, batch: Layout, with_entropy: bool = False):
         """(logprobs (B, R), entropy (B, R) or None); zeros at padded response positions."""
         self.engine.eval()
-        def both(micro: Experience):
+        def both(micro: Layout):
             out = self._forward_outputs(micro, with_entropy)
             return out.logprobs, out.entropy
         logprobs, entropy = self.per_token_outputs(batch, both)

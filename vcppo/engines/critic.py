@@ -12,7 +12,7 @@ from vcppo.algos.confidence import confidence_features
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine, ModelOutputs
 from vcppo.engines.dist import DistInfo, barrier
 from vcppo.engines.packing import pack
-from vcppo.experience import Experience
+from vcppo.experience import Rollout
 from vcppo.schema import OptimConfig
 
 CRITIC_INITS = ("policy", "reward_model", "checkpoint")
@@ -33,13 +33,13 @@ class CriticEngine(DeepSpeedModelEngine):
             return ValueModel.from_policy(self.path, dtype=self.dtype, confidence=confidence)
         return ValueModel.from_pretrained(self.path, dtype=self.dtype, confidence=confidence)
 
-    def _confidence_features(self, micro: Experience) -> torch.Tensor | None:
+    def _confidence_features(self, micro: Rollout) -> torch.Tensor | None:
         """(b, R, 3) features of the sampler's logprobs, when the model has a confidence head."""
         if getattr(self.module, "confidence_head", None) is None:
             return None
         if micro.sampler_logprobs is None:
             raise ValueError("critic.confidence_features needs the sampler's logprobs in the batch "
-                             "(Experience.sampler_logprobs)")
+                             "(Rollout.sampler_logprobs)")
         return confidence_features(micro.sampler_logprobs, micro.response_mask)
 
     def _param_groups(self, module: torch.nn.Module) -> list:
@@ -56,7 +56,7 @@ class CriticEngine(DeepSpeedModelEngine):
         groups += [{"params": [p for n, p in named if n.startswith(prefix)], "lr": rate} for prefix, rate in rates.items()]
         return groups
 
-    def _forward_outputs(self, micro: Experience, need_entropy: bool = False) -> ModelOutputs:
+    def _forward_outputs(self, micro: Rollout, need_entropy: bool = False) -> ModelOutputs:
         micro = micro.to(self.dist.device)
         feats = self._confidence_features(micro)  # (b, R, 3) or None
         P, R = micro.prompt_len, micro.responses.shape[1]
@@ -79,7 +79,7 @@ class CriticEngine(DeepSpeedModelEngine):
         return ModelOutputs(values=v * micro.response_mask)
 
     @torch.no_grad()
-    def forward_values(self, batch: Experience) -> torch.Tensor:
+    def forward_values(self, batch: Rollout) -> torch.Tensor:
         """(B, R) values at response positions, zero at pads."""
         self.engine.eval()
         return self.per_token_outputs(batch, lambda micro: (self._forward_outputs(micro).values,))[0]

@@ -35,7 +35,7 @@ import torch
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.packing import sequence_lengths, token_budget_groups, use_packed_attention
-from vcppo.experience import Experience
+from vcppo.experience import Layout
 from vcppo.schema import ConfigError, EngineConfig, OptimConfig
 
 
@@ -62,7 +62,7 @@ def resolve_zero_stage(requested: int | None, world_size: int, checkpoint_dir: s
     """``zero_stage`` null means: the stage of the checkpoint the engine resumes from (its layout
     decides), else 3 on several ranks and 0 on one. On one rank ZeRO only adds work: its
     partitioning hooks gather every parameter before each layer and release it after, for nothing
-    to share (docs/performance.md, "training-side fast paths")."""
+    to share (docs/performance.md, "How fast is a PPO step?")."""
     if requested is not None:
         return int(requested)
     written = checkpoint_zero_stage(checkpoint_dir) if checkpoint_dir else None
@@ -99,7 +99,7 @@ def lr_lambda_factory(warmup_steps: int, total_steps: int, schedule: str, min_lr
 RESPONSE = "response"  # the count mask of every response token
 
 
-def response_counts(minibatch: Experience) -> dict[str, torch.Tensor]:
+def response_counts(minibatch: Layout) -> dict[str, torch.Tensor]:
     """``count_masks`` of a loss that averages over every response token / sequence."""
     return {RESPONSE: minibatch.response_mask}
 
@@ -133,7 +133,7 @@ class GlobalCounts:
 
 @dataclass
 class ModelOutputs:
-    """What an engine's forward pass gives a loss, aligned with ``Experience.responses``.
+    """What an engine's forward pass gives a loss, aligned with ``Layout.responses``.
 
         logprobs (b, R)  log pi(a_t | s_t) of the response tokens (actor)
         entropy  (b, R)  per-token entropy, when the loss asked for it (actor)
@@ -157,9 +157,9 @@ class EngineLoss(Protocol):
     """
     needs_entropy: bool
 
-    def count_masks(self, minibatch: Experience) -> dict[str, torch.Tensor]: ...
+    def count_masks(self, minibatch: Layout) -> dict[str, torch.Tensor]: ...
 
-    def __call__(self, outputs: ModelOutputs, micro: Experience,
+    def __call__(self, outputs: ModelOutputs, micro: Layout,
                  counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, Any]]: ...
 
 
@@ -173,7 +173,7 @@ class NonFiniteError(ConfigError):
     reward), and the CLI prints the one-line reason and exits 2 instead of a traceback."""
 
 
-def nonfinite_inputs(minibatch: Experience) -> bool:
+def nonfinite_inputs(minibatch: Layout) -> bool:
     """Any NaN/inf in the inputs a loss trains on (advantages, value targets, old logprobs/values)."""
     for name in ("advantages", "returns", "old_logprobs", "old_values"):
         t = getattr(minibatch, name, None)
@@ -314,10 +314,10 @@ class DeepSpeedModelEngine:
         if hasattr(target, "config"):
             target.config.use_cache = False
 
-    def _forward_outputs(self, micro: Experience, need_entropy: bool) -> ModelOutputs:
+    def _forward_outputs(self, micro: Layout, need_entropy: bool) -> ModelOutputs:
         raise NotImplementedError
 
-    def micro_batch_rows(self, batch: Experience) -> list[list[int]]:
+    def micro_batch_rows(self, batch: Layout) -> list[list[int]]:
         """Rows of each micro-batch: by the token budget when one is set
         (``max_tokens_per_micro_batch``), else ``micro_batch_size`` rows at a time, in order."""
         if self.cfg.max_tokens_per_micro_batch > 0:
@@ -325,7 +325,7 @@ class DeepSpeedModelEngine:
         size = self.cfg.micro_batch_size or batch.size
         return [list(range(s, min(s + size, batch.size))) for s in range(0, batch.size, size)]
 
-    def micro_batches(self, batch: Experience) -> list[Experience]:
+    def micro_batches(self, batch: Layout) -> list[Layout]:
         rows = self.micro_batch_rows(batch)
         return [batch] if len(rows) == 1 else [batch.select(r) for r in rows]
 
@@ -338,7 +338,7 @@ class DeepSpeedModelEngine:
             return n_local
         return int(D.all_reduce_max(torch.tensor([n_local], dtype=torch.long, device=self.dist.device)).item())
 
-    def per_token_outputs(self, batch: Experience, fn) -> list[torch.Tensor | None]:
+    def per_token_outputs(self, batch: Layout, fn) -> list[torch.Tensor | None]:
         """``fn(micro) -> tuple of (b, R) tensors`` over the micro-batches, stitched back into
         (B, R) tensors in the batch's row order (a token budget reorders rows)."""
         groups = self.micro_batch_rows(batch)
@@ -349,7 +349,7 @@ class DeepSpeedModelEngine:
         return stitch_rows(groups, results)
 
     # --- training --------------------------------------------------------------------------
-    def train_step(self, minibatch: Experience, loss: EngineLoss) -> dict:
+    def train_step(self, minibatch: Layout, loss: EngineLoss) -> dict:
         """ONE optimizer step over this rank's share of a mini-batch (see the module docstring)."""
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (built with train=False)")

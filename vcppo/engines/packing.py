@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vcppo.experience import Experience
+from vcppo.experience import Layout
 
 
 @dataclass
@@ -56,7 +56,7 @@ class PackedBatch:
         return out
 
 
-def pack(micro: Experience) -> PackedBatch:
+def pack(micro: Layout) -> PackedBatch:
     """The packed form of a padded micro-batch (real tokens in row-major order)."""
     real = micro.attention_mask.bool()
     # packed index of every padded (row, column); meaningful at real tokens only
@@ -69,7 +69,7 @@ def pack(micro: Experience) -> PackedBatch:
                        predict_index=predict_index, rows=rows, cols=cols, shape=(micro.size, R))
 
 
-def sequence_lengths(batch: Experience) -> torch.Tensor:
+def sequence_lengths(batch: Layout) -> torch.Tensor:
     """(B,) real tokens (prompt + response) per sequence: what a packed pass costs."""
     return batch.attention_mask.sum(-1)
 
@@ -183,7 +183,7 @@ def varlen_sdpa_attention(module, query: torch.Tensor, key: torch.Tensor, value:
         index = (starts[group].unsqueeze(1) + cols).clamp(max=T - 1)  # (g, n) packed positions
         g, flat = len(group), index.reshape(-1)
         # index_select, not advanced indexing: its backward is index_add_, where x[index]'s is an
-        # accumulating index_put_ (~0.9 ms a call on CPU, 8% of a demo-model PPO step, #16). Same
+        # accumulating index_put_ (~0.9 ms a call on CPU, 8% of a demo-model PPO step). Same
         # sums: a filler position's slot only ever receives exact zeros from the other sequences.
         gather = lambda x: x[0].index_select(1, flat).unflatten(1, (g, n)).transpose(0, 1)  # noqa: E731
         out = F.scaled_dot_product_attention(gather(query), gather(key), gather(value), is_causal=True,

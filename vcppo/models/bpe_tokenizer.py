@@ -1,4 +1,4 @@
-"""A byte-level BPE tokenizer trained locally on task data, shaped like Qwen2.5's (#15).
+"""A byte-level BPE tokenizer trained locally on task data, shaped like Qwen2.5's.
 
 Real checkpoints (Qwen2.5 and most of what verl users train) use a byte-level BPE: the text is
 split with Qwen2's pre-tokenisation regex, mapped to byte symbols, and merged. Unlike vcppo's

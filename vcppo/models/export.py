@@ -1,5 +1,5 @@
 """Writing a trained policy as a Hugging Face causal-LM directory that vLLM and ``transformers``
-load as they load the checkpoint it started from (#15).
+load as they load the checkpoint it started from.
 
 ``save_causal_lm(state, src, out)`` is what the actor's export (``ActorEngine.export_hf``: the
 final policy of a run, ``<run>/final/actor``, and the SFT output) writes on the main rank:

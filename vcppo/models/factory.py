@@ -35,7 +35,7 @@ SIZES: dict[str, ModelSize] = {
     # ~0.5M: unit / integration tests.
     "tiny": ModelSize(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, intermediate_size=512),
-    # ~1.9M: the CPU demo. Measured on the 2-core machine (2026-11-30): this size learns the default
+    # ~1.9M: the CPU demo. Measured on the 2-core CPU machine: this size learns the default
     # addition task from scratch to 100% greedy val accuracy in ~600 SFT steps (6 min, batch 32),
     # while a 9.6M model (hidden 384, 6 layers) ran 3 s/step and was still at 0% after 100 steps;
     # on 2 CPU cores the step budget, not capacity, decides.

@@ -1,5 +1,6 @@
 """Per-row reward routing: a row's ``data_source`` picks its reward function, and the row's
-reward-info fields (``data_source``, ``extra_info``, ...) reach it as keyword arguments (#15).
+reward-info fields (``data_source``, ``extra_info``, ...) reach it as keyword arguments, as
+verl's reward functions expect.
 
 ``GroundTruth`` is the answer of one prompt row carrying that row's reward info. The data loader
 hands it out as ``row["answer"]``, so every caller that passes ``row["answer"]`` to the scorer

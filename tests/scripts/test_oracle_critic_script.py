@@ -9,7 +9,7 @@ import torch
 from vcppo.data.tasks import add_prompt, add_solution
 
 spec = importlib.util.spec_from_file_location("oracle_critic_rl",
-                                              Path(__file__).parents[1] / "scripts" / "oracle_critic_rl.py")
+                                              Path(__file__).parents[2] / "scripts" / "oracle_critic_rl.py")
 oracle = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(oracle)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 spec = importlib.util.spec_from_file_location("critic_headroom",
-                                              Path(__file__).parents[1] / "scripts" / "critic_headroom.py")
+                                              Path(__file__).parents[2] / "scripts" / "critic_headroom.py")
 headroom = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(headroom)
 

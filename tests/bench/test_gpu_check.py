@@ -13,7 +13,7 @@ from vcppo.bench.mismatch import _parse as parse_mismatch_args
 from vcppo.config import load_config
 from vcppo.tracking import MetricsLogger
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "launch/gpu_check.sh"
 
 

@@ -20,13 +20,13 @@ from pathlib import Path
 from vcppo.algos.losses import aggregate_loss
 from vcppo.config import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
-from vcppo.driver.evaluate import evaluate
+from vcppo.driver.validation import evaluate
 from vcppo.driver.sampling import rank_slice
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.deepspeed_engine import RESPONSE, GlobalCounts, ModelOutputs, response_counts
 from vcppo.engines.rollout import RolloutEngine
-from vcppo.experience import Experience, make_experience
+from vcppo.experience import Layout, make_layout
 from vcppo.schema import Config
 
 
@@ -36,7 +36,7 @@ class ResponseNLL:
 
     count_masks = staticmethod(response_counts)
 
-    def __call__(self, outputs: ModelOutputs, micro: Experience, counts: GlobalCounts):
+    def __call__(self, outputs: ModelOutputs, micro: Layout, counts: GlobalCounts):
         mask = micro.response_mask
         nll = aggregate_loss(-outputs.logprobs, mask, "token-mean", global_token_count=counts.tokens[RESPONSE])
         return nll, {"sft/nll_token": (-(outputs.logprobs * mask).sum() / mask.sum().clamp(min=1)).detach()}
@@ -66,7 +66,7 @@ def target_shortfall(summary: dict, target_accuracy: float) -> str | None:
     None. A checkpoint left below the target by the schedule or the time cap can sit on a plateau
     where one skill of the task (on `add`: reading one digit of the prompt) is missing entirely;
     RL's 1-bit rewards then only reinforce lucky guesses and do not improve it (docs/results.md,
-    "RL from SFT checkpoints of five trajectories")."""
+    "How robust is the demo")."""
     accuracy = summary.get("val/pass@1_greedy")
     if not target_accuracy or accuracy is None or accuracy >= target_accuracy:
         return None
@@ -113,7 +113,7 @@ def run_sft(cfg: Config) -> dict:
     for step in range(1, s.steps + 1):
         _, mine = rank_slice(stream.next_batch(s.batch_size), dist.rank, dist.world_size)
         responses = [tok.encode(r[s.solution_field], add_special_tokens=False) + [tok.eos_token_id] for r in mine]
-        batch = make_experience([r["prompt_ids"] for r in mine], responses, pad_id=pad_token_id(tok),
+        batch = make_layout([r["prompt_ids"] for r in mine], responses, pad_id=pad_token_id(tok),
                                 device=dist.device)
         t0 = time.perf_counter()
         m = actor.train_step(batch, ResponseNLL())

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import ENV
 from vcppo.tracking import read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def tiny_run_args(art: Path, out: Path) -> list[str]:

@@ -17,17 +17,17 @@ import torch
 
 from vcppo.config import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
-from vcppo.driver.sampling import collect_experience, rollout_share
+from vcppo.driver.sampling import collect_rollout, rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.critic import CriticEngine
 from vcppo.engines.deepspeed_engine import RESPONSE, GlobalCounts, ModelOutputs, response_counts
 from vcppo.engines.dist import DistInfo, gather_cat
 from vcppo.engines.rollout import RolloutEngine
-from vcppo.experience import Experience
+from vcppo.experience import Rollout
 from vcppo.schema import Config
 
 
-def labels_of(batch: Experience) -> torch.Tensor:
+def labels_of(batch: Rollout) -> torch.Tensor:
     """(B,) +1 for a verified-correct response, -1 otherwise."""
     return torch.where(batch.correct > 0, 1.0, -1.0)
 
@@ -46,7 +46,7 @@ class FinalTokenMSE:
 
     count_masks = staticmethod(response_counts)
 
-    def __call__(self, outputs: ModelOutputs, micro: Experience, counts: GlobalCounts):
+    def __call__(self, outputs: ModelOutputs, micro: Rollout, counts: GlobalCounts):
         label = labels_of(micro)
         weight = torch.where(label > 0, 0.5 / self.positive_rate, 0.5 / (1 - self.positive_rate))
         last = final_token_values(outputs.values, micro.response_mask)
@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def sample_splits(cfg: Config, dist: DistInfo) -> dict[str, Experience]:
+def sample_splits(cfg: Config, dist: DistInfo) -> dict[str, Rollout]:
     """Responses of the policy to the training prompts, scored: this rank's share of a "train" and
     a "heldout" split (held out by prompt, not by sample)."""
     from transformers import AutoTokenizer
@@ -84,7 +84,7 @@ def sample_splits(cfg: Config, dist: DistInfo) -> dict[str, Experience]:
     data = {}
     for name, split_rows in (("train", rows[n_held:]), ("heldout", rows[:n_held])):
         sampled, kept = rollout_share(len(split_rows), dist, cfg.rollout.tensor_parallel_size)
-        data[name] = collect_experience(split_rows[sampled.start:sampled.stop], first_index=sampled.start,
+        data[name] = collect_rollout(split_rows[sampled.start:sampled.stop], first_index=sampled.start,
                                         keep=kept, rollout=rollout, scorer=scorer, pad_id=pad_token_id(tok),
                                         device=dist.device, sampling=cfg.rollout, n=r.samples_per_prompt,
                                         seed=seed * 1000 + rollout.replica + (7 if name == "heldout" else 0))

@@ -1,4 +1,4 @@
-"""`vcppo eval MODEL_DIR DATA` (#15, item 3): any Hugging Face causal-LM directory, any prompt file
+"""`vcppo eval MODEL_DIR DATA`: any Hugging Face causal-LM directory, any prompt file
 of the supported formats (plain parquet / jsonl with prompt and answer, verl-format parquet / jsonl
 with chat-message prompts and reward_model.ground_truth); the config form keeps working; a missing
 directory or file, a directory that is not a causal LM, an unsupported format is one line naming it.
@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import vcppo
 from vcppo.cli import main
-from vcppo.driver import evaluate
+from vcppo.commands import evaluate
 from vcppo.engines.rollout import RolloutSample
 
 

@@ -1,0 +1,41 @@
+"""`vcppo report` on run directories with a known metrics.jsonl: the page, its table and one PNG per
+plot the records allow. Fast: matplotlib only, no engine (the demo's end-to-end test also writes a
+report from a real run)."""
+import json
+
+from vcppo.report import main, run_summary
+
+
+def _write_run(run, n_pre=3, n_ppo=5):
+    run.mkdir(parents=True)
+    records = [{"phase": "value_pretrain", "step": s, "critic/value_loss": 1.0 / s,
+                "critic/explained_variance": 0.1 * s, "adv/position_profile": [0.2, 0.1, None],
+                "adv/position_edges": [0, 10, 20, 30]} for s in range(1, n_pre + 1)]
+    records += [{"phase": "ppo", "step": s, "response/length_mean": 100.0 + s, "reward/accuracy": 0.1 * s,
+                 "reward/mean": -1 + 0.2 * s, "critic/explained_variance": 0.05 * s,
+                 "adv/position_corr": -0.5 + 0.1 * s} for s in range(1, n_ppo + 1)]
+    records += [{"phase": "val", "step": s, "val/pass@1_greedy": 0.3 + 0.1 * (s // 5)} for s in (0, 5)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_report_of_one_run_writes_its_plots_and_table(tmp_path, capsys):
+    run = tmp_path / "vcppo-seed0"
+    _write_run(run)
+    assert main([str(run), "--title", "unit"]) == 0
+    out = run / "report"
+    page = (out / "report.md").read_text()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert {"response_length.png", "accuracy.png", "validation.png", "value_pretraining.png",
+            "advantage_profile.png"} <= set(pngs)
+    assert all((out / p).stat().st_size > 1000 for p in pngs)  # real images, not empty files
+    assert page.startswith("# unit") and all(f"({p})" in page for p in pngs)
+    assert "vcppo-seed0" in page
+    s = run_summary(run)
+    assert (s["ppo_steps"], s["pretrain_steps"]) == (5, 3)
+    assert s["length_start"] == 101.0 and s["length_end"] == 105.0  # first / last fifth of 5 steps
+    assert s["start_pass@1_greedy"] == 0.3 and s["final_pass@1_greedy"] == 0.4
+
+
+def test_report_of_a_directory_without_metrics_is_one_line_exit_2(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    assert "has no metrics.jsonl" in capsys.readouterr().out

@@ -1,0 +1,153 @@
+"""Making a step's experience: prompts -> vLLM samples -> scored :class:`~vcppo.experience.Rollout`.
+
+:class:`ExperienceMaker` owns everything between the prompt stream and a scored batch: the
+sampling seeds, this rank's share of the prompts, DAPO's dynamic sampling (arXiv 2503.14476,
+sec. 3.2) and soft overlong punishment (sec. 3.4), and balancing tokens across ranks. The math is
+in :mod:`vcppo.algos.dapo`; overlong *filtering* is a loss mask (:class:`vcppo.driver.update.PolicyLoss`).
+
+Dynamic sampling, SPMD: every rank runs the same rounds. In a round each rank samples its usual
+share of ``trainer.prompts_per_step`` fresh prompts (a prompt's samples never straddle ranks, so
+a rank can judge its own groups) and keeps the groups whose rewards differ. Rounds continue while
+ANY rank has fewer kept groups than its share of the first round (an all-reduced decision, so all
+ranks make the same number of rounds, read the same prompt stream and enter the same
+collectives), up to ``trainer.dynamic_sampling_max_tries``. Each rank then keeps its first
+``share`` informative groups, topped up with dropped groups if the rounds ran out: every rank ends
+with as many groups as its own prompt share. With ``trainer.balance_batch`` the final batch is
+then balanced across ranks once (whole groups move by real tokens).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import torch
+
+from vcppo.algos.dapo import informative_groups, overlong_penalty
+from vcppo.data.dataset import PromptStream
+from vcppo.driver.context import RunContext
+from vcppo.driver.guards import reward_tally, step_reward_failures
+from vcppo.driver.plan import StepPlan
+from vcppo.driver.sampling import balance_across_ranks, collect_rollout, rollout_share
+from vcppo.engines import dist as D
+from vcppo.engines.dist import DistInfo
+from vcppo.engines.rollout import RolloutEngine
+from vcppo.experience import Rollout, compact, concat_batches
+from vcppo.rewards.verifier import RewardScorer
+from vcppo.schema import Config
+
+
+def sample_seed(seed: int, phase: str, step: int, replica: int) -> int:
+    """Sampling seed of one step of a phase on one rollout group: reproducible (resume gives the
+    same samples), different across phases, steps and rollout groups."""
+    key = f"{seed}/{phase}/{step}/{replica}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+
+
+def num_groups(batch: Rollout) -> int:
+    return int(torch.unique(batch.group).numel())
+
+
+def first_groups(batch: Rollout, k: int) -> Rollout | None:
+    """The samples of the ``k`` groups with the smallest ids (= the earliest sampled); None if k = 0."""
+    if k <= 0 or batch.size == 0:
+        return None
+    _, rank_of = torch.unique(batch.group, return_inverse=True)  # sorted ids: 0 = smallest
+    return batch.select((rank_of < k).nonzero().flatten())
+
+
+def apply_overlong_penalty(batch: Rollout, cfg: Config) -> tuple[Rollout, dict]:
+    """``batch`` with DAPO's soft overlong punishment added to its scores and to the reward on the
+    last token, and its metrics; unchanged when ``reward.overlong_buffer_tokens`` is 0."""
+    buffer = cfg.reward.overlong_buffer_tokens
+    if not buffer:
+        return batch, {}
+    lengths = batch.response_mask.sum(1)
+    penalty = overlong_penalty(lengths, cfg.rollout.max_response_tokens, buffer, cfg.reward.overlong_penalty)
+    rows = torch.arange(batch.size, device=lengths.device)
+    token_rewards = batch.token_rewards.clone()
+    token_rewards[rows, (lengths.long() - 1).clamp(min=0)] += penalty
+    n = D.global_sum(float(batch.size))
+    metrics = {"reward/overlong_penalty_mean": D.global_sum(penalty.sum()) / max(n, 1.0),
+               "reward/overlong_penalised_frac": D.global_sum((penalty < 0).sum()) / max(n, 1.0)}
+    return dataclasses.replace(batch, scores=batch.scores + penalty, token_rewards=token_rewards), metrics
+
+
+class ExperienceMaker:
+    """This rank's scored samples of each step (SPMD: every rank calls :meth:`make` in step).
+
+    ``logprobs``: ask vLLM for the sampled tokens' logprobs (the step plan's ``sampler_logprobs``).
+    """
+
+    def __init__(self, cfg: Config, dist: DistInfo, prompts: PromptStream, rollout: RolloutEngine,
+                 scorer: RewardScorer, pad_id: int, logprobs: bool):
+        self.cfg, self.dist, self.prompts = cfg, dist, prompts
+        self.rollout, self.scorer, self.pad_id, self.logprobs = rollout, scorer, pad_id, logprobs
+
+    @classmethod
+    def for_run(cls, ctx: RunContext, plan: StepPlan) -> "ExperienceMaker":
+        """The maker of a run: its prompt stream, vLLM engine and scorer."""
+        return cls(ctx.cfg, ctx.dist, ctx.prompts, ctx.rollout, ctx.scorer, ctx.pad_id, logprobs=plan.sampler_logprobs)
+
+    def seed(self, phase: str, step: int) -> int:
+        return sample_seed(self.cfg.trainer.seed, phase, step, self.rollout.replica)
+
+    def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
+        """The step's scored batch on this rank and its sampling metrics: dynamic sampling in the
+        PPO phase when ``trainer.dynamic_sampling`` is on, then the soft overlong punishment (both
+        phases: the critic learns the reward PPO optimises)."""
+        tally = reward_tally(self.scorer)
+        metrics: dict = {}
+        if phase == "ppo" and self.cfg.trainer.dynamic_sampling:
+            batch, metrics = self.dynamic_sample(phase, step)
+        else:
+            batch = self.sample_round(phase, step)
+        batch, overlong = apply_overlong_penalty(batch, self.cfg)
+        metrics.update(overlong)
+        metrics.update(step_reward_failures(self.scorer, tally))
+        return batch, metrics
+
+    def sample_round(self, phase: str, step: int, balance: bool = True) -> Rollout:
+        """The next ``trainer.prompts_per_step`` prompts (this rank's share), sampled and scored;
+        with ``balance`` (and ``trainer.balance_batch``) whole groups then move between ranks to
+        even out their tokens."""
+        rows = self.prompts.next_batch(self.cfg.trainer.prompts_per_step)
+        sampled, kept = rollout_share(len(rows), self.dist, self.cfg.rollout.tensor_parallel_size)
+        batch = collect_rollout(rows[sampled.start:sampled.stop], first_index=sampled.start, keep=kept,
+                                rollout=self.rollout, scorer=self.scorer, pad_id=self.pad_id,
+                                device=self.dist.device, sampling=self.cfg.rollout,
+                                seed=self.seed(phase, step), logprobs=self.logprobs)
+        return balance_across_ranks(batch, self.dist) if balance and self.cfg.trainer.balance_batch else batch
+
+    def dynamic_sample(self, phase: str, step: int) -> tuple[Rollout, dict]:
+        """DAPO dynamic sampling (sec. 3.2), see the module docstring."""
+        tr = self.cfg.trainer
+        kept, spare = [], []
+        n_kept, share, tries = 0, None, 0
+        while True:
+            # Round 0 is exactly the batch the step samples without dynamic sampling (same seed).
+            batch = self.sample_round(phase if tries == 0 else f"{phase}/retry{tries}", step, balance=False)
+            # Group ids are the prompt's index within its round (< prompts_per_step): keep them unique.
+            batch = dataclasses.replace(batch, group=batch.group + tries * tr.prompts_per_step)
+            share = num_groups(batch) if share is None else share
+            informative = informative_groups(batch.scores, batch.group)
+            if bool(informative.any()):
+                kept.append(batch.select(informative.nonzero().flatten()))
+                n_kept += num_groups(kept[-1])
+            if not bool(informative.all()):
+                spare.append(batch.select((~informative).nonzero().flatten()))
+            tries += 1
+            short = torch.tensor([float(max(share - n_kept, 0))], device=D.comm_device())
+            if float(D.all_reduce_max(short).item()) == 0.0 or tries >= tr.dynamic_sampling_max_tries:
+                break
+        parts = [first_groups(concat_batches(kept), share) if kept else None]
+        missing = max(share - n_kept, 0)
+        if missing:
+            parts.append(first_groups(concat_batches(spare), missing))
+        out = compact(concat_batches([p for p in parts if p is not None]))
+        if tr.balance_batch:  # once, on the final batch (each round's own balance would be undone)
+            out = balance_across_ranks(out, self.dist)
+        dropped = sum(num_groups(b) for b in spare)
+        return out, {"dynamic_sampling/tries": float(tries),
+                     "dynamic_sampling/dropped_groups": D.global_sum(dropped),
+                     "dynamic_sampling/sampled_groups": D.global_sum(dropped + n_kept),
+                     "dynamic_sampling/filled_groups": D.global_sum(missing)}

@@ -1,0 +1,123 @@
+"""The step plan: where one RL step takes pi_old, V_old and the entropy from, decided once per run.
+
+PPO's ratio needs pi_old, the log-probabilities of the weights that sampled; the clipped value
+loss needs V_old. A step can take each from a separate forward pass before the updates, or, when
+the update makes ONE optimizer step (one epoch of one mini-batch), from the update's own forward:
+that forward runs on the weights of before the step, so its detached outputs ARE pi_old / V_old
+(the ratio is exactly 1 at that step). Two caveats decide the rest:
+
+* V_old from the critic's update is only usable when the value targets need no values: with
+  lambda_critic = 1 they are the discounted returns-to-go (GAE telescopes), so the critic trains
+  first and the actor's advantages follow from the values its forward kept.
+* pi_old from the actor's update is unusable when the KL penalty is folded into the reward: the
+  advantages need pi_old before the actor trains. Then it comes from a pass, or from the sampler
+  (``algorithm.old_logprobs_from_sampler``: one pass less, trusted by config).
+
+Value pretraining (VC-PPO sec. 4.1) is the same step with the actor frozen: no pi_old, no actor
+update, no weight sync, and its own lambda_critic (``value_pretrain.lambda_critic``).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from vcppo.config import logprob_users
+from vcppo.engines.deepspeed_engine import resolve_dtype
+from vcppo.schema import Config, OptimConfig
+
+
+class Source(enum.Enum):
+    """Where a step takes a per-token quantity from."""
+    PASS = "a forward pass before the updates"
+    UPDATE = "the update's own forward (one optimizer step: exact)"
+    SAMPLER = "the sampler's logprobs"
+    NONE = "not needed"
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How one step of a phase runs; built by :func:`ppo_plan` / :func:`pretrain_plan`.
+
+    ``pi_old`` / ``v_old`` / ``entropy``: their :class:`Source`.
+    ``critic_first``: the critic trains before the advantages exist (V_old from its update).
+    ``kl_in_reward``: the reference policy's KL penalty is subtracted from the per-token reward.
+    ``actor_trains``: False in value pretraining (the policy is frozen; the actor's advantages
+    are then only the position-profile diagnostic, at the plain ``lambda_actor``, not whitened).
+    ``lambda_critic``: the lambda of the critic's targets.
+    ``sampler_logprobs``: the rollout asks vLLM for the sampled tokens' logprobs.
+    """
+    phase: str
+    pi_old: Source
+    v_old: Source
+    entropy: Source
+    critic_first: bool
+    kl_in_reward: bool
+    actor_trains: bool
+    lambda_critic: float
+    sampler_logprobs: bool
+
+    def describe(self) -> str:
+        """One line for the run's log."""
+        order = "critic update, then advantages" if self.critic_first else "advantages, then critic update"
+        if self.v_old is Source.NONE:
+            order = "no critic"
+        return (f"{self.phase} step plan: pi_old from {self.pi_old.value}; V_old from {self.v_old.value}; "
+                f"entropy from {self.entropy.value}; {order}; KL penalty in the reward: "
+                f"{'yes' if self.kl_in_reward else 'no'}; actor trains: {'yes' if self.actor_trains else 'no'}; "
+                f"lambda_critic {self.lambda_critic}; sampler logprobs: {'yes' if self.sampler_logprobs else 'no'}")
+
+
+def one_optimizer_step(optim: OptimConfig) -> bool:
+    """One epoch of one mini-batch: the update's forward runs on the weights of before the step."""
+    return optim.ppo_epochs == 1 and optim.ppo_mini_batches == 1
+
+
+def wants_sampler_logprobs(cfg: Config, device: torch.device) -> bool:
+    """Whether a training step asks vLLM for the sampled tokens' logprobs (``rollout.sampler_logprobs``).
+    null (auto): when a config key uses them, or when the sampler runs in bf16 / fp16
+    (``model.dtype``), where sampler and trainer differ enough for the mismatch/* metrics to
+    matter; in fp32 they agree to ~1e-7 and the metrics are not worth the share of a CPU rollout
+    that vLLM's per-token logprob output costs (docs/performance.md)."""
+    if cfg.rollout.sampler_logprobs is not None:
+        return cfg.rollout.sampler_logprobs
+    return bool(logprob_users(cfg)) or resolve_dtype(cfg.model.dtype, device) != torch.float32
+
+
+def _v_old(cfg: Config, lambda_critic: float) -> Source:
+    if cfg.algorithm.advantage_estimator != "gae":
+        return Source.NONE  # GRPO: no critic
+    if one_optimizer_step(cfg.critic) and lambda_critic == 1.0:
+        return Source.UPDATE
+    return Source.PASS
+
+
+def ppo_plan(cfg: Config, device: torch.device) -> StepPlan:
+    """The PPO phase's plan (every preset: VC-PPO, PPO, GRPO, VAPO)."""
+    kl_in_reward = cfg.algorithm.kl_coef > 0
+    one_step = one_optimizer_step(cfg.actor)
+    if one_step and not kl_in_reward:
+        pi_old = Source.UPDATE
+    elif cfg.algorithm.old_logprobs_from_sampler:
+        pi_old = Source.SAMPLER  # the TIS weights are then 1
+    else:
+        pi_old = Source.PASS
+    if pi_old is Source.PASS:
+        entropy = Source.PASS
+    else:
+        entropy = Source.UPDATE if one_step else Source.NONE
+    v_old = _v_old(cfg, cfg.algorithm.lambda_critic)
+    return StepPlan(phase="ppo", pi_old=pi_old, v_old=v_old, entropy=entropy,
+                    critic_first=v_old is Source.UPDATE, kl_in_reward=kl_in_reward, actor_trains=True,
+                    lambda_critic=cfg.algorithm.lambda_critic,
+                    sampler_logprobs=wants_sampler_logprobs(cfg, device))
+
+
+def pretrain_plan(cfg: Config, device: torch.device) -> StepPlan:
+    """Value pretraining's plan: the PPO step with the actor frozen and Monte-Carlo targets."""
+    lam = cfg.value_pretrain.lambda_critic
+    v_old = _v_old(cfg, lam)
+    return StepPlan(phase="pretrain", pi_old=Source.NONE, v_old=v_old, entropy=Source.NONE,
+                    critic_first=v_old is Source.UPDATE, kl_in_reward=False, actor_trains=False,
+                    lambda_critic=lam, sampler_logprobs=wants_sampler_logprobs(cfg, device))

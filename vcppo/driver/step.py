@@ -1,0 +1,97 @@
+"""One RL step, as the algorithm reads (docs/architecture.md), for PPO and value pretraining alike.
+
+    1. sample and score              prompts -> vLLM (n per prompt) -> verifier reward
+    2. the current models            pi_old, entropy, V_old from passes (where the plan says), KL
+    3. rewards                       the outcome reward on the last token, minus the KL penalty
+    4. critic first (plan shortcut)  lambda_critic = 1: targets need no values; V_old from the update
+    5. advantages                    Decoupled-GAE: lambda_actor for the actor, lambda_critic targets
+    6. critic update                 (when it did not train first)
+    7. actor update                  clipped surrogate; pi_old from the update where the plan says
+    8. weight sync                   the actor's new weights into vLLM
+    9. metrics                       the collapse diagnostics over the global batch
+
+The :class:`~vcppo.driver.plan.StepPlan` decides, once per run, which passes run and in which
+order; value pretraining (VC-PPO sec. 4.1) is this step with the actor frozen (steps 7-8 skipped).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from vcppo.algos.losses import kl_penalty
+from vcppo.driver.advantages import estimate, returns_to_go
+from vcppo.driver.context import RunContext
+from vcppo.driver.experience_maker import ExperienceMaker
+from vcppo.driver.metrics import PhaseTimer, step_metrics
+from vcppo.driver.plan import Source, StepPlan
+from vcppo.driver.update import update_actor, update_critic
+from vcppo.experience import ActorBatch, BeforeUpdate, CriticBatch, Rollout
+
+
+def current_models(ctx: RunContext, plan: StepPlan, rollout: Rollout, timer: PhaseTimer) -> BeforeUpdate:
+    """Step 2: what the plan takes from passes before the updates (or from the sampler)."""
+    out = BeforeUpdate()
+    if plan.pi_old is Source.SAMPLER:
+        out.old_logprobs = rollout.sampler_logprobs  # trusted by config; TIS weights are then 1
+    elif plan.pi_old is Source.PASS:
+        with timer("old_logprobs"):
+            out.old_logprobs, out.entropy = ctx.actor.forward_logprobs(rollout, with_entropy=True)
+    if plan.kl_in_reward:
+        with timer("ref_logprobs"):
+            ref_logprobs, _ = ctx.reference.forward_logprobs(rollout)
+        out.kl = kl_penalty(out.old_logprobs, ref_logprobs, ctx.cfg.algorithm.kl_estimator) * rollout.response_mask
+    if plan.v_old is Source.PASS:
+        with timer("values"):
+            out.old_values = ctx.critic.forward_values(rollout)
+    return out
+
+
+def rl_step(ctx: RunContext, maker: ExperienceMaker, plan: StepPlan, step: int) -> dict:
+    """One step of ``plan.phase``; its metrics."""
+    alg, timer = ctx.cfg.algorithm, PhaseTimer()
+    # 1. Sample and score (+ DAPO dynamic sampling and overlong shaping).
+    with timer("rollout"):
+        rollout, sample_metrics = maker.make(plan.phase, step)
+    ctx.rollout.sleep()  # GPU: hand vLLM's memory to training; no-op on CPU
+    # 2. The current models.
+    models = current_models(ctx, plan, rollout, timer)
+    # 3. Rewards: the KL penalty folded into the per-token reward (PPO-RLHF; the paper uses kl_coef 0).
+    rewards = rollout.token_rewards - alg.kl_coef * models.kl if plan.kl_in_reward else rollout.token_rewards
+    update_metrics: dict = {}
+    # 4. Critic first: Monte-Carlo targets (GAE telescopes at lambda = 1) need no values.
+    if plan.critic_first:
+        returns = returns_to_go(rewards, rollout.response_mask, alg.gamma)
+        with timer("critic_update"):
+            critic = update_critic(ctx, plan, CriticBatch(**vars(rollout), returns=returns), step)
+        models.old_values = critic.values
+        update_metrics.update(critic.metrics)
+    # 5. Advantages (the actor's; in value pretraining only the diagnostic).
+    with timer("advantages"):
+        adv = estimate(rollout, rewards, models.old_values, alg, plan.lambda_critic, for_update=plan.actor_trains)
+    if plan.critic_first:
+        adv = dataclasses.replace(adv, returns=returns)  # what the critic trained on
+    # 6. Critic update.
+    elif plan.v_old is Source.PASS:
+        with timer("critic_update"):
+            batch = CriticBatch(**vars(rollout), returns=adv.returns, old_values=models.old_values)
+            update_metrics.update(update_critic(ctx, plan, batch, step).metrics)
+    # 7. Actor update.
+    if plan.actor_trains:
+        with timer("actor_update"):
+            actor = update_actor(ctx, plan, ActorBatch(**vars(rollout), advantages=adv.advantages,
+                                                      old_logprobs=models.old_logprobs), step)
+        update_metrics.update(actor.metrics)
+        if plan.pi_old is Source.UPDATE:
+            models.old_logprobs = actor.logprobs
+        if plan.entropy is Source.UPDATE:
+            models.entropy = actor.entropy
+    ctx.rollout.wake_up()
+    # 8. Weight sync.
+    if plan.actor_trains:
+        with timer("weight_sync"):
+            ctx.sync_weights()
+    # 9. Metrics.
+    metrics = step_metrics(ctx, plan, rollout, models, adv, timer)
+    metrics.update(update_metrics)
+    metrics.update(sample_metrics)
+    return metrics
+

@@ -1,0 +1,69 @@
+"""Greedy pass@1 and sampled unbiased pass@k of the rollout engine's policy on a prompt split:
+validation inside training, the SFT command's stopping rule, and `vcppo eval`."""
+from __future__ import annotations
+
+import numpy as np
+
+from vcppo.algos.stats import pass_at_k
+from vcppo.driver.sampling import rollout_share
+from vcppo.engines import dist as D
+from vcppo.engines.dist import DistInfo
+from vcppo.engines.rollout import RolloutEngine
+from vcppo.rewards.verifier import RewardScorer
+from vcppo.schema import RolloutConfig
+
+
+def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sampling: RolloutConfig,
+                   n_samples: int, ks: list[int], seed: int, greedy: bool, keep: range) -> dict:
+    """Metrics of the rows in ``keep`` (indices into ``mine``, the rows this rank's rollout group
+    samples: the whole group sends the same requests, each rank keeps its part)."""
+    part = {"greedy_correct": [], "greedy_lengths": [], "n_correct": [], "sampled_lengths": []}
+    if not mine:
+        return part
+    ids = [r["prompt_ids"] for r in mine]
+    stop, max_tokens = sampling.stop or None, sampling.max_response_tokens
+
+    def generate(**kw):
+        out = rollout.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=False, **kw)
+        return [s for s in out if s.prompt_index in keep]
+
+    def judge(samples):
+        return scorer.judge([s.text for s in samples], [mine[s.prompt_index]["answer"] for s in samples],
+                            [s.finish_reason for s in samples])[1]
+    if greedy:
+        out = generate(n=1, temperature=0.0, top_p=1.0, seed=seed)
+        part["greedy_correct"] = [float(x) for x in judge(out)]
+        part["greedy_lengths"] = [len(s.response_ids) for s in out]
+    if n_samples > 0 and ks:
+        out = generate(n=n_samples, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed + 1)
+        counts = [0] * len(mine)
+        for s, ok in zip(out, judge(out)):
+            counts[s.prompt_index] += int(ok)
+        part["n_correct"] = [counts[i] for i in keep]
+        part["sampled_lengths"] = [len(s.response_ids) for s in out]
+    return part
+
+
+def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, dist: DistInfo,
+             sampling: RolloutConfig, n_samples: int, ks: list[int], seed: int = 0, greedy: bool = True) -> dict:
+    """Each rank evaluates its slice of ``rows`` ({"prompt_ids", "answer"}); results are merged.
+
+    Returns ``val/pass@1_greedy`` (temperature 0), ``val/pass@k`` for each k (unbiased estimator
+    over ``n_samples`` samples at ``sampling.temperature``), and mean response lengths.
+    """
+    sampled, kept = rollout_share(len(rows), dist, sampling.tensor_parallel_size)
+    part = _score_on_rank(rollout, rows[sampled.start:sampled.stop], scorer, sampling, n_samples, ks, seed, greedy,
+                          keep=kept)
+    merged = {k: [] for k in part}
+    for p in D.all_gather_object(part):
+        for k, v in p.items():
+            merged[k] += v
+    res = {"val/num_prompts": float(len(rows))}
+    if greedy:
+        res["val/pass@1_greedy"] = float(np.mean(merged["greedy_correct"]))
+        res["val/response_length_greedy"] = float(np.mean(merged["greedy_lengths"]))
+    if merged["n_correct"]:
+        res["val/response_length_sampled"] = float(np.mean(merged["sampled_lengths"]))
+        for k in ks:
+            res[f"val/pass@{k}"] = float(np.mean([pass_at_k(n_samples, c, k) for c in merged["n_correct"]]))
+    return res
