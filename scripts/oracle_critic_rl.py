@@ -102,10 +102,10 @@ def run(args: argparse.Namespace) -> None:
     cfg = load_command_config([args.config, *args.overrides], "train", default_config=None)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path)
     ctx = RunContext.create(cfg, Path(cfg.trainer.output_root) / cfg.trainer.run_name)
-    # the baseline replaces the critic; pi_old comes from a pass before the actor's update
-    plan = dataclasses.replace(ppo_plan(cfg, ctx.dist.device), pi_old=Source.PASS, entropy=Source.PASS)
-    maker = ExperienceMaker.for_run(ctx, plan)
     try:
+        # the baseline replaces the critic; pi_old comes from a pass before the actor's update
+        plan = dataclasses.replace(ppo_plan(cfg, ctx.dist.device), pi_old=Source.PASS, entropy=Source.NONE)
+        maker = ExperienceMaker.for_run(ctx, plan)
         log_validation(ctx, step=0)
         for step in range(1, cfg.trainer.total_steps + 1):
             batch, _ = maker.make("ppo", step)

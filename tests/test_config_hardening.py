@@ -52,9 +52,15 @@ def test_use_chat_template_false_in_yaml(tmp_path):
     assert load_config(str(path)).data.use_chat_template is False
 
 
-def test_auto_is_spelled_null_and_the_error_says_so():
-    with pytest.raises(ConfigError, match=r"rollout\.sampler_logprobs.*null means auto"):
-        load_config("vcppo", ["rollout.sampler_logprobs=auto"])
+def test_auto_is_null_on_the_command_line_and_in_saved_configs(tmp_path):
+    """'auto' is how configs saved by earlier versions (and verl users) spell the switches' null."""
+    assert load_config("vcppo", ["rollout.sampler_logprobs=auto"]).rollout.sampler_logprobs is None
+    path = tmp_path / "saved.yaml"
+    path.write_text("data:\n  use_chat_template: auto\nrollout:\n  sampler_logprobs: auto\n")
+    cfg = load_config(str(path))
+    assert cfg.data.use_chat_template is None and cfg.rollout.sampler_logprobs is None
+    with pytest.raises(ConfigError, match=r"rollout\.sampler_logprobs.*'maybe'"):
+        load_config("vcppo", ["rollout.sampler_logprobs=maybe"])
 
 
 @pytest.fixture()

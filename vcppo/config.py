@@ -86,9 +86,29 @@ def _check_sections(data: DictConfig, where: str) -> None:
                               f"not {value!r} ({where})")
 
 
+def _switch_keys(cls=Config, prefix: str = "") -> list[str]:
+    """Dotted keys of the three-way switches: ``Optional[bool]`` fields, true / false / null (auto)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+            out += _switch_keys(f.default_factory, f"{prefix}{f.name}.")
+        elif f.type == "Optional[bool]":
+            out.append(prefix + f.name)
+    return out
+
+
+def _auto_as_null(data: DictConfig) -> None:
+    """A switch written as 'auto' (the spelling of configs saved by earlier versions, and verl's) is
+    null, its auto setting."""
+    for key in _switch_keys():
+        if OmegaConf.select(data, key, default=None) == "auto":
+            OmegaConf.update(data, key, None, merge=False)
+
+
 def _merge(base: DictConfig, data: DictConfig, where: str) -> DictConfig:
     _check_keys(data, where)
     _check_sections(data, where)
+    _auto_as_null(data)
     try:
         return OmegaConf.merge(base, data)
     except OmegaConfBaseException as e:
@@ -98,8 +118,6 @@ def _merge(base: DictConfig, data: DictConfig, where: str) -> DictConfig:
 def _config_error(e: OmegaConfBaseException, where: str) -> ConfigError:
     key = getattr(e, "full_key", None) or "?"
     message = str(e).splitlines()[0]
-    if "'auto' is not a valid bool" in message:  # the three-way switches: true / false / null
-        message += "; null means auto"
     return ConfigError(f"config key '{key}': {message} ({where})")
 
 

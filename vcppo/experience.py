@@ -13,7 +13,7 @@ The stages of one RL step (:mod:`vcppo.driver.step`), each returning what it add
     the critic / actor update reads :class:`CriticBatch` / :class:`ActorBatch` (a rollout plus
     exactly the tensors its loss needs) and returns :class:`UpdateResult`.
 
-:class:`Layout` alone is what SFT and the benchmarks feed the engines.
+:class:`Layout` alone is what SFT and the forward passes need.
 """
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ class Rollout(Layout):
 class ActorBatch(Rollout):
     """What the actor's update trains on.
 
-        advantages   (B, R) float  the actor's advantages as the loss uses them (whitened)
+        advantages   (B, R) float  the actor's advantages as the loss uses them (whitened when
+                                   ``algorithm.whiten_advantages``)
         old_logprobs (B, R) float  pi_old; None when the plan takes it from the update's own forward
     """
     advantages: Tensor
@@ -140,13 +141,15 @@ class CriticBatch(Rollout):
 
 @dataclass
 class BeforeUpdate:
-    """What the current models say about a rollout before this step's updates; each is None
-    where the step plan does not take it at this stage (:class:`vcppo.driver.plan.StepPlan`).
+    """What the models said about a rollout with the weights of before this step's updates.
+    The step fills it from passes before the updates (or the sampler), and, where the step plan
+    takes a quantity from an update's own forward (:class:`vcppo.driver.plan.StepPlan`), from that
+    update's :class:`UpdateResult` once it ran; None where the plan produces it nowhere.
 
-        old_logprobs (B, R) float  pi_old: an actor pass, or the sampler's logprobs
-        entropy      (B, R) float  the actor's per-token entropy (from the same pass)
+        old_logprobs (B, R) float  pi_old: an actor pass, the sampler's logprobs, or the update's forward
+        entropy      (B, R) float  the actor's per-token entropy (same source as pi_old, or the update's)
         kl           (B, R) float  per-token KL estimate against the reference policy
-        old_values   (B, R) float  V_old: a critic pass
+        old_values   (B, R) float  V_old: a critic pass, or the critic update's forward
     """
     old_logprobs: Optional[Tensor] = None
     entropy: Optional[Tensor] = None

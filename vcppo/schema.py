@@ -53,7 +53,7 @@ class DataConfig:
                                                  "file has them.")
     max_prompt_tokens: int = _f(256, "Prompts longer than this (in tokens) are dropped, and counted.", low=1)
     use_chat_template: Optional[bool] = _f(None, "Wrap prompts with the tokenizer's chat template: true / "
-                                           "false; null = when the tokenizer has one.")
+                                           "false; null (or auto) = when the tokenizer has one.")
 
 
 @dataclass
@@ -73,7 +73,7 @@ class RolloutConfig:
     enforce_eager: bool = _f(True, "Run vLLM eagerly: no CUDA graphs on GPU, no torch.compile of the model on CPU (faster start-up, slower decode; docs/performance.md).")
     free_memory_during_training: bool = _f(True, "GPU: put vLLM to sleep while actor/critic train.")
     sampler_logprobs: Optional[bool] = _f(None, "Return vLLM's logprob of each sampled token: true = always "
-                                          "(mismatch/* metrics in fp32 too); false = never; null = when the "
+                                          "(mismatch/* metrics in fp32 too); false = never; null (or auto) = when the "
                                           "run uses them (algorithm.rollout_is_cap, "
                                           "algorithm.old_logprobs_from_sampler, critic.confidence_features) "
                                           "or samples in bf16 / fp16, where the mismatch/* metrics earn their "

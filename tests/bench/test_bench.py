@@ -159,8 +159,8 @@ def test_trl_phase_clock_splits_a_step_into_timed_calls_and_the_rest():
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_step_bench_runs_the_driver_ppo_step_with_the_real_engines(tmp_path):
-    """vLLM + DeepSpeed actor / critic / reference through the driver's ppo_step; with TRL
+def test_step_bench_runs_the_driver_rl_step_with_the_real_engines(tmp_path):
+    """vLLM + DeepSpeed actor / critic / reference through the driver's rl_step; with TRL
     installed, TRL's PPOTrainer on the same workload and the ratios."""
     from tests.conftest import vcppo
     try:

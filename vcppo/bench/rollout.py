@@ -55,7 +55,7 @@ def _parse(argv) -> argparse.Namespace:
 
 def _engine_rollout(rollout, prompts: list, args, logprobs: bool = False) -> tuple[int, float, list]:
     """(response tokens, seconds, samples) of one ``RolloutEngine.generate`` call; without logprobs
-    by default, as a training step in fp32 asks (``rollout.sampler_logprobs=auto``)."""
+    by default, as a training step in fp32 asks (``rollout.sampler_logprobs`` null, auto)."""
     t = time.perf_counter()
     samples = rollout.generate(prompts, n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1,
                                logprobs=logprobs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from vcppo.algos.gae import decoupled_gae, length_adaptive_lambda
-from vcppo.algos.stats import grpo_advantages
+from vcppo.algos.stats import grpo_advantages, masked_whiten
 from vcppo.engines.dist import global_sum
 from vcppo.experience import Advantages, Rollout
 from vcppo.schema import AlgorithmConfig
@@ -21,8 +21,6 @@ def global_whiten(advantages: torch.Tensor, mask: torch.Tensor, zero_mean: bool 
                   eps: float = 1e-8) -> torch.Tensor:
     """Whiten (B, R) advantages over the valid tokens of the GLOBAL batch (all ranks), so the result
     does not depend on how many ranks the batch is split over. Masked positions stay 0."""
-    from vcppo.algos.stats import masked_whiten
-
     return masked_whiten(advantages, mask, zero_mean=zero_mean, eps=eps, sum_fn=global_sum)
 
 

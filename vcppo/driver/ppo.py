@@ -43,7 +43,7 @@ def train(cfg: Config) -> Path:
     try:
         state = resume_or_start(ctx)
         plans = {"value_pretrain": pretrain_plan(cfg, ctx.dist.device), "ppo": ppo_plan(cfg, ctx.dist.device)}
-        maker = ExperienceMaker.for_run(ctx, plans["ppo"])
+        maker = ExperienceMaker.for_run(ctx, plans["ppo"])  # both plans ask vLLM for the same logprobs
         if state.phase == "value_pretrain":
             value_pretrain(ctx, maker, plans["value_pretrain"], state)
             state.phase, state.step = "ppo", 0

@@ -3,7 +3,8 @@
     1. sample and score              prompts -> vLLM (n per prompt) -> verifier reward
     2. the current models            pi_old, entropy, V_old from passes (where the plan says), KL
     3. rewards                       the outcome reward on the last token, minus the KL penalty
-    4. critic first (plan shortcut)  lambda_critic = 1: targets need no values; V_old from the update
+    4. critic first (plan shortcut)  lambda_critic = 1 and one critic optimizer step: the targets
+                                     need no values, and V_old is the update's own forward
     5. advantages                    Decoupled-GAE: lambda_actor for the actor, lambda_critic targets
     6. critic update                 (when it did not train first)
     7. actor update                  clipped surrogate; pi_old from the update where the plan says
@@ -67,10 +68,10 @@ def rl_step(ctx: RunContext, maker: ExperienceMaker, plan: StepPlan, step: int) 
     # 5. Advantages (the actor's; in value pretraining only the diagnostic).
     with timer("advantages"):
         adv = estimate(rollout, rewards, models.old_values, alg, plan.lambda_critic, for_update=plan.actor_trains)
-    if plan.critic_first:
-        adv = dataclasses.replace(adv, returns=returns)  # what the critic trained on
-    # 6. Critic update.
-    elif plan.v_old is Source.PASS:
+        if plan.critic_first:
+            adv = dataclasses.replace(adv, returns=returns)  # what the critic trained on
+    # 6. Critic update (when it did not train first).
+    if plan.v_old is Source.PASS:
         with timer("critic_update"):
             batch = CriticBatch(**vars(rollout), returns=adv.returns, old_values=models.old_values)
             update_metrics.update(update_critic(ctx, plan, batch, step).metrics)

@@ -12,7 +12,7 @@ from vcppo.algos import losses
 from vcppo.algos.dapo import mask_truncated
 from vcppo.algos.mismatch import tis_weights
 from vcppo.driver.context import RunContext
-from vcppo.driver.plan import Source, StepPlan
+from vcppo.driver.plan import Source, StepPlan, one_optimizer_step
 from vcppo.engines.deepspeed_engine import (RESPONSE, DeepSpeedModelEngine, EngineLoss, GlobalCounts,
                                             ModelOutputs, response_counts, stitch_rows)
 from vcppo.experience import ActorBatch, CriticBatch, UpdateResult
@@ -141,8 +141,16 @@ def kept_outputs(engine: DeepSpeedModelEngine, batch: ActorBatch | CriticBatch,
     return stitch_rows(groups, kept[:len(groups)])
 
 
+def _check_one_step(source: Source, optim: UpdateConfig, role: str) -> None:
+    """An update's own forward is the pre-update model only for the first of its optimizer steps."""
+    if source is Source.UPDATE and not one_optimizer_step(optim):
+        raise ValueError(f"a step plan that takes the {role}'s old outputs from its update needs one optimizer "
+                         f"step (ppo_epochs = ppo_mini_batches = 1), got {optim.ppo_epochs} x {optim.ppo_mini_batches}")
+
+
 def update_critic(ctx: RunContext, plan: StepPlan, batch: CriticBatch, step: int) -> UpdateResult:
     """The critic's update; with ``plan.v_old`` UPDATE its own detached values are V_old, returned."""
+    _check_one_step(plan.v_old, ctx.cfg.critic, "critic")
     from_update = plan.v_old is Source.UPDATE
     loss = ValueLoss(ctx.cfg.critic, ctx.cfg.algorithm.loss_agg, old_from_update=from_update)
     metrics = run_update(ctx.critic, loss, ctx.cfg.critic, batch, ctx.cfg.trainer.seed, step, "critic")
@@ -155,6 +163,8 @@ def update_critic(ctx: RunContext, plan: StepPlan, batch: CriticBatch, step: int
 def update_actor(ctx: RunContext, plan: StepPlan, batch: ActorBatch, step: int) -> UpdateResult:
     """The actor's update; with ``plan.pi_old`` UPDATE its own detached logprobs are pi_old, and with
     ``plan.entropy`` UPDATE its entropies are the step's, both returned."""
+    _check_one_step(plan.pi_old, ctx.cfg.actor, "actor")
+    _check_one_step(plan.entropy, ctx.cfg.actor, "actor")
     loss = PolicyLoss(ctx.cfg.algorithm, old_from_update=plan.pi_old is Source.UPDATE,
                       keep_outputs=plan.entropy is Source.UPDATE)
     metrics = run_update(ctx.actor, loss, ctx.cfg.actor, batch, ctx.cfg.trainer.seed, step, "actor")
