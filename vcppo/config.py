@@ -97,10 +97,13 @@ def _switch_keys(cls=Config, prefix: str = "") -> list[str]:
     return out
 
 
+SWITCH_KEYS = tuple(_switch_keys())  # read once: the schema does not change at run time
+
+
 def _auto_as_null(data: DictConfig) -> None:
     """A switch written as 'auto' (the spelling of configs saved by earlier versions, and verl's) is
     null, its auto setting."""
-    for key in _switch_keys():
+    for key in SWITCH_KEYS:
         if OmegaConf.select(data, key, default=None) == "auto":
             OmegaConf.update(data, key, None, merge=False)
 

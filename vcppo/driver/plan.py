@@ -25,7 +25,7 @@ import torch
 
 from vcppo.config import logprob_users
 from vcppo.engines.deepspeed_engine import resolve_dtype
-from vcppo.schema import Config, OptimConfig
+from vcppo.schema import Config, UpdateConfig
 
 
 class Source(enum.Enum):
@@ -69,7 +69,7 @@ class StepPlan:
                 f"lambda_critic {self.lambda_critic}; sampler logprobs: {'yes' if self.sampler_logprobs else 'no'}")
 
 
-def one_optimizer_step(optim: OptimConfig) -> bool:
+def one_optimizer_step(optim: UpdateConfig) -> bool:
     """One epoch of one mini-batch: the update's forward runs on the weights of before the step."""
     return optim.ppo_epochs == 1 and optim.ppo_mini_batches == 1
 
