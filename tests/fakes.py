@@ -95,6 +95,7 @@ class FakeRun:
         self.reference = FakeEngine("reference", self.calls) if self.cfg.algorithm.kl_coef > 0 else None
         self.dist = DistInfo(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"),
                              backend="gloo", is_main=rank == 0)
+        self.timeline = None
 
     def sync_weights(self) -> float:
         self.calls.append("weight_sync")
@@ -116,3 +117,9 @@ class ScriptedMaker:
                       logprobs=logprobs)
         maker.rounds = list(rounds)
         return maker
+
+
+def scripted_source(run: FakeRun, rounds: list[Rollout], logprobs: bool = True):
+    """A colocated experience source (what `vcppo train` steps with) over a :class:`ScriptedMaker`."""
+    from vcppo.driver.sources import ColocatedSource
+    return ColocatedSource(run, ScriptedMaker(run, rounds, logprobs=logprobs))

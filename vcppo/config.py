@@ -294,9 +294,29 @@ def validate(cfg: Config) -> None:
     if users and cfg.rollout.sampler_logprobs is False:
         raise ConfigError(f"config key 'rollout.sampler_logprobs' is false but {', '.join(users)} "
                           "need(s) the sampler's logprobs: set it to null (auto) or true")
+    _check_placement(cfg)
     if cfg.reward.overlong_buffer_tokens > cfg.rollout.max_response_tokens:
         raise ConfigError(f"config key 'reward.overlong_buffer_tokens' ({cfg.reward.overlong_buffer_tokens}) "
                           f"must be <= rollout.max_response_tokens ({cfg.rollout.max_response_tokens})")
+
+
+def _check_placement(cfg: Config) -> None:
+    """Split placement and staleness: what a run ahead of training needs (docs/launching.md)."""
+    staleness = cfg.trainer.max_staleness
+    if staleness and cfg.placement.mode != "split":
+        raise ConfigError(f"config key 'trainer.max_staleness' ({staleness}) needs placement.mode=split: "
+                          "colocated ranks sample and train in turn, so a batch is never stale")
+    if staleness and cfg.algorithm.old_logprobs_from_sampler:
+        raise ConfigError("config key 'algorithm.old_logprobs_from_sampler' cannot be true with "
+                          "trainer.max_staleness > 0: the clip must be anchored on pi_old recomputed by the "
+                          "current actor, not on the (stale) sampler")
+    if staleness and cfg.algorithm.rollout_is_cap is None:
+        raise ConfigError("config key 'algorithm.rollout_is_cap' must be set with trainer.max_staleness > 0: the "
+                          "stale sampler enters the loss through the truncated weight min(pi_old / pi_sampler, "
+                          "cap) (decoupled PPO); e.g. algorithm.rollout_is_cap=2")
+    if staleness and cfg.rollout.sampler_logprobs is False:
+        raise ConfigError("config key 'rollout.sampler_logprobs' is false but trainer.max_staleness > 0 needs "
+                          "the sampler's logprobs (the behaviour policy): set it to null (auto) or true")
 
 
 def finalize(cfg: Config) -> Config:

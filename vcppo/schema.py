@@ -250,9 +250,23 @@ class TrainerConfig:
     max_nonfinite_steps: int = _f(3, "Abort (exit 2, the last good checkpoint kept) after this many steps in a "
                                   "row with an optimizer step skipped for a non-finite loss, gradient norm or "
                                   "advantages.", low=1)
+    max_staleness: int = _f(0, "Actor updates a batch's sampling weights may lag the weights that train on it "
+                            "(placement.mode=split). 0: synchronous, exactly the colocated run; >= 1: rollouts "
+                            "run ahead while the models train, pi_old and V_old are recomputed at train time "
+                            "and the sampler enters through the truncated IS weight (algorithm.rollout_is_cap).",
+                            low=0, high=2)
     max_failed_reward_steps: int = _f(3, "Abort (exit 2) after this many steps in a row in which the reward "
                                       "function failed (raised, timed out, NaN) on every sample of every rank.",
                                       low=1)
+
+
+@dataclass
+class PlacementConfig:
+    mode: str = _f("colocated", "'colocated': every rank runs vLLM and the models in turn; 'split': the last "
+                   "placement.rollout_ranks ranks only sample (vLLM), the others only train (ZeRO-3 among "
+                   "themselves), and weights and samples cross between them (docs/launching.md).",
+                   choices=("colocated", "split"))
+    rollout_ranks: int = _f(1, "Split placement: how many ranks (the last ones) run vLLM only.", low=1)
 
 
 @dataclass
@@ -265,6 +279,8 @@ class LoggingConfig:
                            "<phase>/<metric>; needs the tensorboard package).")
     progress_bar: bool = _f(True, "Show a progress bar on rank 0.")
     profile_buckets: int = _f(16, "Buckets of the advantage-vs-position profile.", low=1)
+    timeline: bool = _f(False, "Write every rank's busy intervals by phase (sampling, scoring, waiting, each "
+                        "update) to <run dir>/timeline/rank<N>.jsonl; `vcppo bench split` draws them.")
 
 
 @dataclass
@@ -346,6 +362,8 @@ class Config:
     value_pretrain: ValuePretrainConfig = field(default_factory=ValuePretrainConfig,
                                                 metadata={"doc": "Value pretraining phase."})
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={"doc": "Loop, checkpoints, eval."})
+    placement: PlacementConfig = field(default_factory=PlacementConfig,
+                                       metadata={"doc": "Which ranks sample and which train."})
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata={"doc": "wandb / JSONL / console."})
     sft: SFTConfig = field(default_factory=SFTConfig, metadata={"doc": "`vcppo sft`: cold-start SFT."})
     rm: RMConfig = field(default_factory=RMConfig, metadata={"doc": "`vcppo rm`: outcome reward model."})

@@ -12,6 +12,7 @@ from vcppo.algos.losses import (
     positive_example_nll,
     value_loss,
 )
+from vcppo.algos.mismatch import tis_weights
 
 
 def _policy_case():
@@ -154,3 +155,40 @@ def test_positive_example_nll():
     none.backward()
     assert none.item() == 0.0 and not torch.isnan(logprobs.grad).any()
     assert (logprobs.grad == 0).all()
+
+
+def _decoupled(logprobs, proximal, behaviour, adv, mask, cap):
+    """Decoupled PPO (AReaL, arXiv 2505.24298 eq. 5): the clip anchored on the proximal policy
+    pi_old (recomputed by the current actor), the behaviour policy (the stale sampler) entering
+    through the truncated weight min(pi_old / pi_behav, cap) -- policy_loss with tis_weights."""
+    weights, stats = tis_weights(proximal, behaviour, mask, cap)
+    loss, _ = policy_loss(logprobs, proximal, adv, mask, eps_low=0.2, eps_high=0.2, is_weights=weights)
+    return loss, stats
+
+
+def test_decoupled_loss_by_hand():
+    # token 1: A=+1, pi=0.55, pi_old=0.5, pi_behav=0.25: r=1.1 (inside the clip), w=min(2, 1.5)=1.5
+    #          l = -A r w = -1.65
+    # token 2: A=-2, pi=0.3, pi_old=0.4, pi_behav=0.5: r=0.75 < 0.8, clipped: l = 2 * 0.8 = 1.6,
+    #          w = 0.8 (not truncated): 1.28, and no gradient
+    logprobs = torch.log(torch.tensor([[0.55, 0.3]])).requires_grad_()
+    proximal, behaviour = torch.log(torch.tensor([[0.5, 0.4]])), torch.log(torch.tensor([[0.25, 0.5]]))
+    adv, mask = torch.tensor([[1.0, -2.0]]), torch.ones(1, 2)
+    loss, stats = _decoupled(logprobs, proximal, behaviour, adv, mask, cap=1.5)
+    assert loss.item() == pytest.approx((-1.65 + 1.28) / 2, abs=1e-6)
+    loss.backward()
+    # d/dlogp of -A r w = -A r w (r = exp(logp - logp_old)); the clipped token gets none
+    assert logprobs.grad[0].tolist() == pytest.approx([-1.65 / 2, 0.0], abs=1e-6)
+    assert stats["truncated_frac"].item() == pytest.approx(0.5)
+    assert stats["weight_max"].item() == pytest.approx(1.5)
+
+
+def test_decoupled_loss_is_the_on_policy_loss_when_the_sampler_is_current():
+    g = torch.Generator().manual_seed(3)
+    logprobs = -torch.rand(4, 9, generator=g) * 3
+    proximal = logprobs + 0.1 * torch.randn(4, 9, generator=g)
+    adv, mask = torch.randn(4, 9, generator=g), (torch.rand(4, 9, generator=g) > 0.2).float()
+    on_policy, _ = policy_loss(logprobs, proximal, adv, mask, eps_low=0.2, eps_high=0.2)
+    decoupled, stats = _decoupled(logprobs, proximal, proximal.clone(), adv, mask, cap=2.0)
+    assert torch.equal(decoupled, on_policy)  # w = exp(0) = 1 exactly
+    assert stats["truncated_frac"].item() == 0.0

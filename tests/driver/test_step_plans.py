@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.fakes import FakeRun, ScriptedMaker, scored
+from tests.fakes import FakeRun, scored, scripted_source
 from vcppo.config import load_config
 from vcppo.driver.plan import Source, ppo_plan, pretrain_plan
 from vcppo.driver.step import rl_step
@@ -19,8 +19,8 @@ ROLLOUT = [[1, -1], [1, 1], [-1, 1], [-1, -1]]
 def run_step(plan=None, phase="ppo", rounds=None, **overrides):
     run = FakeRun(**overrides)
     plan = plan or (ppo_plan if phase == "ppo" else pretrain_plan)(run.cfg, CPU)
-    maker = ScriptedMaker(run, rounds or [scored(ROLLOUT)], logprobs=plan.sampler_logprobs)
-    return run, plan, rl_step(run, maker, plan, step=1)
+    source = scripted_source(run, rounds or [scored(ROLLOUT)], logprobs=plan.sampler_logprobs)
+    return run, plan, rl_step(run, source, plan, step=1)
 
 
 @pytest.mark.parametrize("preset, overrides, pi_old, v_old, critic_first", [

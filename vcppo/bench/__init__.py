@@ -6,6 +6,7 @@
     vcppo bench reward [--samples 512] [--hostile 4] [--workers 1,2] [--timeout 5] [--json PATH]
     vcppo bench train [--models small,medium] [--batch 8] [--budget 4096] [--json PATH]
     vcppo bench step [--size small] [--micro-batch 16,64] [--steps 6] [--trl] [--json PATH]
+    vcppo bench split [--workload tail|demo] [--modes colocated,split0,split1] [--png PATH] [--json PATH]
 
 ``gae`` (:mod:`vcppo.bench.gae`): the fused Decoupled-GAE vs the reference loop vs a copy floor.
 ``rollout`` (:mod:`vcppo.bench.rollout`): vLLM vs HF generate tokens/s, weight sync time and one
@@ -28,6 +29,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "reward": ("vcppo.bench.reward", "reward scoring: serial vs the process pool, with hostile answers"),
     "train": ("vcppo.bench.train", "padded vs packed actor passes on a long-tailed batch: tokens/s, peak memory"),
     "step": ("vcppo.bench.step", "one real PPO step by phase (median of steps 2-N); --trl: vs TRL's PPOTrainer"),
+    "split": ("vcppo.bench.split", "colocated vs split placement (staleness 0 / 1): steps/h, per-rank timeline"),
 }
 
 

@@ -93,9 +93,9 @@ def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
 
     from vcppo.config import load_command_config
     from vcppo.driver.context import RunContext
-    from vcppo.driver.experience_maker import ExperienceMaker
     from vcppo.driver.plan import ppo_plan
     from vcppo.driver.ppo import run_dir_of
+    from vcppo.driver.sources import ColocatedSource
     from vcppo.driver.step import rl_step
 
     torch.set_num_threads(args.threads)
@@ -103,7 +103,7 @@ def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
     t0 = time.perf_counter()
     ctx = RunContext.create(cfg, run_dir_of(cfg))
     plan = ppo_plan(cfg, ctx.dist.device)
-    maker = ExperienceMaker.for_run(ctx, plan)
+    maker = ColocatedSource.for_run(ctx, plan)
     steps, startup_s, profile_table = [], time.perf_counter() - t0, None
     try:
         for step in range(1, args.steps + 1):

@@ -22,6 +22,7 @@ from vcppo.config import save_config, to_dict
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
 from vcppo.driver.critic_cache import cached_critic, critic_source
+from vcppo.driver.timeline import Timeline
 from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
@@ -81,13 +82,30 @@ def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resum
                          resume=resume, use_tensorboard=lg.tensorboard, already_sent=already_sent)
 
 
+def init_run_distributed(cfg: Config) -> DistInfo:
+    """The run's process groups: one world, or (placement.mode=split) this rank's role world and the
+    bridge (:mod:`vcppo.engines.bridge`). Split sizes are checked on every rank before anything starts."""
+    if cfg.placement.mode != "split":
+        return D.init_distributed(cfg.trainer.device)
+    world, rollout_ranks = int(os.environ.get("WORLD_SIZE", "1")), cfg.placement.rollout_ranks
+    if D.get_info() is None:
+        if rollout_ranks >= world:
+            raise ConfigError(f"config key 'placement.rollout_ranks' ({rollout_ranks}) must be below the number of "
+                              f"launched ranks ({world}): placement.mode=split needs at least one training rank")
+        for key, ranks in (("placement.rollout_ranks", rollout_ranks), ("training ranks", world - rollout_ranks)):
+            if cfg.trainer.prompts_per_step % ranks:
+                raise ConfigError(f"config key 'trainer.prompts_per_step' ({cfg.trainer.prompts_per_step}) must be "
+                                  f"divisible by the {key} ({ranks}) in placement.mode=split")
+    return D.init_distributed(cfg.trainer.device, split_rollout_ranks=rollout_ranks)
+
+
 def optimizer_steps_per_rl_step(optim) -> int:
     return optim.ppo_epochs * optim.ppo_mini_batches
 
 
 @dataclass
 class Engines:
-    rollout: RolloutEngine
+    rollout: RolloutEngine | None
     actor: ActorEngine
     critic: CriticEngine | None
     reference: ReferenceEngine | None
@@ -132,10 +150,12 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
     the state of the checkpoint the run resumes from, in ``resume_point`` (None: a fresh start)."""
     alg, vp, temperature = cfg.algorithm, cfg.value_pretrain, cfg.rollout.temperature
     ckpt = (lambda role: resume_point / role) if resume_point is not None else (lambda role: None)
-    log.info("starting vLLM rollout engine")
-    rollout = RolloutEngine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
-                            max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
-                            dtype=cfg.model.dtype)
+    rollout = None  # split placement: the rollout ranks sample (driver/rollout_worker.py)
+    if dist.role != "train":
+        log.info("starting vLLM rollout engine")
+        rollout = RolloutEngine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
+                                max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
+                                dtype=cfg.model.dtype)
     actor_steps = cfg.trainer.total_steps * optimizer_steps_per_rl_step(cfg.actor)
     actor_cfg = with_zero_stage(cfg.actor, dist, log, "actor", ckpt("actor"))
     actor = ActorEngine(cfg.model.policy_path, actor_cfg, dist, total_optimizer_steps=max(1, actor_steps),
@@ -169,10 +189,10 @@ class RunContext:
     run_dir: Path
     dist: DistInfo
     pad_id: int
-    prompts: PromptStream        # the training prompts, endless and resumable
+    prompts: PromptStream | None  # the training prompts, endless and resumable (None: split training rank)
     val_rows: list[dict]         # validation prompt rows ({"prompt_ids", "answer", ...})
     scorer: RewardScorer
-    rollout: RolloutEngine
+    rollout: RolloutEngine | None  # None on the training ranks of a split run
     actor: ActorEngine
     critic: CriticEngine | None
     reference: ReferenceEngine | None
@@ -180,12 +200,13 @@ class RunContext:
     critic_from_cache: Path | None = None
     run_lock: IO | None = None   # main rank: the run directory's lock (driver/run_lock.py)
     resume_point: Path | None = None  # the verified checkpoint the run continues from (None: fresh)
+    timeline: Timeline = dataclasses.field(default_factory=lambda: Timeline(None, "both"))
 
     @classmethod
     def create(cls, cfg: Config, run_dir: Path) -> "RunContext":
         from transformers import AutoTokenizer
 
-        dist = D.init_distributed(cfg.trainer.device)
+        dist = init_run_distributed(cfg)
         if cfg.trainer.prompts_per_step % dist.world_size:
             raise ConfigError(f"config key 'trainer.prompts_per_step' ({cfg.trainer.prompts_per_step}) "
                               f"must be divisible by the number of ranks ({dist.world_size})")
@@ -195,10 +216,11 @@ class RunContext:
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path)
         max_tokens = cfg.data.max_prompt_tokens
+        sampler = dist.role != "train"  # split training ranks read no prompts: the rollout ranks do
         train_set = load_prompt_set(cfg, cfg.data.train_files, tokenizer, max_prompt_tokens=max_tokens,
-                                    shuffle_seed=cfg.trainer.seed)
+                                    shuffle_seed=cfg.trainer.seed) if sampler else None
         val_rows = []
-        if cfg.data.val_files:
+        if cfg.data.val_files and sampler:
             val_rows = load_prompt_set(cfg, cfg.data.val_files, tokenizer, max_prompt_tokens=max_tokens,
                                        shuffle_seed=None, limit=cfg.trainer.val_max_prompts).rows()
         held, problem = try_lock_run_dir(run_dir) if dist.is_main else (None, None)
@@ -218,16 +240,19 @@ class RunContext:
             log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None, already_sent=sent)
             if dist.is_main:
                 save_config(cfg, run_dir)
-            log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "
-                     f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
-                     f"{len(val_rows)} val prompts")
+            prompts = (f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
+                       f"{len(val_rows)} val prompts") if sampler else \
+                f"split placement: {cfg.placement.rollout_ranks} rollout rank(s) sample"
+            log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | {prompts}")
             scorer = make_scorer(cfg)
             engines = build_engines(cfg, dist, log, resumed, resume_point=point)
             return cls(cfg=cfg, run_dir=run_dir, dist=dist, pad_id=pad_token_id(tokenizer),
-                       prompts=train_set.stream(seed=cfg.trainer.seed), val_rows=val_rows, scorer=scorer,
+                       prompts=train_set.stream(seed=cfg.trainer.seed) if sampler else None, val_rows=val_rows,
+                       scorer=scorer,
                        rollout=engines.rollout, actor=engines.actor, critic=engines.critic,
                        reference=engines.reference, log=log, critic_from_cache=engines.critic_from_cache,
-                       run_lock=held, resume_point=point)
+                       run_lock=held, resume_point=point,
+                       timeline=Timeline(run_dir if cfg.logging.timeline else None, dist.role))
         except BaseException:
             release(held)
             raise
@@ -258,8 +283,10 @@ class RunContext:
         """Tear the engines down; ``clean``: the run ended without an error, so ranks meet first."""
         self.log.close()
         self.scorer.close()
+        self.timeline.close()
         try:
-            self.rollout.close()
+            if self.rollout is not None:
+                self.rollout.close()
         finally:
             release(self.run_lock)
             D.shutdown(wait_for_peers=clean)

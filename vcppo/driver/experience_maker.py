@@ -24,9 +24,7 @@ import torch
 
 from vcppo.algos.dapo import informative_groups, overlong_penalty
 from vcppo.data.dataset import PromptStream
-from vcppo.driver.context import RunContext
 from vcppo.driver.guards import reward_tally, step_reward_failures
-from vcppo.driver.plan import StepPlan
 from vcppo.driver.sampling import balance_across_ranks, collect_rollout, rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
@@ -83,11 +81,6 @@ class ExperienceMaker:
         self.cfg, self.dist, self.prompts = cfg, dist, prompts
         self.rollout, self.scorer, self.pad_id, self.logprobs = rollout, scorer, pad_id, logprobs
 
-    @classmethod
-    def for_run(cls, ctx: RunContext, plan: StepPlan) -> "ExperienceMaker":
-        """The maker of a run: its prompt stream, vLLM engine and scorer."""
-        return cls(ctx.cfg, ctx.dist, ctx.prompts, ctx.rollout, ctx.scorer, ctx.pad_id, logprobs=plan.sampler_logprobs)
-
     def seed(self, phase: str, step: int) -> int:
         return sample_seed(self.cfg.trainer.seed, phase, step, self.rollout.replica)
 
@@ -104,6 +97,8 @@ class ExperienceMaker:
         batch, overlong = apply_overlong_penalty(batch, self.cfg)
         metrics.update(overlong)
         metrics.update(step_reward_failures(self.scorer, tally))
+        metrics["reward/failures_total"] = D.global_sum(self.scorer.num_failures)
+        metrics["reward/timeouts_total"] = D.global_sum(self.scorer.num_timeouts)  # stuck samples (reward pool)
         return batch, metrics
 
     def sample_round(self, phase: str, step: int, balance: bool = True) -> Rollout:

@@ -12,25 +12,28 @@ import torch
 from vcppo.algos import stats
 from vcppo.algos.mismatch import mismatch_stats, tis_weights
 from vcppo.driver.context import RunContext
-from vcppo.driver.validation import evaluate
-from vcppo.driver.experience_maker import sample_seed
 from vcppo.engines.dist import gather_cat, global_sum
 from vcppo.driver.plan import Source, StepPlan
+from vcppo.driver.timeline import Timeline
 from vcppo.experience import Advantages, BeforeUpdate, Rollout
 
 
 @dataclass
 class PhaseTimer:
-    """Wall time per named phase of a step; ``with timer("rollout"): ...``."""
+    """Wall time per named phase of a step; ``with timer("rollout"): ...``. Each interval also
+    goes to ``timeline`` (``logging.timeline``) when given."""
     seconds: dict = field(default_factory=dict)
+    timeline: Timeline | None = None
 
     @contextlib.contextmanager
     def __call__(self, name: str):
-        start = time.perf_counter()
+        start, wall = time.perf_counter(), time.time()
         try:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            if self.timeline is not None:
+                self.timeline.record(name, wall, time.time())
 
     def metrics(self) -> dict:
         out = {f"time/{k}_s": v for k, v in self.seconds.items()}
@@ -50,8 +53,6 @@ def _response_metrics(ctx: RunContext, batch: Rollout, mask: torch.Tensor) -> di
     lengths = mask.sum(1)
     m = {"reward/mean": gather_cat(batch.scores).mean().item(),
          "reward/accuracy": gather_cat(batch.correct).mean().item(),
-         "reward/failures_total": float(global_sum(ctx.scorer.num_failures)),
-         "reward/timeouts_total": float(global_sum(ctx.scorer.num_timeouts)),  # stuck samples (reward pool)
          "response/length_mean": lengths.mean().item()}
     for q in (50, 90):
         m[f"response/length_p{q}"] = lengths.quantile(q / 100).item()
@@ -112,14 +113,11 @@ def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Befo
     return m
 
 
-def log_validation(ctx: RunContext, step: int, final: bool = False) -> dict:
-    """Greedy pass@1 and sampled unbiased pass@k on the validation prompts, logged."""
-    if not ctx.val_rows:
+def log_validation(ctx: RunContext, source, step: int, final: bool = False) -> dict:
+    """Greedy pass@1 and sampled unbiased pass@k on the validation prompts (``source.validate``), logged."""
+    metrics = source.validate(step)
+    if not metrics:
         return {}
-    cfg = ctx.cfg
-    metrics = evaluate(ctx.rollout, ctx.val_rows, ctx.scorer, dist=ctx.dist, sampling=cfg.rollout,
-                       n_samples=cfg.trainer.val_n_samples, ks=cfg.trainer.val_k,
-                       seed=sample_seed(cfg.trainer.seed, "val", step, ctx.rollout.replica))
     ctx.log.log(metrics, step=step, phase="val")
     ctx.log.info(f"val step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()
                                                   if k.startswith("val/")))

@@ -13,14 +13,15 @@ from pathlib import Path
 
 from vcppo.config import load_command_config
 from vcppo.driver.checkpoint import RunState
-from vcppo.driver.context import RunContext
-from vcppo.driver.experience_maker import ExperienceMaker
+from vcppo.driver.context import RunContext, init_run_distributed
 from vcppo.driver.guards import update_streaks
 from vcppo.driver.metrics import log_validation
 from vcppo.driver.plan import StepPlan, ppo_plan, pretrain_plan
 from vcppo.driver.resume import resume_or_start, save_checkpoint
+from vcppo.driver.rollout_worker import serve_rollouts
+from vcppo.driver.sources import ExperienceSource, make_source
 from vcppo.driver.step import rl_step
-from vcppo.driver.value_pretrain import value_pretrain
+from vcppo.driver.value_pretrain import reuse_pretrained_critic, value_pretrain
 from vcppo.schema import Config
 
 
@@ -37,40 +38,49 @@ def run_dir_of(cfg: Config) -> Path:
 
 
 def train(cfg: Config) -> Path:
-    """Both phases; returns the run directory."""
+    """Both phases; returns the run directory. The rollout ranks of a split run serve batches instead."""
+    if init_run_distributed(cfg).role == "rollout":
+        serve_rollouts(cfg, run_dir_of(cfg))
+        return run_dir_of(cfg)
     ctx = RunContext.create(cfg, run_dir_of(cfg))
     finished = False
     try:
         state = resume_or_start(ctx)
         plans = {"value_pretrain": pretrain_plan(cfg, ctx.dist.device), "ppo": ppo_plan(cfg, ctx.dist.device)}
-        maker = ExperienceMaker.for_run(ctx, plans["ppo"])  # both plans ask vLLM for the same logprobs
+        if state.phase == "value_pretrain" and ctx.critic_from_cache is not None:
+            reuse_pretrained_critic(ctx)
+            state.phase = "ppo"
+        source = make_source(ctx, plans["ppo"])  # both plans ask vLLM for the same logprobs
+        source.start(state, resumed=ctx.resume_point is not None)
         if state.phase == "value_pretrain":
-            value_pretrain(ctx, maker, plans["value_pretrain"], state)
+            value_pretrain(ctx, source, plans["value_pretrain"], state)
             state.phase, state.step = "ppo", 0
+            source.begin_phase("ppo")
         ctx.log.info(plans["ppo"].describe())
-        ppo_loop(ctx, maker, plans["ppo"], state)
+        ppo_loop(ctx, source, plans["ppo"], state)
+        source.close()
         finished = True
     finally:
         ctx.close(clean=finished)
     return ctx.run_dir
 
 
-def ppo_loop(ctx: RunContext, maker: ExperienceMaker, plan: StepPlan, state: RunState) -> None:
+def ppo_loop(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: RunState) -> None:
     cfg = ctx.cfg
     total = cfg.trainer.total_steps
     if state.step == 0:
-        log_validation(ctx, step=0)
+        log_validation(ctx, source, step=0)
     ctx.log.start_phase("ppo", total=total, initial=state.step)
     while state.step < total:
         step = state.step + 1
-        metrics = rl_step(ctx, maker, plan, step)
+        metrics = rl_step(ctx, source, plan, step)
         state.step = step
         ctx.log.log(metrics, step=step, phase="ppo")
         update_streaks(state, metrics, cfg.trainer, f"PPO step {step}")  # may abort, before any save
         if cfg.trainer.val_every and step % cfg.trainer.val_every == 0 and step != total:
-            log_validation(ctx, step=step)
+            log_validation(ctx, source, step=step)
         if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == total:
-            save_checkpoint(ctx, state)
+            save_checkpoint(ctx, state, source)
     if state.step == total:
-        log_validation(ctx, step=total, final=True)
+        log_validation(ctx, source, step=total, final=True)
         ctx.export_final()

@@ -10,12 +10,14 @@ import dataclasses
 from vcppo.driver import checkpoint as ckpt
 from vcppo.driver import manifest
 from vcppo.driver.context import RunContext
+from vcppo.driver.sources import ExperienceSource
 from vcppo.engines import dist as D
 from vcppo.engines.safe_checkpoint import use_weights_only_loading
 
 
-def save_checkpoint(ctx: RunContext, state: ckpt.RunState) -> None:
-    """Every rank writes its shards, then the main rank seals the directory."""
+def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSource) -> None:
+    """Every rank writes its shards, then the main rank seals the directory (with the data
+    position ``source`` reports, and in a split run the batches in flight)."""
     stage = ckpt.staging_dir(ctx.run_dir, state.global_step)
     ckpt.write_rank_files(stage, ctx.dist.rank)
     if state.phase == "ppo":  # during value pretraining the actor is frozen: nothing to save
@@ -26,7 +28,7 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState) -> None:
     # every rank hashes its share of the files for the manifest (the gather is also a barrier)
     parts = D.all_gather_object(manifest.hash_share(stage, ctx.dist.rank, ctx.dist.world_size))
     if ctx.dist.is_main:
-        state.data = ctx.prompts.state_dict()
+        state.data = source.checkpoint(stage, state)
         state.metrics_bytes = ckpt.metrics_size(ctx.run_dir)  # a resume cuts the file back to here
         final = ckpt.commit(stage, dataclasses.asdict(state), ctx.cfg.trainer.keep_last, manifest_parts=parts)
         ctx.log.info(f"checkpoint {final}")
@@ -34,8 +36,9 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState) -> None:
 
 
 def resume_or_start(ctx: RunContext) -> ckpt.RunState:
-    """The state to continue from: the resume point's (engines and data position restored), or a
-    fresh start (stale partial checkpoints removed)."""
+    """The state to continue from: the resume point's (engines restored; the data position and
+    the sampler's weights are the experience source's, :meth:`ExperienceSource.start`), or a fresh
+    start (stale partial checkpoints removed)."""
     cfg = ctx.cfg
     first_phase = "value_pretrain" if (ctx.critic is not None and cfg.value_pretrain.enabled) else "ppo"
     point = ctx.resume_point  # found and verified once, before the engines started
@@ -52,7 +55,4 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
         ctx.actor.load_checkpoint(str(point / "actor"))
     if ctx.critic is not None:
         ctx.critic.load_checkpoint(str(point / "critic"))
-    ctx.prompts.load_state_dict(state.data)
-    if state.phase == "ppo" and state.step > 0:
-        ctx.sync_weights()  # vLLM started from the initial policy; give it the resumed actor
     return state

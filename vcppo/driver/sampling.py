@@ -76,22 +76,33 @@ def balance_across_ranks(batch: Rollout, dist: DistInfo) -> Rollout:
     work through the longest sequences while the others wait at every collective.
 
     Every rank gathers the step's batch (a few tensors of (B, L) per rank, small next to the
-    models), computes the same :func:`~vcppo.engines.packing.balanced_partitions` of the groups by
-    their real tokens, and keeps its set, trimmed to its own widest prompt and response. Groups
-    stay whole, so GRPO's group statistics and pass@k stay rank-local. One rank: unchanged.
+    models) and keeps its :func:`share_of_step` of it. One rank: unchanged.
     """
     if dist.world_size == 1:
         return batch
     whole = concat_batches(all_gather_object(batch.to("cpu")))
+    return share_of_step(whole, dist, balance=True).to(batch.input_ids.device)
+
+
+def share_of_step(whole: Rollout, dist: DistInfo, balance: bool) -> Rollout:
+    """This rank's share of the step's whole batch, by whole prompt groups: with ``balance`` the
+    same :func:`~vcppo.engines.packing.balanced_partitions` of the groups by real tokens on every
+    rank, else contiguous groups. Trimmed to its own widest prompt and response. Groups stay whole,
+    so GRPO's group statistics and pass@k stay rank-local."""
+    if dist.world_size == 1:
+        return whole
     groups = whole.group.tolist()
     order = list(dict.fromkeys(groups))  # groups in first-seen (rank, then row) order
     index = {g: i for i, g in enumerate(order)}
-    cost = [0.0] * len(order)
-    for g, n in zip(groups, sequence_lengths(whole).tolist()):
-        cost[index[g]] += n
-    mine = set(balanced_partitions(cost, dist.world_size)[dist.rank])
+    if balance:
+        cost = [0.0] * len(order)
+        for g, n in zip(groups, sequence_lengths(whole).tolist()):
+            cost[index[g]] += n
+        mine = set(balanced_partitions(cost, dist.world_size)[dist.rank])
+    else:
+        mine = set(contiguous_share(len(order), dist.rank, dist.world_size))
     rows = [i for i, g in enumerate(groups) if index[g] in mine]
     if not rows:
         raise RuntimeError(f"rank {dist.rank} got no prompt group to train on: trainer.prompts_per_step "
                            f"({len(order)} groups) must be >= the number of ranks ({dist.world_size})")
-    return compact(whole.select(rows)).to(batch.input_ids.device)
+    return compact(whole.select(rows))

@@ -8,7 +8,7 @@
     5. advantages                    Decoupled-GAE: lambda_actor for the actor, lambda_critic targets
     6. critic update                 (when it did not train first)
     7. actor update                  clipped surrogate; pi_old from the update where the plan says
-    8. weight sync                   the actor's new weights into vLLM
+    8. weight sync                   the actor's new weights into vLLM (split: to the rollout ranks)
     9. metrics                       the collapse diagnostics over the global batch
 
 The :class:`~vcppo.driver.plan.StepPlan` decides, once per run, which passes run and in which
@@ -21,9 +21,9 @@ import dataclasses
 from vcppo.algos.losses import kl_penalty
 from vcppo.driver.advantages import estimate, returns_to_go
 from vcppo.driver.context import RunContext
-from vcppo.driver.experience_maker import ExperienceMaker
 from vcppo.driver.metrics import PhaseTimer, step_metrics
 from vcppo.driver.plan import Source, StepPlan
+from vcppo.driver.sources import ExperienceSource
 from vcppo.driver.update import update_actor, update_critic
 from vcppo.experience import ActorBatch, BeforeUpdate, CriticBatch, Rollout
 
@@ -46,13 +46,12 @@ def current_models(ctx: RunContext, plan: StepPlan, rollout: Rollout, timer: Pha
     return out
 
 
-def rl_step(ctx: RunContext, maker: ExperienceMaker, plan: StepPlan, step: int) -> dict:
+def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, step: int) -> dict:
     """One step of ``plan.phase``; its metrics."""
-    alg, timer = ctx.cfg.algorithm, PhaseTimer()
-    # 1. Sample and score (+ DAPO dynamic sampling and overlong shaping).
+    alg, timer = ctx.cfg.algorithm, PhaseTimer(timeline=ctx.timeline)
+    # 1. Sample and score (+ DAPO dynamic sampling and overlong shaping); in a split run, receive.
     with timer("rollout"):
-        rollout, sample_metrics = maker.make(plan.phase, step)
-    ctx.rollout.sleep()  # GPU: hand vLLM's memory to training; no-op on CPU
+        rollout, sample_metrics = source.make(plan.phase, step)
     # 2. The current models.
     models = current_models(ctx, plan, rollout, timer)
     # 3. Rewards: the KL penalty folded into the per-token reward (PPO-RLHF; the paper uses kl_coef 0).
@@ -85,11 +84,12 @@ def rl_step(ctx: RunContext, maker: ExperienceMaker, plan: StepPlan, step: int) 
             models.old_logprobs = actor.logprobs
         if plan.entropy is Source.UPDATE:
             models.entropy = actor.entropy
-    ctx.rollout.wake_up()
-    # 8. Weight sync.
+    # 8. Weight sync (and, in a split run, "step done" to the rollout ranks).
     if plan.actor_trains:
         with timer("weight_sync"):
-            ctx.sync_weights()
+            source.step_done(plan.phase, step, ctx.actor)
+    else:
+        source.step_done(plan.phase, step, None)
     # 9. Metrics.
     metrics = step_metrics(ctx, plan, rollout, models, adv, timer)
     metrics.update(update_metrics)

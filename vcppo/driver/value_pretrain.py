@@ -18,10 +18,10 @@ import numpy as np
 from vcppo.driver import critic_cache
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.context import RunContext
-from vcppo.driver.experience_maker import ExperienceMaker
 from vcppo.driver.guards import update_streaks
 from vcppo.driver.plan import StepPlan
 from vcppo.driver.resume import save_checkpoint
+from vcppo.driver.sources import ExperienceSource
 from vcppo.driver.step import rl_step
 from vcppo.schema import ValuePretrainConfig
 
@@ -39,27 +39,29 @@ def settled(ev_history: list[float], loss_history: list[float], vp: ValuePretrai
                 and abs(l_last - l_prev) <= vp.loss_tolerance * max(abs(l_prev), 1e-8))
 
 
-def value_pretrain(ctx: RunContext, maker: ExperienceMaker, plan: StepPlan, state: RunState) -> None:
+def reuse_pretrained_critic(ctx: RunContext) -> None:
+    """The run started its critic from the cache: value pretraining is skipped (logged)."""
+    ctx.log.info(f"value pretraining: reusing the pretrained critic {ctx.critic_from_cache}")
+    ctx.log.log({"reused_from": str(ctx.critic_from_cache)}, step=0, phase="value_pretrain_reused")
+
+
+def value_pretrain(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: RunState) -> None:
     """Critic-only steps (:func:`~vcppo.driver.step.rl_step` under ``plan``, the actor frozen) on
     rollouts of the policy; publishes a reusable critic."""
     vp = ctx.cfg.value_pretrain
-    if ctx.critic_from_cache is not None:
-        ctx.log.info(f"value pretraining: reusing the pretrained critic {ctx.critic_from_cache}")
-        ctx.log.log({"reused_from": str(ctx.critic_from_cache)}, step=0, phase="value_pretrain_reused")
-        return
     ctx.log.info(plan.describe())
     ctx.log.start_phase("value_pretrain", total=vp.steps, initial=state.pretrain_step)
     stop_reason = "step budget"
     while state.pretrain_step < vp.steps:
         step = state.pretrain_step + 1
-        metrics = rl_step(ctx, maker, plan, step)
+        metrics = rl_step(ctx, source, plan, step)
         state.pretrain_step = step
         state.pretrain_ev.append(metrics["critic/explained_variance"])
         state.pretrain_loss.append(metrics.get("critic/value_loss", float("nan")))
         ctx.log.log(metrics, step=step, phase="value_pretrain")
         update_streaks(state, metrics, ctx.cfg.trainer, f"value-pretraining step {step}")  # may abort
         if ctx.cfg.trainer.save_every and step % ctx.cfg.trainer.save_every == 0 and step < vp.steps:
-            save_checkpoint(ctx, state)
+            save_checkpoint(ctx, state, source)
         if vp.early_stop and settled(state.pretrain_ev, state.pretrain_loss, vp):
             stop_reason = "explained variance and value loss settled"
             break

@@ -31,9 +31,11 @@ class DistInfo:
     device: torch.device
     backend: str
     is_main: bool
+    role: str = "both"   # placement.mode=split: "train" or "rollout" (engines.bridge); else "both"
 
 
 _INFO: DistInfo | None = None
+_BRIDGE = None  # split placement: this rank's engines.bridge.Bridge (trainer 0 and rollout ranks)
 _CLOSERS: list[Callable[[], None]] = []
 
 
@@ -84,8 +86,12 @@ def _skip_shm_collective() -> None:
         deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
-def init_distributed(device: str = "auto") -> DistInfo:
-    """Initialise (once) the default process group and return this rank's :class:`DistInfo`."""
+def init_distributed(device: str = "auto", split_rollout_ranks: int | None = None,
+                     timeout_s: float = 1800.0) -> DistInfo:
+    """Initialise (once) the default process group and return this rank's :class:`DistInfo`.
+
+    ``split_rollout_ranks``: split placement with that many rollout ranks: the default group is
+    then this rank's role world and the bridge is built (:mod:`vcppo.engines.bridge`)."""
     global _INFO
     if _INFO is not None:
         return _INFO
@@ -115,6 +121,8 @@ def init_distributed(device: str = "auto") -> DistInfo:
     # a warning per step buries the progress bar and says nothing the user can act on.
     warnings.filterwarnings("ignore", message=r".*reduce_scatter_tensor.*is deprecated", category=FutureWarning)
 
+    if split_rollout_ranks is not None:
+        return _init_split(split_rollout_ranks, rank, world, local_rank, dev, backend, timeout_s)
     if not cuda and world == 1:
         _skip_shm_collective()
     if not torch.distributed.is_initialized():
@@ -123,6 +131,35 @@ def init_distributed(device: str = "auto") -> DistInfo:
     _INFO = DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
                      backend=backend, is_main=(rank == 0))
     return _INFO
+
+
+def _init_split(rollout_ranks: int, rank: int, world: int, local_rank: int, dev: torch.device, backend: str,
+                timeout_s: float) -> DistInfo:
+    """Split placement: this rank's role world as the default group, then the bridge."""
+    global _INFO, _BRIDGE
+    from datetime import timedelta
+
+    import deepspeed
+
+    from vcppo.engines.bridge import Bridge, Roles, init_role_world
+    roles, timeout = Roles(world, rollout_ranks), timedelta(seconds=timeout_s)
+    if dev.type == "cpu":
+        # DeepSpeed's CPU shm all-reduce sizes itself by the node's launcher ranks, which now
+        # include the rollout ranks: plain gloo collectives within the training world instead.
+        _skip_shm_collective()
+    store = init_role_world(roles, rank, backend, timeout)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the role world
+    role = roles.role_of(rank)
+    if roles.bridge_rank(rank) is not None:
+        _BRIDGE = Bridge(store, roles, rank, backend, dev, timeout)
+    _INFO = DistInfo(rank=roles.role_rank(rank), world_size=roles.role_size(rank), local_rank=local_rank,
+                     device=dev, backend=backend, is_main=(rank == 0), role=role)
+    return _INFO
+
+
+def get_bridge():
+    """This rank's bridge (split placement, trainer 0 and the rollout ranks), else None."""
+    return _BRIDGE
 
 
 def exit_process(code: int) -> None:
@@ -135,7 +172,7 @@ def exit_process(code: int) -> None:
     teardown is done by hand (streams, logging), then ``os._exit`` skips the C++ destructors.
     A single-rank process exits normally. Whether it had peers is the launcher's WORLD_SIZE, the
     figure :func:`init_distributed` reads (it is still set after :func:`shutdown`)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if int(os.environ.get("VCPPO_GLOBAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))) <= 1:
         sys.exit(code)
     import logging
     logging.shutdown()
@@ -172,7 +209,7 @@ def shutdown(wait_for_peers: bool = False) -> None:
     no rank tears its sockets down while a peer is still in its last collective (the suspect of a
     2-rank gloo abort at exit seen once in CI). Only on a clean end: a rank unwinding an error
     must not wait at a barrier its peers never reach."""
-    global _INFO
+    global _INFO, _BRIDGE
     while _CLOSERS:
         _CLOSERS.pop()()
     try:  # vLLM's TP/PP/world group wrappers (only present if an LLM was built)
@@ -201,6 +238,7 @@ def shutdown(wait_for_peers: bool = False) -> None:
                 raise
     _forget_deepspeed_groups()
     _INFO = None
+    _BRIDGE = None
 
 
 def _forget_deepspeed_groups() -> None:
@@ -267,6 +305,15 @@ def all_gather_object(obj: Any) -> list:
     out: list = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(out, obj)
     return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """``obj`` of rank ``src``, on every rank."""
+    if not _active():
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=src)
+    return box[0]
 
 
 def barrier() -> None:

@@ -1,0 +1,144 @@
+"""The training ranks' side of split placement: batches arrive from the rollout ranks, weights go back.
+
+Trainer 0 talks to the rollout ranks (:mod:`vcppo.driver.split_protocol`) and hands each step's
+whole batch to the other training ranks, which keep their share of it exactly as colocated ranks
+do after balancing. In-flight batches: a checkpoint at PPO step k with ``trainer.max_staleness = s``
+first receives batches k+1..k+s (sampled with weights older than the checkpoint's, which a resumed
+run could not sample again) and saves them with the checkpoint (``inflight.pt``); a resumed run
+trains on them first and the rollout ranks go on from batch k+s+1, so the run continues exactly
+as if it had not stopped. Later batches, and every value-pretraining batch (frozen policy), are
+sampled again from their seeds.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from vcppo.driver.checkpoint import RunState
+from vcppo.driver.context import RunContext
+from vcppo.driver.sampling import share_of_step
+from vcppo.driver.split_protocol import (PPO, BeginPhase, SampledBatch, Start, StepDone, Stop, Validate,
+                                         ValidationResult, held_after_checkpoint)
+from vcppo.engines import dist as D
+from vcppo.engines.actor import ActorEngine
+from vcppo.engines.bridge import pack_weights
+from vcppo.experience import Rollout
+
+INFLIGHT = "inflight.pt"
+WEIGHT_BUCKET_BYTES = 256 * 2 ** 20
+
+
+def _batch_record(msg: SampledBatch) -> dict:
+    """``msg`` as tensors and plain values (a checkpoint loads with ``weights_only``)."""
+    return {"phase": msg.phase, "step": msg.step, "version": msg.version, "metrics": msg.metrics,
+            "prompt_state": msg.prompt_state, "seconds": msg.seconds, "rollout": dict(vars(msg.rollout))}
+
+
+def _batch_message(rec: dict) -> SampledBatch:
+    return SampledBatch(phase=rec["phase"], step=rec["step"], version=rec["version"], metrics=rec["metrics"],
+                        prompt_state=rec["prompt_state"], seconds=rec["seconds"], rollout=Rollout(**rec["rollout"]))
+
+
+class RemoteSource:
+    """A training rank's :class:`~vcppo.driver.sources.ExperienceSource` in a split run."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx, self.cfg, self.dist = ctx, ctx.cfg, ctx.dist
+        self.bridge = D.get_bridge()  # trainer 0 only
+        self.mailbox: dict[tuple, SampledBatch | ValidationResult] = {}
+        self.phase = PPO
+        self.consumed_state: dict | None = None  # the prompt position after the last batch trained on
+
+    # --- trainer 0's mailbox ---------------------------------------------------------------------
+    def _fetch(self, key: tuple) -> SampledBatch | ValidationResult:
+        """(Left in the mailbox.) Receive until ``key`` (("batch", phase, step) or ("val", step)) is in; batches of a phase
+        that ended (sampled ahead of value pretraining's end) are dropped."""
+        while key not in self.mailbox:
+            msg = self.bridge.receive()
+            if isinstance(msg, ValidationResult):
+                self.mailbox[("val", msg.step)] = msg
+            elif msg.phase == self.phase:
+                self.mailbox[("batch", msg.phase, msg.step)] = msg
+        return self.mailbox[key]
+
+    def _send(self, msg, weights: list[torch.Tensor] = ()) -> None:
+        self.bridge.reap()
+        self.bridge.broadcast_control(msg, weights)
+
+    def _weights(self, actor: ActorEngine):
+        """The actor's full weights packed for the bridge (collective: every training rank)."""
+        named = list(actor.named_parameters_gathered())
+        return pack_weights(named, WEIGHT_BUCKET_BYTES) if self.dist.is_main else (None, [])
+
+    # --- the source ------------------------------------------------------------------------------
+    def start(self, state: RunState, resumed: bool) -> None:
+        self.phase = state.phase
+        done = state.step if state.phase == PPO else state.pretrain_step
+        held = self._load_inflight() if resumed else []
+        layout, buckets = self._weights(self.ctx.actor) if (state.phase == PPO and state.step > 0) else (None, [])
+        self.consumed_state = state.data if resumed else None
+        if self.dist.is_main:
+            for msg in held:
+                self.mailbox[("batch", msg.phase, msg.step)] = msg
+            prompt_state = held[-1].prompt_state if held else self.consumed_state
+            self._send(Start(phase=state.phase, next_step=done + 1 + len(held), trainer_done=done,
+                             version=state.step if state.phase == PPO else 0, prompt_state=prompt_state,
+                             weights=layout), buckets)
+
+    def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
+        start = time.perf_counter()
+        msg = self._fetch(("batch", phase, step)) if self.dist.is_main else None
+        if self.dist.is_main:
+            del self.mailbox[("batch", phase, step)]
+        msg = D.broadcast_object(msg)
+        self.consumed_state = msg.prompt_state
+        batch = share_of_step(msg.rollout, self.dist, balance=self.cfg.trainer.balance_batch)
+        metrics = dict(msg.metrics)
+        metrics["time/sample_s"] = msg.seconds
+        metrics["time/wait_rollout_s"] = time.perf_counter() - start
+        if phase == PPO:  # actor updates between the sampling weights and the training ones
+            metrics["staleness/steps_behind"] = float(step - 1 - msg.version)
+        return batch.to(self.dist.device), metrics
+
+    def step_done(self, phase: str, step: int, actor: ActorEngine | None) -> None:
+        layout, buckets = self._weights(actor) if actor is not None else (None, [])
+        if self.dist.is_main:
+            self._send(StepDone(phase=phase, step=step, weights=layout), buckets)
+
+    def begin_phase(self, phase: str) -> None:
+        self.phase = phase
+        if self.dist.is_main:
+            self.mailbox = {k: m for k, m in self.mailbox.items() if k[0] == "val"}
+            self._send(BeginPhase(phase=phase, prompt_state=self.consumed_state))
+
+    def validate(self, step: int) -> dict:
+        """Asked of the rollout ranks, which validate with the weights of ``step`` (main rank: the
+        metrics; the others: {})."""
+        if not self.cfg.data.val_files or not self.dist.is_main:
+            return {}
+        self._send(Validate(step=step))
+        self._fetch(("val", step))
+        return self.mailbox.pop(("val", step)).metrics
+
+    def checkpoint(self, stage: Path, state: RunState) -> dict:
+        """Main rank: the in-flight batches saved with the checkpoint; the prompt position after them."""
+        done = state.step if state.phase == PPO else state.pretrain_step
+        total = self.cfg.trainer.total_steps if state.phase == PPO else self.cfg.value_pretrain.steps
+        held = [self._fetch(("batch", state.phase, j))
+                for j in held_after_checkpoint(state.phase, done, total, self.cfg.trainer.max_staleness)]
+        if held:
+            torch.save({"batches": [_batch_record(m) for m in held]}, stage / INFLIGHT)
+        return held[-1].prompt_state if held else self.consumed_state
+
+    def _load_inflight(self) -> list[SampledBatch]:
+        path = self.ctx.resume_point / INFLIGHT if self.ctx.resume_point is not None else None
+        if path is None or not path.exists():
+            return []
+        return [_batch_message(r) for r in torch.load(path, weights_only=True)["batches"]]
+
+    def close(self) -> None:
+        if self.dist.is_main:
+            self._send(Stop())
+            self.bridge.flush()

@@ -1,0 +1,88 @@
+"""Where a training rank's experience comes from: its own vLLM engine (colocated) or the rollout
+ranks (split placement). The driver sees one interface, :class:`ExperienceSource`:
+
+    start(state, resumed)      before the first step: the data position, the resumed weights
+    make(phase, step)          the step's scored batch on this rank, and its sampling metrics
+    step_done(phase, step, ..) after the updates: the new weights to the sampler
+    begin_phase(phase)         value pretraining ended
+    validate(step)             greedy pass@1 and pass@k on the validation prompts
+    checkpoint(stage, state)   the data position a checkpoint records (main rank)
+    close()                    the run ended cleanly
+
+Every training rank calls each of them at the same point (they may hold collectives).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from vcppo.driver.checkpoint import RunState
+from vcppo.driver.context import RunContext
+from vcppo.driver.experience_maker import ExperienceMaker, sample_seed
+from vcppo.driver.plan import StepPlan
+from vcppo.driver.validation import evaluate
+from vcppo.engines.actor import ActorEngine
+from vcppo.experience import Rollout
+
+
+class ExperienceSource(Protocol):
+    def start(self, state: RunState, resumed: bool) -> None: ...
+    def make(self, phase: str, step: int) -> tuple[Rollout, dict]: ...
+    def step_done(self, phase: str, step: int, actor: ActorEngine | None) -> None: ...
+    def begin_phase(self, phase: str) -> None: ...
+    def validate(self, step: int) -> dict: ...
+    def checkpoint(self, stage: Path, state: RunState) -> dict: ...
+    def close(self) -> None: ...
+
+
+class ColocatedSource:
+    """Every rank samples its share with its own vLLM engine, between its updates."""
+
+    def __init__(self, ctx: RunContext, maker: ExperienceMaker):
+        self.ctx, self.maker = ctx, maker
+
+    @classmethod
+    def for_run(cls, ctx: RunContext, plan: StepPlan) -> "ColocatedSource":
+        return cls(ctx, ExperienceMaker(ctx.cfg, ctx.dist, ctx.prompts, ctx.rollout, ctx.scorer, ctx.pad_id,
+                                        logprobs=plan.sampler_logprobs))
+
+    def start(self, state: RunState, resumed: bool) -> None:
+        if resumed:
+            self.ctx.prompts.load_state_dict(state.data)
+            if state.phase == "ppo" and state.step > 0:
+                self.ctx.sync_weights()  # vLLM started from the initial policy; give it the resumed actor
+
+    def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
+        out = self.maker.make(phase, step)
+        self.ctx.rollout.sleep()  # GPU: hand vLLM's memory to training; no-op on CPU
+        return out
+
+    def step_done(self, phase: str, step: int, actor: ActorEngine | None) -> None:
+        self.ctx.rollout.wake_up()
+        if actor is not None:
+            self.ctx.sync_weights()
+
+    def begin_phase(self, phase: str) -> None:
+        pass  # the prompt stream already stands after the last batch trained on
+
+    def validate(self, step: int) -> dict:
+        ctx, cfg = self.ctx, self.ctx.cfg
+        if not ctx.val_rows:
+            return {}
+        return evaluate(ctx.rollout, ctx.val_rows, ctx.scorer, dist=ctx.dist, sampling=cfg.rollout,
+                        n_samples=cfg.trainer.val_n_samples, ks=cfg.trainer.val_k,
+                        seed=sample_seed(cfg.trainer.seed, "val", step, ctx.rollout.replica))
+
+    def checkpoint(self, stage: Path, state: RunState) -> dict:
+        return self.ctx.prompts.state_dict()
+
+    def close(self) -> None:
+        pass
+
+
+def make_source(ctx: RunContext, plan: StepPlan) -> ExperienceSource:
+    """The run's source: colocated, or the rollout ranks of a split run."""
+    if ctx.dist.role == "train":
+        from vcppo.driver.remote_source import RemoteSource
+        return RemoteSource(ctx)
+    return ColocatedSource.for_run(ctx, plan)

@@ -1,0 +1,98 @@
+"""What crosses the bridge in split placement, and the staleness rule (docs/architecture.md).
+
+Trainer 0 -> rollout ranks (control, in order): :class:`Start` once, then per step
+:class:`StepDone` (with the new weights when the actor trained), :class:`BeginPhase` when
+value pretraining ends, :class:`Validate` where the run validates, :class:`Stop` at the end.
+Rollout rank 0 -> trainer 0 (data, in order): :class:`SampledBatch` per step, and
+:class:`ValidationResult` for each :class:`Validate`.
+
+The staleness rule. Batch ``j`` of a phase may be sampled once the trainer has finished step
+``j - 1 - lookahead``: with ``trainer.max_staleness = s`` the PPO lookahead is ``s``, so batch j is
+sampled with the weights of step ``j - 1 - s`` or later, at most ``s`` actor updates behind the
+weights that train on it (s = 0 is the synchronous order of a colocated run). In value
+pretraining the policy is frozen, so running ahead costs no off-policy error at all: the lookahead
+is at least 1 there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vcppo.engines.bridge import WeightsLayout
+from vcppo.experience import Rollout
+
+PRETRAIN, PPO = "value_pretrain", "ppo"
+
+
+def lookahead(phase: str, max_staleness: int) -> int:
+    """Batches the rollout ranks may sample beyond the one the trainer needs next."""
+    return max(1, max_staleness) if phase == PRETRAIN else max_staleness
+
+
+def may_sample(step: int, trainer_done: int, ahead: int) -> bool:
+    """Whether batch ``step`` may be sampled once the trainer finished step ``trainer_done``."""
+    return step <= trainer_done + 1 + ahead
+
+
+def held_after_checkpoint(phase: str, step: int, total: int, max_staleness: int) -> range:
+    """The in-flight batches a checkpoint at ``step`` must save: PPO batches sampled with weights
+    older than the checkpoint's (steps ``step + 1 .. step + s``), which a resumed run could not
+    sample again. Value-pretraining batches come from the frozen policy: sampled again from
+    their seeds, never saved."""
+    if phase != PPO:
+        return range(0)
+    return range(step + 1, min(step + max_staleness, total) + 1)
+
+
+@dataclass
+class Start:
+    """The rollout ranks' first message: where to begin."""
+    phase: str
+    next_step: int                  # the first batch to sample
+    trainer_done: int               # the last step the trainer finished in ``phase``
+    version: int                    # the PPO step whose weights sample (0: the initial policy)
+    prompt_state: dict | None       # the prompt stream's position before ``next_step`` (None: fresh)
+    weights: WeightsLayout | None = None
+
+
+@dataclass
+class StepDone:
+    """The trainer finished ``step``; with ``weights``, the actor's new weights follow."""
+    phase: str
+    step: int
+    weights: WeightsLayout | None = None
+
+
+@dataclass
+class BeginPhase:
+    """Value pretraining ended: drop what was sampled ahead, rewind the prompts, sample ``phase``."""
+    phase: str
+    prompt_state: dict
+
+
+@dataclass
+class Validate:
+    step: int
+
+
+@dataclass
+class Stop:
+    pass
+
+
+@dataclass
+class SampledBatch:
+    """One step's scored samples over every rollout rank."""
+    phase: str
+    step: int
+    version: int                    # the PPO step whose weights sampled it (0: the initial policy)
+    rollout: Rollout
+    metrics: dict
+    prompt_state: dict              # the prompt stream's position after it
+    seconds: float                  # the rollout ranks' time to sample and score it
+    timings: dict = field(default_factory=dict)
+
+
+@dataclass
+class ValidationResult:
+    step: int
+    metrics: dict

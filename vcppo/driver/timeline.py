@@ -1,0 +1,62 @@
+"""Per-rank timelines: when each rank was busy, and with what (``logging.timeline``).
+
+One JSON line per interval, ``{"rank", "role", "name", "start", "end"}`` (wall-clock seconds), in
+``<run dir>/timeline/rank<global rank>.jsonl``; time not covered by an interval is idle.
+``vcppo bench split`` draws them.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+
+
+class Timeline:
+    """Writes this rank's intervals; a disabled timeline (``path`` None) records nothing."""
+
+    def __init__(self, run_dir: Path | None, role: str):
+        self.rank = int(os.environ.get("VCPPO_GLOBAL_RANK", os.environ.get("RANK", "0")))
+        self.role = role
+        self._file = None
+        if run_dir is not None:
+            directory = Path(run_dir) / "timeline"
+            directory.mkdir(parents=True, exist_ok=True)
+            self._file = open(directory / f"rank{self.rank}.jsonl", "a")
+
+    def record(self, name: str, start: float, end: float) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps({"rank": self.rank, "role": self.role, "name": name,
+                                         "start": start, "end": end}) + "\n")
+            self._file.flush()
+
+    @contextlib.contextmanager
+    def span(self, name: str):
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.record(name, start, time.time())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_timelines(run_dir: Path) -> list[dict]:
+    """Every rank's intervals of a run, sorted by start."""
+    rows = []
+    for path in sorted((Path(run_dir) / "timeline").glob("rank*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(rows, key=lambda r: r["start"])
+
+
+def busy_seconds(rows: list[dict]) -> dict[tuple[int, str], float]:
+    """Seconds per (rank, interval name)."""
+    out: dict[tuple[int, str], float] = {}
+    for r in rows:
+        key = (r["rank"], r["name"])
+        out[key] = out.get(key, 0.0) + r["end"] - r["start"]
+    return out

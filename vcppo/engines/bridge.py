@@ -1,0 +1,228 @@
+"""Split placement's process groups and transport: rollout ranks apart from training ranks.
+
+The launcher (deepspeed, torchrun, SLURM) starts W processes as usual. With
+``placement.mode=split`` the last R of them are *rollout ranks* (vLLM only) and the first
+T = W - R *training ranks* (actor, critic, reference). Each process learns its role from its
+rank and joins its role's own default process group (a "role world"), made from the launcher's
+one rendezvous store under a per-role prefix: ZeRO-3 and every collective of the training code run
+among the training ranks only, vLLM's tensor-parallel groups among the rollout ranks only. The
+environment's RANK / WORLD_SIZE are rewritten to the role world's (DeepSpeed and vLLM read them);
+the launcher's values stay in VCPPO_GLOBAL_RANK / VCPPO_GLOBAL_WORLD_SIZE.
+
+Three more groups join training rank 0 (bridge rank 0) with every rollout rank (bridge ranks
+1..R), built from the same store outside torch.distributed's registry, so neither world's
+collectives can interleave with them:
+
+* ``control`` (gloo): trainer 0 broadcasts control messages (pickled objects);
+* ``weights`` (gloo on CPU, NCCL on GPU): trainer 0 broadcasts the actor's weights, packed into
+  flat buckets, right after the control message that announces them;
+* ``data`` (gloo, trainer 0 and rollout rank 0 only): rollout rank 0 sends scored batches and
+  validation results to trainer 0.
+
+Sends and broadcasts from trainer 0 are asynchronous (the trainer goes on training while a
+rollout rank is still sampling); their buffers are kept until they complete.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as tdist
+
+TRAIN, ROLLOUT = "train", "rollout"
+
+
+@dataclass(frozen=True)
+class Roles:
+    """W launcher ranks: the first ``world_size - rollout_ranks`` train, the last ``rollout_ranks``
+    sample (so on a multi-node launch the rollout ranks fill the last node(s))."""
+    world_size: int
+    rollout_ranks: int
+
+    def __post_init__(self):
+        if not 1 <= self.rollout_ranks < self.world_size:
+            raise ValueError(f"placement.rollout_ranks ({self.rollout_ranks}) must leave at least one training "
+                             f"rank among the {self.world_size} launched ranks (placement.mode=split needs >= 2)")
+
+    @property
+    def train_ranks(self) -> int:
+        return self.world_size - self.rollout_ranks
+
+    def role_of(self, rank: int) -> str:
+        return TRAIN if rank < self.train_ranks else ROLLOUT
+
+    def role_rank(self, rank: int) -> int:
+        """The rank within its role world."""
+        return rank if rank < self.train_ranks else rank - self.train_ranks
+
+    def role_size(self, rank: int) -> int:
+        return self.train_ranks if rank < self.train_ranks else self.rollout_ranks
+
+    def bridge_rank(self, rank: int) -> int | None:
+        """0 for training rank 0, 1..R for the rollout ranks, None for the other training ranks."""
+        if rank == 0:
+            return 0
+        return None if rank < self.train_ranks else rank - self.train_ranks + 1
+
+
+def _rendezvous_store(rank: int, world_size: int, timeout: timedelta):
+    """The launcher's store: rank 0 hosts it at MASTER_ADDR:MASTER_PORT (or torchrun's agent does)."""
+    store, _, _ = next(tdist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
+    return store
+
+
+def init_role_world(roles: Roles, rank: int, backend: str, timeout: timedelta) -> tdist.Store:
+    """Make ``rank``'s role world the default process group; returns the shared store (for the
+    bridge). The environment is rewritten to the role world's RANK / WORLD_SIZE."""
+    store = _rendezvous_store(rank, roles.world_size, timeout)
+    role = roles.role_of(rank)
+    os.environ["VCPPO_GLOBAL_RANK"], os.environ["VCPPO_GLOBAL_WORLD_SIZE"] = str(rank), str(roles.world_size)
+    os.environ["VCPPO_ROLE"] = role
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(roles.role_rank(rank)), str(roles.role_size(rank))
+    tdist.init_process_group(backend, store=tdist.PrefixStore(f"vcppo/{role}/", store),
+                             rank=roles.role_rank(rank), world_size=roles.role_size(rank), timeout=timeout)
+    return store
+
+
+def _group(store, name: str, rank: int, size: int, backend: str, timeout: timedelta):
+    prefixed = tdist.PrefixStore(f"vcppo/bridge/{name}/", store)
+    if backend == "nccl":
+        opts = tdist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return tdist.ProcessGroupNCCL(prefixed, rank, size, opts)
+    return tdist.ProcessGroupGloo(prefixed, rank, size, timeout)
+
+
+def _to_bytes(obj) -> torch.Tensor:
+    return torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+
+
+def _from_bytes(t: torch.Tensor):
+    return pickle.loads(t.numpy().tobytes())
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one named tensor lies in the packed weight buckets."""
+    name: str
+    shape: tuple
+    dtype: torch.dtype
+    bucket: int
+    offset: int
+    numel: int
+
+
+@dataclass(frozen=True)
+class WeightsLayout:
+    """The packing of one weight transfer: the slots, and each bucket's (dtype, numel)."""
+    slots: tuple
+    buckets: tuple
+
+
+def pack_weights(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> tuple[WeightsLayout, list[torch.Tensor]]:
+    """Flat buckets of one dtype each, at most ~``bucket_bytes`` (a larger tensor gets its own)."""
+    slots, buckets, parts = [], [], []
+    current: dict[torch.dtype, int] = {}  # dtype -> the bucket being filled
+    for name, t in named:
+        b = current.get(t.dtype)
+        if b is None or (buckets[b][1] + t.numel()) * t.element_size() > bucket_bytes and buckets[b][1] > 0:
+            b = len(buckets)
+            buckets.append([t.dtype, 0])
+            parts.append([])
+            current[t.dtype] = b
+        slots.append(TensorSlot(name, tuple(t.shape), t.dtype, b, buckets[b][1], t.numel()))
+        buckets[b][1] += t.numel()
+        parts[b].append(t.detach().reshape(-1))
+    flat = [torch.cat(p) if len(p) > 1 else p[0].clone() for p in parts]
+    return WeightsLayout(tuple(slots), tuple((d, n) for d, n in buckets)), flat
+
+
+def unpack_weights(layout: WeightsLayout, flat: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """The named tensors of :func:`pack_weights` (views into ``flat``)."""
+    return [(s.name, flat[s.bucket][s.offset:s.offset + s.numel].view(s.shape)) for s in layout.slots]
+
+
+class Bridge:
+    """The three bridge groups of one member (trainer 0 or a rollout rank)."""
+
+    def __init__(self, store, roles: Roles, rank: int, weights_backend: str, device: torch.device,
+                 timeout: timedelta):
+        self.rank = roles.bridge_rank(rank)
+        if self.rank is None:
+            raise ValueError(f"rank {rank} is not a member of the bridge (training rank 0 and the rollout ranks)")
+        self.size, self.device = roles.rollout_ranks + 1, device
+        self.control = _group(store, "control", self.rank, self.size, "gloo", timeout)
+        # trainer 0 and rollout rank 0 only: the rollout ranks gather a batch on their rank 0 first
+        self.data = _group(store, "data", self.rank, 2, "gloo", timeout) if self.rank <= 1 else None
+        self.weights = _group(store, "weights", self.rank, self.size, weights_backend, timeout)
+        self._pending: list[tuple[object, object]] = []  # (work, the buffers it reads)
+        self._header: tuple | None = None  # a posted control-header receive: (work, tensor)
+
+    # --- trainer 0 -> every rollout rank -------------------------------------------------------
+    def broadcast_control(self, obj, weights: list[torch.Tensor] = ()) -> None:
+        """Root: ``obj`` (and then the weight buckets), asynchronously."""
+        payload = _to_bytes(obj)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+        self._pending.append((self.control.broadcast([size]), size))
+        self._pending.append((self.control.broadcast([payload]), payload))
+        for bucket in weights:
+            bucket = bucket.to(self.device)
+            self._pending.append((self.weights.broadcast([bucket]), bucket))
+
+    def control_ready(self) -> bool:
+        """Member: a control message has arrived (posts the receive of its header if needed)."""
+        if self._header is None:
+            size = torch.zeros(1, dtype=torch.int64)
+            self._header = (self.control.broadcast([size]), size)
+        return self._header[0].is_completed()
+
+    def receive_control(self):
+        """Member: the next control message (blocking)."""
+        self.control_ready()
+        work, size = self._header
+        self._header = None
+        work.wait()
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        self.control.broadcast([payload]).wait()
+        return _from_bytes(payload)
+
+    def receive_weights(self, layout: WeightsLayout) -> list[tuple[str, torch.Tensor]]:
+        """Member: the weight buckets announced by the last control message, unpacked."""
+        flat = [torch.empty(n, dtype=dtype, device=self.device) for dtype, n in layout.buckets]
+        for bucket in flat:
+            self.weights.broadcast([bucket]).wait()
+        return unpack_weights(layout, flat)
+
+    # --- rollout rank 0 -> trainer 0 -----------------------------------------------------------
+    def send(self, obj) -> None:
+        """Rollout rank 0: ``obj`` to trainer 0, asynchronously (in order with earlier sends).
+
+        A broadcast from bridge rank 1 in the two-member data group, not a gloo ``send``: gloo's
+        point-to-point send only makes progress while the sender waits on it, a collective runs
+        on the group's own threads, so the rollout rank goes on sampling while it is delivered."""
+        payload = _to_bytes(obj)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+        self._pending.append((self.data.broadcast(size, 1), size))
+        self._pending.append((self.data.broadcast(payload, 1), payload))
+
+    def receive(self):
+        """Trainer 0: the next object rollout rank 0 sent (blocking)."""
+        size = torch.zeros(1, dtype=torch.int64)
+        self.data.broadcast(size, 1).wait()
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        self.data.broadcast(payload, 1).wait()
+        return _from_bytes(payload)
+
+    # --- both ------------------------------------------------------------------------------------
+    def reap(self) -> None:
+        """Drop the buffers of completed asynchronous sends."""
+        self._pending = [(w, b) for w, b in self._pending if not w.is_completed()]
+
+    def flush(self) -> None:
+        """Wait for every asynchronous send of this member."""
+        for work, _ in self._pending:
+            work.wait()
+        self._pending.clear()
