@@ -61,7 +61,7 @@ def test_split_synchronous_logs_what_colocated_logs(tiny_artifacts, tmp_path):
     assert "split placement: 1 rollout rank(s) sample" in res.stderr
     want, got = records(colocated / "vcppo-seed0"), records(split / "vcppo-seed0")
     assert {k for r in got for k in r} - {k for r in want for k in r} == {"staleness/steps_behind"}
-    assert [r["staleness/steps_behind"] for r in got if r["phase"] == "ppo" and "rollout/reward_mean" in r] \
+    assert [r["staleness/steps_behind"] for r in got if r["phase"] == "ppo" and "reward/mean" in r] \
         == [0.0, 0.0]
     assert_same(comparable(got), comparable(want))  # samples, rewards, losses, validation: to float tolerance
     a, b = final_actor(colocated / "vcppo-seed0"), final_actor(split / "vcppo-seed0")
@@ -81,7 +81,7 @@ def one_step_ahead(tiny_artifacts, tmp_path_factory):
 
 def test_one_step_ahead_trains_on_batches_one_update_old(one_step_ahead):
     _, recs = one_step_ahead
-    ppo = [r for r in recs if r["phase"] == "ppo" and "rollout/reward_mean" in r]
+    ppo = [r for r in recs if r["phase"] == "ppo" and "reward/mean" in r]
     assert [r["staleness/steps_behind"] for r in ppo] == [0.0, 1.0, 1.0, 1.0]
     # the decoupled correction: pi_old recomputed at train time, the stale sampler weighted in
     assert all(0.0 <= r["mismatch/tis_truncated_frac"] <= 1.0 and r["mismatch/tis_weight_mean"] > 0 for r in ppo)

@@ -20,7 +20,7 @@ from vcppo.driver.checkpoint import RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.sampling import share_of_step
 from vcppo.driver.split_protocol import (PPO, BeginPhase, SampledBatch, Start, StepDone, Stop, Validate,
-                                         ValidationResult, held_after_checkpoint)
+                                         ValidationResult, held_after_checkpoint, phase_of)
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.bridge import pack_weights
@@ -74,17 +74,17 @@ class RemoteSource:
 
     # --- the source ------------------------------------------------------------------------------
     def start(self, state: RunState, resumed: bool) -> None:
-        self.phase = state.phase
-        done = state.step if state.phase == PPO else state.pretrain_step
+        self.phase = phase_of(state.phase)
+        done = state.step if self.phase == PPO else state.pretrain_step
         held = self._load_inflight() if resumed else []
-        layout, buckets = self._weights(self.ctx.actor) if (state.phase == PPO and state.step > 0) else (None, [])
+        layout, buckets = self._weights(self.ctx.actor) if (self.phase == PPO and state.step > 0) else (None, [])
         self.consumed_state = state.data if resumed else None
         if self.dist.is_main:
             for msg in held:
                 self.mailbox[("batch", msg.phase, msg.step)] = msg
             prompt_state = held[-1].prompt_state if held else self.consumed_state
-            self._send(Start(phase=state.phase, next_step=done + 1 + len(held), trainer_done=done,
-                             version=state.step if state.phase == PPO else 0, prompt_state=prompt_state,
+            self._send(Start(phase=self.phase, next_step=done + 1 + len(held), trainer_done=done,
+                             version=state.step if self.phase == PPO else 0, prompt_state=prompt_state,
                              weights=layout), buckets)
 
     def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
@@ -124,10 +124,11 @@ class RemoteSource:
 
     def checkpoint(self, stage: Path, state: RunState) -> dict:
         """Main rank: the in-flight batches saved with the checkpoint; the prompt position after them."""
-        done = state.step if state.phase == PPO else state.pretrain_step
-        total = self.cfg.trainer.total_steps if state.phase == PPO else self.cfg.value_pretrain.steps
-        held = [self._fetch(("batch", state.phase, j))
-                for j in held_after_checkpoint(state.phase, done, total, self.cfg.trainer.max_staleness)]
+        phase = phase_of(state.phase)
+        done = state.step if phase == PPO else state.pretrain_step
+        total = self.cfg.trainer.total_steps if phase == PPO else self.cfg.value_pretrain.steps
+        held = [self._fetch(("batch", phase, j))
+                for j in held_after_checkpoint(phase, done, total, self.cfg.trainer.max_staleness)]
         if held:
             torch.save({"batches": [_batch_record(m) for m in held]}, stage / INFLIGHT)
         return held[-1].prompt_state if held else self.consumed_state

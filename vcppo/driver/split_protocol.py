@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 from vcppo.engines.bridge import WeightsLayout
 from vcppo.experience import Rollout
 
-PRETRAIN, PPO = "value_pretrain", "ppo"
+PRETRAIN, PPO = "pretrain", "ppo"  # the step plans' phase names, which key the sampling seeds
+
+
+def phase_of(run_phase: str) -> str:
+    """The protocol's name for a checkpoint's phase ("value_pretrain" or "ppo")."""
+    return PRETRAIN if run_phase == "value_pretrain" else run_phase
 
 
 def lookahead(phase: str, max_staleness: int) -> int:
