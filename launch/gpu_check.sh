@@ -77,5 +77,18 @@ step train 300 env NUM_GPUS="$TP" MASTER_PORT="${MASTER_PORT:-29561}" launch/sin
   trainer.val_max_prompts=64 trainer.save_every=0 algorithm.rollout_is_cap=2.0 \
   actor.micro_batch_size=64 critic.micro_batch_size=64 logging.progress_bar=false \
   && step train_summary 30 "$PY" -m vcppo.bench.gpu_check train-summary "$W/runs/gpu-check" "$OUT_DIR/train_summary.json"
+# Split placement (2+ GPUs): GPU 1 samples with vLLM (never asleep), GPU 0 trains; NCCL carries the weights.
+if [ "$NUM_GPUS" -ge 2 ]; then
+  step train_split 300 env NUM_GPUS=2 MASTER_PORT="${MASTER_PORT:-29561}" launch/single_node.sh vcppo \
+    model.policy_path="$W/model" model.dtype=bfloat16 placement.mode=split trainer.max_staleness=1 \
+    data.train_files="$W/data/train.parquet" data.val_files="$W/data/val.parquet" \
+    trainer.output_root="$W/runs" trainer.run_name=gpu-check-split trainer.total_steps=4 trainer.prompts_per_step=64 \
+    rollout.n_samples_per_prompt=8 rollout.max_response_tokens=256 rollout.gpu_memory_utilization=0.6 \
+    rollout.enforce_eager=false value_pretrain.steps=2 value_pretrain.reuse=false trainer.val_every=0 \
+    trainer.val_max_prompts=64 trainer.save_every=0 algorithm.rollout_is_cap=2.0 logging.timeline=true \
+    actor.micro_batch_size=64 critic.micro_batch_size=64 logging.progress_bar=false \
+    && step train_split_summary 30 "$PY" -m vcppo.bench.gpu_check train-summary "$W/runs/gpu-check-split" \
+      "$OUT_DIR/train_split_summary.json"
+fi
 log "done: status $STATUS"
 exit "$STATUS"

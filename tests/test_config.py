@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import yaml
 
@@ -200,3 +202,23 @@ def test_sampler_logprobs_off_while_a_key_needs_them_names_both_keys(user):
     with pytest.raises(ConfigError) as e:
         load_config("vcppo", ["rollout.sampler_logprobs=false", user])
     assert "rollout.sampler_logprobs" in str(e.value) and user.split("=")[0] in str(e.value)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["trainer.max_staleness=1"], "trainer.max_staleness"),  # colocated ranks are never stale
+    (["placement.mode=split", "trainer.max_staleness=1"], "algorithm.rollout_is_cap"),
+    (["placement.mode=split", "trainer.max_staleness=1", "algorithm.rollout_is_cap=2",
+      "algorithm.old_logprobs_from_sampler=true"], "algorithm.old_logprobs_from_sampler"),
+    (["placement.mode=split", "trainer.max_staleness=1", "algorithm.rollout_is_cap=2",
+      "rollout.sampler_logprobs=false"], "rollout.sampler_logprobs"),
+    (["placement.mode=split", "rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size"),
+    (["placement.mode=spilt"], "placement.mode"),
+])
+def test_split_placement_settings_that_cannot_work_name_their_key(overrides, key):
+    with pytest.raises(ConfigError, match=re.escape(f"'{key}'")):
+        load_config("vcppo", overrides)
+
+
+def test_split_placement_with_staleness_and_a_cap_loads():
+    cfg = load_config("vcppo", ["placement.mode=split", "trainer.max_staleness=1", "algorithm.rollout_is_cap=2"])
+    assert cfg.placement.rollout_ranks == 1 and cfg.trainer.max_staleness == 1

@@ -303,6 +303,10 @@ def validate(cfg: Config) -> None:
 def _check_placement(cfg: Config) -> None:
     """Split placement and staleness: what a run ahead of training needs (docs/launching.md)."""
     staleness = cfg.trainer.max_staleness
+    if cfg.placement.mode == "split" and cfg.rollout.tensor_parallel_size > 1:
+        raise ConfigError(f"config key 'rollout.tensor_parallel_size' ({cfg.rollout.tensor_parallel_size}) must be 1 "
+                          "with placement.mode=split: tensor-parallel rollout groups are not built on rollout ranks "
+                          "yet (each rollout rank runs one whole engine)")
     if staleness and cfg.placement.mode != "split":
         raise ConfigError(f"config key 'trainer.max_staleness' ({staleness}) needs placement.mode=split: "
                           "colocated ranks sample and train in turn, so a batch is never stale")

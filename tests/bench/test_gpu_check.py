@@ -36,8 +36,9 @@ def test_script_parses():
 @pytest.mark.parametrize("gpus,tp", [("0", 1), ("1", 1), ("2", 2), ("8", 2)])
 def test_dry_run_plans_every_step_with_tp_by_gpu_count(tmp_path, gpus, tp):
     steps = dry_run(tmp_path / "out", NUM_GPUS=gpus)
+    split = ["train_split", "train_split_summary"] if tp == 2 else []  # split placement needs 2 GPUs
     assert list(steps) == ["plan", "bf16", "gpu_tests", "bench_gae", "gae_bandwidth", "sleep_wake", "mismatch",
-                           "make_data", "make_model", "train", "train_summary", "done"]
+                           "make_data", "make_model", "train", "train_summary", *split, "done"]
     assert f"tensor_parallel_size={tp} over {tp} rank" in steps["plan"]
     train = shlex.split(steps["train"])
     assert f"NUM_GPUS={tp}" in train and f"rollout.tensor_parallel_size={tp}" in train
@@ -51,6 +52,10 @@ def test_dry_run_training_overrides_are_valid_config(tmp_path):
     cfg = load_config(train[preset], train[preset + 1:])  # a typo in the script raises here
     assert cfg.model.dtype == "bfloat16" and cfg.algorithm.rollout_is_cap == 2.0
     assert cfg.trainer.prompts_per_step % 2 == 0  # divisible by the 2 ranks
+    split = shlex.split(steps["train_split"])
+    preset = split.index("launch/single_node.sh") + 1
+    cfg = load_config(split[preset], split[preset + 1:])
+    assert "NUM_GPUS=2" in split and cfg.placement.mode == "split" and cfg.trainer.max_staleness == 1
     mismatch = shlex.split(steps["mismatch"])
     args = parse_mismatch_args(mismatch[mismatch.index("mismatch") + 1:])
     assert args.dtypes == "float32,bfloat16" and args.json.endswith("mismatch.json")

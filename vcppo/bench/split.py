@@ -15,12 +15,15 @@ The workload: the factory's ``small`` model (the demo's size, random weights) wi
 char tokenizer on the ``add`` prompts, sampled at temperature 1. A random model stops where it
 happens to draw EOS, so response lengths are geometric: ``tail`` allows up to 1,024 tokens
 (lengths from a few tokens to the cap: the long tail of CoT), ``demo`` the demo's 128.
-Value pretraining is off: what is compared is the PPO step.
+Value pretraining is off unless ``--pretrain-steps N``: then its steps are timed too (the policy
+is frozen, so a split run samples one batch ahead there at no off-policy cost).
 
 Figures per mode (rounds alternate the modes, A B C A B C): steps per hour and response tokens
-per second over PPO steps 2..N (step 1 includes start-up), each against ``colocated``; per rank,
-the seconds busy by phase (``logging.timeline``) and idle. ``--png``: the last round's
-timelines, one row per rank.
+per second over PPO steps 2..N (step 1 includes start-up), each against ``colocated``; value
+pretraining's steps per hour over its steps 2..N; per rank, the seconds busy by phase
+(``logging.timeline``) and idle; for split runs, the weight transfer (the actor's bytes, the
+seconds the rollout rank spends receiving them) against a plain in-memory copy of the same bytes.
+``--png``: the last round's timelines, one row per rank.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vcppo.driver.timeline import busy_seconds, read_timelines
+from vcppo.driver.timeline import busy_seconds, clip, read_timelines
 
 MODES = {"colocated": ["placement.mode=colocated"],
          "split0": ["placement.mode=split", "trainer.max_staleness=0"],
@@ -51,6 +54,7 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--size", default="small", help="model size (vcppo.models.factory.SIZES)")
     ap.add_argument("--rounds", type=int, default=1, help="the modes alternated this many times")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pretrain-steps", type=int, default=0, help="value-pretraining steps before PPO (0: off)")
     ap.add_argument("--workdir", default="runs/bench_split", help="model, data and the runs")
     ap.add_argument("--json", default=None)
     ap.add_argument("--png", default=None, help="draw the last round's per-rank timelines here")
@@ -86,11 +90,49 @@ def run_command(args, mode: str, out: Path) -> list[str]:
                  f"trainer.output_root={out}", f"trainer.total_steps={args.steps}", f"trainer.seed={args.seed}",
                  f"trainer.prompts_per_step={args.prompts}", f"rollout.n_samples_per_prompt={args.n}",
                  f"rollout.max_response_tokens={WORKLOADS[args.workload]}", "rollout.temperature=1.0",
-                 "value_pretrain.enabled=false", "trainer.save_every=0", "trainer.val_every=0",
+                 *_pretrain_overrides(args.pretrain_steps), "trainer.save_every=0", "trainer.val_every=0",
                  "algorithm.rollout_is_cap=2.0", "logging.timeline=true", "logging.wandb=false",
                  "logging.progress_bar=false", *MODES[mode]]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.ranks}", f"--master_port={_free_port()}", "-m", "vcppo.cli",
             "train", "vcppo", *overrides]
+
+
+def _pretrain_overrides(steps: int) -> list[str]:
+    if not steps:
+        return ["value_pretrain.enabled=false"]
+    return [f"value_pretrain.steps={steps}", "value_pretrain.early_stop=false", "value_pretrain.reuse=false"]
+
+
+def _steps_per_hour(records: list[dict]) -> float | None:
+    """Over steps 2..N of one phase's records (step 1 includes start-up)."""
+    return 3600 * (len(records) - 1) / (records[-1]["time"] - records[0]["time"]) if len(records) > 2 else None
+
+
+def weight_transfers(rows: list[dict]) -> dict | None:
+    """The rollout rank's weight receptions: how many, and their mean seconds (None: none)."""
+    spans = [r["end"] - r["start"] for r in rows if r["name"] == "receive_weights"]
+    return {"count": len(spans), "mean_s": sum(spans) / len(spans)} if spans else None
+
+
+def plain_copy_seconds(nbytes: int, repeats: int = 5) -> float:
+    """The best of ``repeats`` in-memory copies of ``nbytes`` (the floor a transfer is held against)."""
+    import time
+
+    import torch
+    src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        src.clone()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def model_bytes(model_dir: Path) -> int:
+    """The bytes of a model's weights as saved (what one transfer carries when trained in that dtype)."""
+    from safetensors.torch import load_file
+    return sum(t.numel() * t.element_size() for path in model_dir.glob("*.safetensors")
+               for t in load_file(str(path)).values())
 
 
 def figures(run_dir: Path, samples_per_step: int) -> dict:
@@ -98,15 +140,18 @@ def figures(run_dir: Path, samples_per_step: int) -> dict:
     records = sorted((json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()),
                      key=lambda r: r["step"])
     ppo = [r for r in records if r["phase"] == "ppo" and "perf/response_tokens" in r]
+    pretrain = [r for r in records if r["phase"] == "value_pretrain"]
     span = ppo[-1]["time"] - ppo[0]["time"]
     tokens = sum(r["perf/response_tokens"] for r in ppo[1:])
     rows = read_timelines(run_dir)
-    window = [r for r in rows if r["start"] >= ppo[0]["time"] and r["end"] <= ppo[-1]["time"]]
+    window = clip(rows, ppo[0]["time"], ppo[-1]["time"])
+    pretrain_rate = _steps_per_hour(pretrain)
     busy = {f"rank{rank}/{name}": round(s, 3) for (rank, name), s in sorted(busy_seconds(window).items())}
     return {"steps_per_hour": 3600 * (len(ppo) - 1) / span, "response_tokens_per_s": tokens / span,
             "seconds": span, "steps": len(ppo) - 1,
             "mean_response_tokens": tokens / (samples_per_step * (len(ppo) - 1)),
-            "busy_s": busy, "window": [ppo[0]["time"], ppo[-1]["time"]]}
+            "busy_s": busy, "window": [ppo[0]["time"], ppo[-1]["time"]],
+            "pretrain_steps_per_hour": pretrain_rate, "weight_transfer": weight_transfers(rows)}
 
 
 def draw(runs: dict[str, Path], windows: dict[str, list], path: Path) -> None:
@@ -120,18 +165,21 @@ def draw(runs: dict[str, Path], windows: dict[str, list], path: Path) -> None:
     palette = plt.get_cmap("tab10").colors
     for ax, (mode, run_dir) in zip(axes[:, 0], runs.items()):
         t0, t1 = windows[mode]
-        rows = [r for r in read_timelines(run_dir) if r["end"] > t0 and r["start"] < t1]
+        rows = clip(read_timelines(run_dir), t0, t1)
         ranks = sorted({r["rank"] for r in rows})
         for r in rows:
             name = "wait for batch" if r["role"] == "train" and r["name"] == "rollout" else r["name"]
             colour = colours.setdefault(name, palette[len(colours) % len(palette)])
-            ax.broken_barh([(max(r["start"], t0) - t0, min(r["end"], t1) - max(r["start"], t0))],
-                           (ranks.index(r["rank"]) - 0.4, 0.8), color=colour, label=name)
+            ax.broken_barh([(r["start"] - t0, r["end"] - r["start"])], (ranks.index(r["rank"]) - 0.4, 0.8),
+                           color=colour, label=name)
         ax.set_yticks(range(len(ranks)), [f"rank {k} ({next(r['role'] for r in rows if r['rank'] == k)})"
                                           for k in ranks])
         ax.set_title(f"{mode}: steps 2..N, white = idle", fontsize=9)
-        ax.set_xlim(0, t1 - t0)
-    handles = {h.get_label(): h for ax in axes[:, 0] for h in ax.containers}
+        ax.set_xlim(0, max(b - a for a, b in windows.values()))  # one scale: panel lengths compare
+    handles = {}  # one legend entry per phase name, over every panel
+    for ax in axes[:, 0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(6, len(handles)), fontsize=8)
     axes[-1, 0].set_xlabel("seconds")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
@@ -164,11 +212,18 @@ def main(argv=None) -> dict:
                   f"{f['mean_response_tokens']:.0f} tokens/sample)", flush=True)
     summary = _summarise(results)
     for mode, s in summary.items():
+        pretrain = f"  value pretraining {s['pretrain_steps_per_hour']:.1f} steps/h" \
+            if s.get("pretrain_steps_per_hour") else ""
         print(f"{mode:10s} {s['steps_per_hour']:8.1f} steps/h ({s['vs_colocated']:.2f}x colocated)  "
-              f"{s['response_tokens_per_s']:8.1f} response tok/s")
+              f"{s['response_tokens_per_s']:8.1f} response tok/s{pretrain}")
+    transfer = _transfer_figures(results, workdir / f"model-{args.size}")
+    if transfer:
+        print(f"weights: {transfer['bytes'] / 2**20:.1f} MiB per transfer; the rollout rank receives them in "
+              f"{1e3 * transfer['receive_s']:.1f} ms ({transfer['receive_gb_per_s']:.2f} GB/s), a plain copy takes "
+              f"{1e3 * transfer['plain_copy_s']:.1f} ms ({transfer['plain_copy_gb_per_s']:.2f} GB/s)")
     out = {"workload": args.workload, "max_response_tokens": WORKLOADS[args.workload], "ranks": args.ranks,
            "steps": args.steps, "prompts": args.prompts, "n": args.n, "size": args.size, "summary": summary,
-           "runs": results}
+           "weight_transfer": transfer, "runs": results}
     if args.png:
         draw(last, {m: results[m][-1]["window"] for m in modes}, Path(args.png))
         print(f"timeline: {args.png}")
@@ -177,11 +232,25 @@ def main(argv=None) -> dict:
     return out
 
 
+def _transfer_figures(results: dict[str, list[dict]], model_dir: Path) -> dict | None:
+    """The split runs' mean reception time against a plain copy of the same bytes."""
+    seen = [r["weight_transfer"] for runs in results.values() for r in runs if r.get("weight_transfer")]
+    if not seen:
+        return None
+    nbytes = model_bytes(model_dir)
+    receive = sum(t["mean_s"] * t["count"] for t in seen) / sum(t["count"] for t in seen)
+    copy = plain_copy_seconds(nbytes)
+    return {"bytes": nbytes, "receive_s": receive, "plain_copy_s": copy, "receive_gb_per_s": nbytes / receive / 1e9,
+            "plain_copy_gb_per_s": nbytes / copy / 1e9}
+
+
 def _summarise(results: dict[str, list[dict]]) -> dict:
     """Per mode, the mean over rounds; the ratio of steps per hour against colocated's."""
     out = {}
     for mode, runs in results.items():
         out[mode] = {k: sum(r[k] for r in runs) / len(runs) for k in ("steps_per_hour", "response_tokens_per_s")}
+        rates = [r["pretrain_steps_per_hour"] for r in runs if r.get("pretrain_steps_per_hour")]
+        out[mode]["pretrain_steps_per_hour"] = sum(rates) / len(rates) if rates else None
     base = out.get("colocated", {}).get("steps_per_hour")
     for s in out.values():
         s["vs_colocated"] = s["steps_per_hour"] / base if base else float("nan")

@@ -68,8 +68,10 @@ class RolloutServer:
 
     def handle(self, msg) -> None:
         if isinstance(msg, (Start, StepDone)) and msg.weights is not None:
+            with self.timeline.span("receive_weights"):
+                named = self.bridge.receive_weights(msg.weights)
             with self.timeline.span("load_weights"):
-                self.engine.sync_weights(self.bridge.receive_weights(msg.weights))
+                self.engine.sync_weights(named)
         if isinstance(msg, Start):
             self.phase, self.next_step, self.trainer_done, self.version = \
                 msg.phase, msg.next_step, msg.trainer_done, msg.version

@@ -53,6 +53,12 @@ def read_timelines(run_dir: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["start"])
 
 
+def clip(rows: list[dict], start: float, end: float) -> list[dict]:
+    """The parts of ``rows`` inside the window [start, end]."""
+    return [{**r, "start": max(r["start"], start), "end": min(r["end"], end)}
+            for r in rows if r["end"] > start and r["start"] < end]
+
+
 def busy_seconds(rows: list[dict]) -> dict[tuple[int, str], float]:
     """Seconds per (rank, interval name)."""
     out: dict[tuple[int, str], float] = {}
