@@ -14,8 +14,11 @@ $(VENV)/.vcppo-installed: setup.py scripts/install.sh
 	scripts/install.sh $(VENV)
 
 # pytest exits 5 when it collects no test: that is a failure here too (make stops on any non-zero).
+# Two workers, a test file per worker at a time (a module's fixtures run once): most of the suite's
+# time is processes starting vLLM and DeepSpeed, which two cores overlap.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The edit-test loop: unit tests on fakes and plain tensors, no real engine, no second rank
 # (under 2 minutes on the 2-core CPU machine). `make test` runs these and the rest.
