@@ -15,6 +15,8 @@ def _write_run(run, n_pre=3, n_ppo=5):
                  "reward/mean": -1 + 0.2 * s, "critic/explained_variance": 0.05 * s,
                  "adv/position_corr": -0.5 + 0.1 * s} for s in range(1, n_ppo + 1)]
     records += [{"phase": "val", "step": s, "val/pass@1_greedy": 0.3 + 0.1 * (s // 5)} for s in (0, 5)]
+    for i, r in enumerate(records):
+        r["time"] = 1000.0 + 60 * i  # a record a minute
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
@@ -26,7 +28,7 @@ def test_report_of_one_run_writes_its_plots_and_table(tmp_path, capsys):
     page = (out / "report.md").read_text()
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert {"response_length.png", "accuracy.png", "validation.png", "value_pretraining.png",
-            "advantage_profile.png"} <= set(pngs)
+            "advantage_profile.png", "validation_wallclock.png"} <= set(pngs)
     assert all((out / p).stat().st_size > 1000 for p in pngs)  # real images, not empty files
     assert page.startswith("# unit") and all(f"({p})" in page for p in pngs)
     assert "vcppo-seed0" in page

@@ -80,6 +80,34 @@ def _line_plot(plt, out_dir: Path, data: dict, fname: str, phase: str, keys: lis
     return (fname, title) if drew else None
 
 
+def _wallclock_plot(plt, out_dir: Path, data: dict) -> tuple[str, str] | None:
+    """Validation pass@1 (greedy and sampled) against minutes since the run's first record: what a
+    faster schedule (split placement) buys at equal steps shows as the same curve, further left."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    drew = False
+    for ax, (key, label) in zip(axes, (("val/pass@1_greedy", "val greedy pass@1"), ("val/pass@1", "val sampled pass@1"))):
+        for i, (name, d) in enumerate(data.items()):
+            records = d["value_pretrain"] + d["ppo"] + d["val"]
+            points = [(r["time"], r[key]) for r in d["val"] if r.get(key) is not None and "time" in r]
+            if points and records:
+                start = min(r["time"] for r in records if "time" in r)
+                ax.plot([(t - start) / 60 for t, _ in points], [v for _, v in points], label=name,
+                        color=f"C{i % 10}", marker=".")
+                drew = True
+        if ax.lines:
+            ax.legend(fontsize=7)
+        ax.set_xlabel("minutes since the run's first step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    title = "Validation against wall-clock"
+    if drew:
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(out_dir / "validation_wallclock.png", dpi=110)
+    plt.close(fig)
+    return ("validation_wallclock.png", title) if drew else None
+
+
 def _advantage_profile_plot(plt, out_dir: Path, data: dict) -> tuple[str, str] | None:
     """Advantage vs position: first and last record of value pretraining (or of PPO without it)."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -142,6 +170,7 @@ def make_report(run_dirs: list[Path], out_dir: Path, title: str = "vcppo report"
     data = {d.name: {ph: sorted(read_metrics(d, ph), key=lambda r: r["step"])
                      for ph in ("ppo", "value_pretrain", "val")} for d in run_dirs}
     plots = [_line_plot(plt, out_dir, data, *spec) for spec in _LINE_PLOTS]
+    plots.append(_wallclock_plot(plt, out_dir, data))
     plots.append(_advantage_profile_plot(plt, out_dir, data))
     plots = [p for p in plots if p is not None]
     summaries = [run_summary(d) for d in run_dirs]
