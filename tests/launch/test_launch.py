@@ -86,3 +86,18 @@ def test_chain_ablation_dry_run_lists_every_run_and_builds_nothing(tmp_path):
             for line in runs}
     assert len(dirs) == 30 and all("model.policy_path=chain/sft" in line for line in runs)
     assert not any(tmp_path.iterdir())
+
+
+def test_split_chain_script_overrides_load_for_both_modes():
+    """launch/split_chain.sh: its shared overrides, with each mode's placement, are a valid config."""
+    import re
+
+    from vcppo.config import load_config
+    text = (REPO / "launch/split_chain.sh").read_text()
+    common = re.search(r"COMMON=\((.*?)\)", text, re.S).group(1).split()
+    modes = [m.split() for m in re.findall(r"placement=\((.*?)\)", text)]
+    assert len(modes) == 2
+    for placement in modes:
+        cfg = load_config("vcppo", [*common, *placement, "trainer.seed=1"])
+        assert cfg.algorithm.lambda_actor == 0.8 and cfg.trainer.total_steps == 50
+    assert cfg.placement.mode == "split" and cfg.trainer.max_staleness == 1
