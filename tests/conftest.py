@@ -10,7 +10,22 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# The longest test files (seconds each under `make test`'s two workers), collected first: pytest-xdist's
+# loadfile hands files out in collection order, and starting the longest first keeps one worker from
+# running a long file alone at the end (longest-first scheduling).
+LONGEST_FIRST = ("tests/test_demo.py", "tests/driver/test_bpe_e2e.py", "tests/driver/test_exact_resume_e2e.py",
+                 "tests/driver/test_split_e2e.py", "tests/driver/test_train_e2e.py", "tests/bench/test_bench.py",
+                 "tests/engines/test_nonfinite.py", "tests/launch/test_launch.py", "tests/engines/test_distributed.py",
+                 "tests/driver/test_guards_e2e.py", "tests/driver/test_resume_integrity_e2e.py", "tests/test_sweep.py")
+
+
+def _longest_first(items) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: file order kept
+
+
 def pytest_collection_modifyitems(config, items):
+    _longest_first(items)
     try:
         import torch
         has_cuda = torch.cuda.is_available()
