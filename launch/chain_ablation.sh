@@ -11,15 +11,7 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VCPPO="${VCPPO:-$( [ -x "$REPO/.venv/bin/vcppo" ] && echo "$REPO/.venv/bin/vcppo" || echo vcppo )}"
-if [[ " $* " != *" --dry-run "* ]]; then
-  [ -f chain/data/train.parquet ] || "$VCPPO" data make --task chain --out chain/data --n 20000 --n-eval 300 \
-    --difficulty 1 --operands 8 --seed 0
-  [ -f chain/init-small/config.json ] || "$VCPPO" model make --size small --out chain/init-small
-  # the demo preset's SFT recipe (constant lr after warm-up), run to 1000 steps instead of a target
-  [ -f chain/sft/sft_summary.json ] || "$VCPPO" sft demo demo.workdir=chain sft.steps=1000 \
-    sft.target_accuracy=0 sft.max_minutes=0 sft.eval_every=100 logging.wandb=false
-  [ -f chain/rm/rm_summary.json ] || "$VCPPO" rm demo demo.workdir=chain logging.wandb=false
-fi
+[[ " $* " == *" --dry-run "* ]] || "$REPO/launch/chain_build.sh"
 "$VCPPO" sweep chain_ablation --keep-going "$@"
 "$VCPPO" sweep chain_lambda --keep-going "$@"
 "$VCPPO" sweep chain_vp_budget --keep-going "$@"

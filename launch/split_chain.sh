@@ -1,20 +1,15 @@
 #!/usr/bin/env bash
 # Does split placement learn as well? (docs/results.md): VC-PPO on `chain` at lambda_actor 0.8, colocated
 # synchronous against split with staleness 1, both over 2 ranks of one thread (torchrun), 3 seeds, 50 PPO
-# steps after 80 value-pretraining steps (one cached critic for every run). Builds chain/ as
-# launch/chain_ablation.sh does (skipped where it exists); runs go to runs/split_chain/. A finished run is skipped.
+# steps after 80 value-pretraining steps (one cached critic for every run). Builds chain/ with
+# launch/chain_build.sh (skipped where it exists); runs go to runs/split_chain/. A finished run is skipped.
 #   launch/split_chain.sh
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VCPPO="${VCPPO:-$( [ -x "$REPO/.venv/bin/vcppo" ] && echo "$REPO/.venv/bin/vcppo" || echo vcppo )}"
 PY="$(dirname "$(command -v "$VCPPO" || echo "$VCPPO")")/python"
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 WANDB_MODE=offline
-[ -f chain/data/train.parquet ] || "$VCPPO" data make --task chain --out chain/data --n 20000 --n-eval 300 \
-  --difficulty 1 --operands 8 --seed 0
-[ -f chain/init-small/config.json ] || "$VCPPO" model make --size small --out chain/init-small
-[ -f chain/sft/sft_summary.json ] || "$VCPPO" sft demo demo.workdir=chain sft.steps=1000 \
-  sft.target_accuracy=0 sft.max_minutes=0 sft.eval_every=100 logging.wandb=false
-[ -f chain/rm/rm_summary.json ] || "$VCPPO" rm demo demo.workdir=chain logging.wandb=false
+"$REPO/launch/chain_build.sh"
 COMMON=(model.policy_path=chain/sft model.tokenizer_path=chain/sft model.critic_path=chain/rm
   data.train_files=chain/data/train.parquet data.val_files=chain/data/val.parquet trainer.total_steps=50
   trainer.prompts_per_step=16 rollout.n_samples_per_prompt=4 rollout.max_response_tokens=128 trainer.val_every=10
