@@ -63,6 +63,11 @@ class RemoteSource:
                 self.mailbox[("batch", msg.phase, msg.step)] = msg
         return self.mailbox[key]
 
+    def _take(self, key: tuple) -> SampledBatch | ValidationResult:
+        """:meth:`_fetch`, and out of the mailbox."""
+        self._fetch(key)
+        return self.mailbox.pop(key)
+
     def _send(self, msg, weights: list[torch.Tensor] = ()) -> None:
         self.bridge.reap()
         self.bridge.broadcast_control(msg, weights)
@@ -89,10 +94,7 @@ class RemoteSource:
 
     def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
         start = time.perf_counter()
-        msg = self._fetch(("batch", phase, step)) if self.dist.is_main else None
-        if self.dist.is_main:
-            del self.mailbox[("batch", phase, step)]
-        msg = D.broadcast_object(msg)
+        msg = D.broadcast_object(self._take(("batch", phase, step)) if self.dist.is_main else None)
         self.consumed_state = msg.prompt_state
         batch = share_of_step(msg.rollout, self.dist, balance=self.cfg.trainer.balance_batch)
         metrics = dict(msg.metrics)
@@ -119,8 +121,7 @@ class RemoteSource:
         if not self.cfg.data.val_files or not self.dist.is_main:
             return {}
         self._send(Validate(step=step))
-        self._fetch(("val", step))
-        return self.mailbox.pop(("val", step)).metrics
+        return self._take(("val", step)).metrics
 
     def checkpoint(self, stage: Path, state: RunState) -> dict:
         """Main rank: the in-flight batches saved with the checkpoint; the prompt position after them."""
