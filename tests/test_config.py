@@ -146,6 +146,8 @@ def test_demo_preset_derives_every_path_from_its_workdir():
 @pytest.mark.parametrize("override,field", [
     ("actor.lr=1e999", "actor.lr"),
     ("actor.lr=nan", "actor.lr"),
+    ("actor.lr=1e30", "actor.lr"),  # finite, but one AdamW step moves every weight by ~1e30
+    ("critic.lr=2", "critic.lr"),
     ("sft.target_accuracy=1.5", "sft.target_accuracy"),
     ("rm.heldout_frac=0", "rm.heldout_frac"),
     ("eval.k=[1,16]", "eval.k"),
@@ -188,6 +190,7 @@ def test_check_paths_per_command_names_the_key(command, key, tmp_path):
     (["critic.confidence_features=true"], "cpu", True),             # the critic's confidence head
     (["rollout.sampler_logprobs=true"], "cpu", True),
     (["rollout.sampler_logprobs=false"], "cuda", False),
+    (["rollout.top_p=0.9", "model.dtype=bfloat16"], "cuda", False),  # nucleus logprobs: metrics would be biased
 ])
 def test_sampler_logprobs_are_asked_for_only_when_used(overrides, device, wanted):
     import torch
@@ -202,6 +205,14 @@ def test_sampler_logprobs_off_while_a_key_needs_them_names_both_keys(user):
     with pytest.raises(ConfigError) as e:
         load_config("vcppo", ["rollout.sampler_logprobs=false", user])
     assert "rollout.sampler_logprobs" in str(e.value) and user.split("=")[0] in str(e.value)
+
+
+@pytest.mark.parametrize("reader", ["algorithm.rollout_is_cap=2", "algorithm.old_logprobs_from_sampler=true",
+                                    "critic.confidence_features=true", "rollout.sampler_logprobs=true"])
+def test_top_p_below_one_with_a_reader_of_the_sampler_logprobs_names_both_keys(reader):
+    with pytest.raises(ConfigError) as e:
+        load_config("vcppo", ["rollout.top_p=0.9", reader])
+    assert "'rollout.top_p'" in str(e.value) and reader.split("=")[0] in str(e.value)
 
 
 @pytest.mark.parametrize("overrides, key", [

@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The ``vcppo`` console script and ``python -m vcppo.cli``: :func:`main`, then an exit that a
     multi-rank run cannot turn into an abort after its work is done (dist.exit_process)."""
+    from vcppo.engines import lifetime
+    lifetime.mark_ends_after_command()
     code = main()
     dist = sys.modules.get("vcppo.engines.dist")  # only loaded by commands that start engines
     if dist is None:

@@ -62,7 +62,10 @@ class RolloutConfig:
     temperature: float = _f(1.0, "Sampling temperature of training and pass@k samples (> 0: the trainer "
                             "divides logits by it; greedy evaluation needs no setting).", low=0.0,
                             low_open=True)
-    top_p: float = _f(1.0, "Nucleus sampling top-p.", low=0.0, high=1.0, low_open=True)
+    top_p: float = _f(1.0, "Nucleus sampling top-p. Below 1 the sampler's logprobs are the truncated "
+                      "distribution's, so nothing may read them (TIS, pi_old from the sampler, confidence "
+                      "features, staleness, mismatch/* metrics): a config error says which key does.",
+                      low=0.0, high=1.0, low_open=True)
     max_response_tokens: int = _f(512, "Maximum generated tokens per response (the context budget).", low=1)
     stop: List[str] = _f([], "Extra stop strings (the tokenizer's EOS always stops).")
     gpu_memory_utilization: Optional[float] = _f(None, "vLLM memory share; on CPU the share of host RAM "
@@ -102,7 +105,7 @@ class EngineConfig:
 @dataclass
 class OptimConfig(EngineConfig):
     """A trained engine: AdamW + learning-rate schedule (actor, critic, SFT, reward model)."""
-    lr: float = _f(1e-6, "Peak learning rate.", low=0.0)
+    lr: float = _f(1e-6, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0)
     weight_decay: float = _f(0.0, "AdamW weight decay.", low=0.0)
     betas: List[float] = _f([0.9, 0.95], "AdamW betas.")
     warmup_steps: int = _f(0, "Linear learning-rate warm-up, in optimizer steps.", low=0)
@@ -126,7 +129,7 @@ class ActorConfig(UpdateConfig):
 
 @dataclass
 class CriticConfig(UpdateConfig):
-    lr: float = _f(2e-6, "Peak learning rate (paper: critic 2e-6 vs actor 1e-6).", low=0.0)
+    lr: float = _f(2e-6, "Peak learning rate (paper: critic 2e-6 vs actor 1e-6; at most 1).", low=0.0, high=1.0)
     value_clip: Optional[float] = _f(0.5, "Clip range of the value loss around old values (null: off).", low=0.0)
     confidence_features: bool = _f(False, "The value head also reads the policy's confidence in the tokens "
                                    "written so far (the sampler's logprobs: the previous token's, the "
@@ -301,7 +304,7 @@ class SFTConfig(OptimConfig):
     eval_prompts: int = _f(200, "Validation prompts for the greedy accuracy.", low=1)
     save_every: int = _f(0, "Also keep a checkpoint every N steps in output_dir/step_N, e.g. to start RL from "
                          "several points of one run (0: only the final one).", low=0)
-    lr: float = _f(2e-3, "Peak learning rate.", low=0.0)
+    lr: float = _f(2e-3, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0)
     warmup_steps: int = _f(30, "Linear learning-rate warm-up, in optimizer steps.", low=0)
     lr_schedule: str = _f("cosine", "Schedule after warm-up.", choices=("constant", "cosine", "linear"))
     min_lr_ratio: float = _f(0.1, "Floor of cosine / linear decay, as a fraction of lr.", low=0.0, high=1.0)
@@ -322,7 +325,7 @@ class RMConfig(OptimConfig):
     heldout_frac: float = _f(0.2, "Share of prompts held out for accuracy.", low=0.0, high=1.0, low_open=True)
     epochs: int = _f(4, "Passes over the sampled responses.", low=1)
     batch_size: int = _f(32, "Sequences per optimizer step, over all ranks.", low=1)
-    lr: float = _f(3e-4, "Peak learning rate.", low=0.0)
+    lr: float = _f(3e-4, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0)
     warmup_steps: int = _f(10, "Linear learning-rate warm-up, in optimizer steps.", low=0)
     lr_schedule: str = _f("cosine", "Schedule after warm-up.", choices=("constant", "cosine", "linear"))
     micro_batch_size: int = _f(32, "Sequences per forward/backward per rank.", low=1)

@@ -59,11 +59,13 @@ def test_verl_jsonl_loads_the_same(tmp_path, tok, verl_parquet):
 
 
 def test_chat_messages_without_a_chat_template_are_an_error(verl_parquet, tok):
-    with pytest.raises(ValueError, match="list of chat messages, which needs the tokenizer's chat template"):
+    # A DataError (the CLI's one line, exit 2) naming the file, the row and the field.
+    with pytest.raises(DataError, match=r"verl.parquet: row 0, field 'prompt': the prompt is a list of chat "
+                                        r"messages, which needs the tokenizer's chat template"):
         load_prompts(verl_parquet, tok, answer_field="reward_model.ground_truth", use_chat_template=False)
     untemplated = copy.deepcopy(tok)
     untemplated.chat_template = None
-    with pytest.raises(ValueError, match="needs the tokenizer's chat template"):
+    with pytest.raises(DataError, match="row 0, field 'prompt': .*needs the tokenizer's chat template"):
         load_prompts(verl_parquet, untemplated, answer_field="reward_model.ground_truth")
     with pytest.raises(TypeError, match="text or a list of chat messages, got int"):
         format_prompt(tok, 5)

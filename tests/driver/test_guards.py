@@ -23,6 +23,14 @@ def test_nonfinite_streak_aborts_at_its_limit_and_resets_on_a_good_step():
     assert issubclass(NonFiniteError, ConfigError)  # the CLI prints one line and exits 2
 
 
+def test_the_first_skipped_step_of_each_streak_is_said_once():
+    s, said = RunState(phase="ppo"), []
+    for step, metrics in enumerate((FINE, SKIP, SKIP, FINE, SKIP), start=1):
+        update_streaks(s, metrics, T, f"PPO step {step}", said.append)
+    assert [m.split(":")[0] for m in said] == ["PPO step 2", "PPO step 5"]
+    assert "no checkpoint is written until a step applies again" in said[0]
+
+
 def test_reward_streak_counts_only_steps_where_every_sample_failed():
     s = RunState(phase="value_pretrain")
     update_streaks(s, ALL_FAILED, T, "x")

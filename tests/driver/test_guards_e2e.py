@@ -1,7 +1,7 @@
 """`vcppo train` with real engines that cannot make progress: a reward on a scale that
 overflows the losses (every optimizer step non-finite, so skipped) and a reward function that
 fails on every sample. Both abort at their limit with exit 2 and one clear line, keeping the last
-good checkpoint and writing no final export."""
+good checkpoint (none written while steps are being skipped) and writing no final export."""
 import pytest
 
 from tests.driver.test_train_e2e import base_overrides, train
@@ -33,13 +33,16 @@ def test_nonfinite_steps_are_skipped_then_abort_keeping_the_last_good_checkpoint
     assert res.returncode == 2, res.stderr[-4000:]
     assert "PPO step 2: 2 steps in a row had optimizer steps skipped" in res.stderr
     assert "Traceback" not in res.stderr
+    # the first skipped step is said when it happens, and no checkpoint is written during the streak
+    assert "PPO step 1: optimizer step skipped for a non-finite" in res.stderr
+    assert "no checkpoint at step 1: the last 1 step(s) were skipped" in res.stderr
     run = tmp_path / "vcppo-seed0"
     recs = sorted(read_metrics(run, "ppo"), key=lambda r: r["step"])
     assert [r["step"] for r in recs] == [1, 2]
     for r in recs:  # every critic update was skipped (an inf value loss) and says so; the actor's
         # whitened advantages stay finite, so its updates were applied
         assert r["critic/nonfinite_skipped"] == 1.0 and r["actor/nonfinite_skipped"] == 0.0
-    assert [p.name for p in list_complete(checkpoint_root(run))] == ["step_000001"]  # none after the abort
+    assert list_complete(checkpoint_root(run)) == []  # every step skipped something: none is "good"
     assert not (run / "final").exists()
 
 
@@ -65,5 +68,5 @@ def test_nonfinite_value_pretraining_aborts_before_publishing_a_critic(tiny_arti
     run = tmp_path / "vcppo-seed0"
     assert [r["critic/nonfinite_skipped"] for r in read_metrics(run, "value_pretrain")] == [1.0, 1.0]
     assert read_metrics(run, "ppo") == []
-    assert [p.name for p in list_complete(checkpoint_root(run))] == ["step_000001"]
+    assert list_complete(checkpoint_root(run)) == []  # step 1 skipped: its critic is not a good one
     assert not list((tmp_path / "critic_cache").glob("*/vcppo_pretrain.json"))  # nothing published

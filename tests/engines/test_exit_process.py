@@ -1,6 +1,8 @@
-"""dist.exit_process: a process that had peers ends with its code and its output flushed, without
-interpreter teardown (where 2-rank CPU runs aborted with SIGABRT after their work was done); a
-single-rank process exits normally."""
+"""dist.exit_process: a process that ran engines (a process group, one rank or several) ends with
+its code and its output flushed, without interpreter teardown (where 2-rank CPU runs aborted with
+SIGABRT after their work was done, and which costs a 1-rank run ~1.8 s); a process that never set
+up a group exits normally. engines.lifetime: the console script's vLLM engine is dropped without
+its shutdown, a longer-lived process keeps the full one."""
 import os
 import subprocess
 import sys
@@ -9,8 +11,11 @@ import textwrap
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import atexit, sys
+    import atexit, os, sys
     from vcppo.engines import dist
+    if os.environ["RAN_ENGINES"] == "1":
+        dist.init_distributed("cpu")
+        dist.shutdown()
     atexit.register(lambda: print("teardown ran", flush=True))
     print("result line", end="")   # unflushed: exit_process must flush it
     sys.stderr.write("err line")
@@ -19,21 +24,40 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("had_peers", [True, False])
-def test_exit_code_and_flushed_output(had_peers):
-    env = dict(os.environ, WORLD_SIZE="2" if had_peers else "1")  # as the launcher sets it
+@pytest.mark.parametrize("ran_engines", [True, False])
+def test_exit_code_and_flushed_output(ran_engines):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["RAN_ENGINES"] = "1" if ran_engines else "0"
     res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 3
     assert res.stdout.startswith("result line") and "err line" in res.stderr
     assert "unreachable" not in res.stdout
-    # interpreter teardown (atexit, then C++ static destructors) runs only without peers
-    assert ("teardown ran" in res.stdout) is (not had_peers)
+    # interpreter teardown (atexit, then C++ static destructors) runs only where no group was set up
+    assert ("teardown ran" in res.stdout) is (not ran_engines)
 
 
 def test_cli_entry_exits_with_mains_code(monkeypatch):
     from vcppo import cli
+    from vcppo.engines import lifetime
+    monkeypatch.setattr(lifetime, "_ENDS_AFTER_COMMAND", False)  # entry() marks it: undone after the test
     monkeypatch.setattr(cli, "main", lambda: 2)
     monkeypatch.delitem(sys.modules, "vcppo.engines.dist", raising=False)
     with pytest.raises(SystemExit) as e:
         cli.entry()
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("ends_after_command", [True, False])
+def test_rollout_close_skips_vllms_shutdown_only_in_a_process_about_to_end(monkeypatch, ends_after_command):
+    from types import SimpleNamespace
+
+    from vcppo.engines import lifetime
+    from vcppo.engines.rollout import RolloutEngine
+    monkeypatch.setattr(lifetime, "_ENDS_AFTER_COMMAND", ends_after_command)
+    shutdowns = []
+    engine = RolloutEngine.__new__(RolloutEngine)
+    engine.on_gpu = False
+    engine.llm = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(
+        shutdown=lambda: shutdowns.append(1))))
+    engine.close()
+    assert engine.llm is None and shutdowns == ([] if ends_after_command else [1])

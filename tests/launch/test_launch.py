@@ -17,7 +17,7 @@ def tiny_run_args(art: Path, out: Path) -> list[str]:
             f"data.val_files={art / 'data/val.parquet'}", f"trainer.output_root={out}", "trainer.total_steps=2",
             "trainer.prompts_per_step=4", "rollout.n_samples_per_prompt=2", "rollout.max_response_tokens=32",
             "value_pretrain.steps=2", "trainer.val_max_prompts=4", "trainer.val_n_samples=2", "trainer.val_k=[1,2]",
-            "trainer.save_every=1", "logging.progress_bar=false", "actor.micro_batch_size=2",
+            "trainer.save_every=1", "logging.progress_bar=false", "logging.wandb=false", "actor.micro_batch_size=2",
             "critic.micro_batch_size=2"]
 
 
@@ -101,3 +101,53 @@ def test_split_chain_script_overrides_load_for_both_modes():
         cfg = load_config("vcppo", [*common, *placement, "trainer.seed=1"])
         assert cfg.algorithm.lambda_actor == 0.8 and cfg.trainer.total_steps == 50
     assert cfg.placement.mode == "split" and cfg.trainer.max_staleness == 1
+
+
+FAKE_SRUN = r'''#!/usr/bin/env bash
+# A 2-node x 2-task allocation: runs the command once per task, with SLURM's per-task variables.
+while [[ "$1" == --* ]]; do echo "srun option $1"; shift; done
+for task in 0 1 2 3; do
+  SLURM_PROCID=$task SLURM_LOCALID=$((task % 2)) SLURM_NODEID=$((task / 2)) SLURM_NTASKS=4 \
+    SLURM_TASKS_PER_NODE="2(x2)" "$@" || exit $?
+done
+'''
+# Stands in for the Python the script runs: prints what vcppo would take from the task's environment.
+FAKE_PY = r'''#!/usr/bin/env bash
+exec "$REAL_PY" -c 'import json, os, sys
+from vcppo.engines.dist import slurm_launcher_env
+print(json.dumps({"args": sys.argv[1:], "master": os.environ["MASTER_ADDR"], **slurm_launcher_env(dict(os.environ))}))' "$@"
+'''
+
+
+def test_slurm_script_maps_a_two_node_allocation_to_ranks(tmp_path):
+    import json
+    import sys
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("fake_python", FAKE_PY),
+                       ("scontrol", "#!/usr/bin/env bash\nprintf 'node-a\\nnode-b\\n'\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = dict(ENV, PATH=f"{bin_dir}:{ENV.get('PATH', os.environ['PATH'])}", PY=str(bin_dir / "fake_python"),
+               REAL_PY=sys.executable, SLURM_JOB_NODELIST="node-[a-b]", SLURM_SUBMIT_DIR=str(REPO))
+    res = subprocess.run(["bash", str(REPO / "launch/slurm.sbatch"), "vcppo", "trainer.total_steps=3"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "srun option --kill-on-bad-exit=1" in res.stdout
+    tasks = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert [(t["RANK"], t["LOCAL_RANK"], t["LOCAL_WORLD_SIZE"], t["WORLD_SIZE"]) for t in tasks] == [
+        ("0", "0", "2", "4"), ("1", "1", "2", "4"), ("2", "0", "2", "4"), ("3", "1", "2", "4")]
+    assert all(t["master"] == "node-a" and t["args"] == ["-m", "vcppo.cli", "train", "vcppo", "trainer.total_steps=3"]
+               for t in tasks)
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, {}),  # not under SLURM
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "7", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
+      "SLURM_TASKS_PER_NODE": "3,2(x2)"}, {"RANK": "5", "WORLD_SIZE": "7", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_TASKS_PER_NODE": "8"},
+     {"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}),
+])
+def test_slurm_variables_map_to_the_launcher_ones(env, expected):
+    from vcppo.engines.dist import slurm_launcher_env
+    assert slurm_launcher_env(env) == expected

@@ -23,6 +23,7 @@ from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.validation import evaluate
 from vcppo.engines import dist as D
 from vcppo.engines.rollout import RolloutEngine
+from vcppo.data.checks import DataError
 from vcppo.schema import Config, ConfigError
 
 
@@ -162,6 +163,8 @@ def evaluate_policy(cfg: Config) -> dict | None:
         rows = load_prompt_set(cfg, e.data_files, tok, max_prompt_tokens=cfg.data.max_prompt_tokens,
                                shuffle_seed=None, limit=e.max_prompts).rows()
     except (ValueError, TypeError) as err:  # e.g. chat-message prompts and a tokenizer without a template
+        if isinstance(err, DataError):  # read through this model's tokenizer: name it
+            raise DataError(f"{err} (read with the tokenizer of {e.model_path})") from None
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"{e.data_files} with the tokenizer of {e.model_path}: {err}") from None

@@ -177,10 +177,16 @@ def load_prompts(path: str | os.PathLike, tokenizer, prompt_field: str = "prompt
         use_chat_template = bool(getattr(tokenizer, "chat_template", None))
     use_chat_template = bool(use_chat_template)
 
-    def _encode(batch):
-        return {"prompt_ids": [encode_prompt(tokenizer, p, use_chat_template) for p in batch["prompt"]]}
+    def _encode(batch, rows):
+        ids = []
+        for row, prompt in zip(rows, batch["prompt"]):
+            try:
+                ids.append(encode_prompt(tokenizer, prompt, use_chat_template))
+            except (ValueError, TypeError) as e:  # one line naming file, row and field, not a map traceback
+                raise DataError(f"{path}: row {row}, field '{prompt_field}': {e}") from None
+        return {"prompt_ids": ids}
 
-    ds = ds.map(_encode, batched=True, keep_in_memory=True, load_from_cache_file=False)
+    ds = ds.map(_encode, batched=True, with_indices=True, keep_in_memory=True, load_from_cache_file=False)
     num_total = len(ds)
     ds, num_dropped = _length_filter(ds, max_prompt_tokens, path)
     if shuffle_seed is not None:

@@ -22,6 +22,7 @@ from vcppo.config import save_config, to_dict
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
 from vcppo.driver.critic_cache import cached_critic, critic_source
+from vcppo.driver.teardown import close_parts
 from vcppo.driver.timeline import Timeline
 from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
 from vcppo.engines import dist as D
@@ -62,8 +63,7 @@ def reward_workers(cfg: Config) -> int:
         return cfg.reward.num_workers
     on_gpu = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
     busy = 1 if on_gpu else torch.get_num_threads()  # a GPU rank mostly keeps one core feeding it
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return default_num_workers(len(os.sched_getaffinity(0)), ranks_here, busy)
+    return default_num_workers(len(os.sched_getaffinity(0)), D.local_world_size(), busy)
 
 
 def make_scorer(cfg: Config) -> RewardScorer:
@@ -87,7 +87,7 @@ def init_run_distributed(cfg: Config) -> DistInfo:
     bridge (:mod:`vcppo.engines.bridge`). Split sizes are checked on every rank before anything starts."""
     if cfg.placement.mode != "split":
         return D.init_distributed(cfg.trainer.device)
-    world, rollout_ranks = int(os.environ.get("WORLD_SIZE", "1")), cfg.placement.rollout_ranks
+    world, rollout_ranks = D.launched_world_size(), cfg.placement.rollout_ranks
     if D.get_info() is None:
         if rollout_ranks >= world:
             raise ConfigError(f"config key 'placement.rollout_ranks' ({rollout_ranks}) must be below the number of "
@@ -280,13 +280,13 @@ class RunContext:
         self.barrier()
 
     def close(self, clean: bool = False) -> None:
-        """Tear the engines down; ``clean``: the run ended without an error, so ranks meet first."""
-        self.log.close()
-        self.scorer.close()
-        self.timeline.close()
+        """Tear the engines down (:func:`~vcppo.driver.teardown.close_parts`); ``clean``: the run
+        ended without an error, so ranks meet first."""
+        parts = [("logger", self.log.close), ("reward scorer", self.scorer.close), ("timeline", self.timeline.close)]
+        if self.rollout is not None:
+            parts.append(("vLLM engine", self.rollout.close))
         try:
-            if self.rollout is not None:
-                self.rollout.close()
+            close_parts(parts, clean)
         finally:
             release(self.run_lock)
             D.shutdown(wait_for_peers=clean)

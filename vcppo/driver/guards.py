@@ -8,6 +8,8 @@ uninterrupted one would. Both decisions are taken from figures that are the same
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from vcppo.driver.checkpoint import RunState
@@ -35,11 +37,17 @@ def step_reward_failures(scorer, before: tuple[int, int]) -> dict:
     return {"reward/step_failures": float(total[0]), "reward/step_scored": float(total[1])}
 
 
-def update_streaks(state: RunState, metrics: dict, trainer: TrainerConfig, where: str) -> None:
-    """Count the step into the streaks; raise once one reaches its limit (before any checkpoint of
-    this step is written, so the last good one is kept)."""
+def update_streaks(state: RunState, metrics: dict, trainer: TrainerConfig, where: str,
+                   say: Callable[[str], None] = print) -> None:
+    """Count the step into the streaks; ``say`` the first skipped step of a streak (the run goes on,
+    and no checkpoint is written until a step applies again); raise once a streak reaches its limit
+    (before any checkpoint of this step is written, so the last good one is kept)."""
     skipped = sum(metrics.get(k, 0.0) for k in SKIP_KEYS)
     state.nonfinite_streak = state.nonfinite_streak + 1 if skipped else 0
+    if state.nonfinite_streak == 1:
+        say(f"{where}: optimizer step skipped for a non-finite loss, gradient norm or advantages; no checkpoint "
+            f"is written until a step applies again (the run stops after trainer.max_nonfinite_steps="
+            f"{trainer.max_nonfinite_steps} in a row)")
     scored = metrics.get("reward/step_scored", 0.0)
     all_failed = scored > 0 and metrics.get("reward/step_failures", 0.0) >= scored
     state.reward_fail_streak = state.reward_fail_streak + 1 if all_failed else 0

@@ -82,6 +82,8 @@ def wants_sampler_logprobs(cfg: Config, device: torch.device) -> bool:
     that vLLM's per-token logprob output costs (docs/performance.md)."""
     if cfg.rollout.sampler_logprobs is not None:
         return cfg.rollout.sampler_logprobs
+    if cfg.rollout.top_p < 1.0:  # nucleus logprobs vs full-softmax ones: the metrics would show the truncation
+        return False
     return bool(logprob_users(cfg)) or resolve_dtype(cfg.model.dtype, device) != torch.float32
 
 

@@ -76,7 +76,7 @@ def ppo_loop(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: R
         metrics = rl_step(ctx, source, plan, step)
         state.step = step
         ctx.log.log(metrics, step=step, phase="ppo")
-        update_streaks(state, metrics, cfg.trainer, f"PPO step {step}")  # may abort, before any save
+        update_streaks(state, metrics, cfg.trainer, f"PPO step {step}", ctx.log.info)  # may abort, before any save
         if cfg.trainer.val_every and step % cfg.trainer.val_every == 0 and step != total:
             log_validation(ctx, source, step=step)
         if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == total:

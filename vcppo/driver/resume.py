@@ -17,7 +17,13 @@ from vcppo.engines.safe_checkpoint import use_weights_only_loading
 
 def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSource) -> None:
     """Every rank writes its shards, then the main rank seals the directory (with the data
-    position ``source`` reports, and in a split run the batches in flight)."""
+    position ``source`` reports, and in a split run the batches in flight). Not while optimizer
+    steps are being skipped: weights that made a loss non-finite must not become the "last good"
+    checkpoint a resume or an abort falls back on (the streak is the same on every rank)."""
+    if state.nonfinite_streak:
+        ctx.log.info(f"no checkpoint at step {state.global_step}: the last {state.nonfinite_streak} step(s) were "
+                     "skipped as non-finite; the previous checkpoint stays the last good one")
+        return
     stage = ckpt.staging_dir(ctx.run_dir, state.global_step)
     ckpt.write_rank_files(stage, ctx.dist.rank)
     if state.phase == "ppo":  # during value pretraining the actor is frozen: nothing to save

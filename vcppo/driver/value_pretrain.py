@@ -59,7 +59,7 @@ def value_pretrain(ctx: RunContext, source: ExperienceSource, plan: StepPlan, st
         state.pretrain_ev.append(metrics["critic/explained_variance"])
         state.pretrain_loss.append(metrics.get("critic/value_loss", float("nan")))
         ctx.log.log(metrics, step=step, phase="value_pretrain")
-        update_streaks(state, metrics, ctx.cfg.trainer, f"value-pretraining step {step}")  # may abort
+        update_streaks(state, metrics, ctx.cfg.trainer, f"value-pretraining step {step}", ctx.log.info)  # may abort
         if ctx.cfg.trainer.save_every and step % ctx.cfg.trainer.save_every == 0 and step < vp.steps:
             save_checkpoint(ctx, state, source)
         if vp.early_stop and settled(state.pretrain_ev, state.pretrain_loss, vp):

@@ -37,12 +37,51 @@ class DistInfo:
 _INFO: DistInfo | None = None
 _BRIDGE = None  # split placement: this rank's engines.bridge.Bridge (trainer 0 and rollout ranks)
 _CLOSERS: list[Callable[[], None]] = []
+_EVER_INITIALISED = False  # a process group was set up in this process (exit_process)
 
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _expand_slurm_counts(counts: str) -> list[int]:
+    """SLURM's compressed per-node list, e.g. ``"8(x2),4"`` -> ``[8, 8, 4]``."""
+    out: list[int] = []
+    for part in counts.split(","):
+        n, _, times = part.partition("(x")
+        out += [int(n)] * (int(times.rstrip(")")) if times else 1)
+    return out
+
+
+def slurm_launcher_env(env: dict[str, str]) -> dict[str, str]:
+    """The torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) of a task that
+    ``srun`` started, from SLURM's own (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
+    ``SLURM_TASKS_PER_NODE`` at ``SLURM_NODEID``). Empty outside SLURM. Without it a multi-node job
+    would take LOCAL_WORLD_SIZE = WORLD_SIZE and size per-node resources (reward workers) wrongly."""
+    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+        return {}
+    out = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"],
+           "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
+    per_node = env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE")
+    if per_node:
+        counts = _expand_slurm_counts(per_node)
+        node = int(env.get("SLURM_NODEID", "0"))
+        out["LOCAL_WORLD_SIZE"] = str(counts[node] if node < len(counts) else counts[-1])
+    return out
+
+
+def launched_world_size() -> int:
+    """Ranks the launcher started (WORLD_SIZE, or SLURM's task count), before any group exists."""
+    return int(os.environ.get("WORLD_SIZE") or slurm_launcher_env(dict(os.environ)).get("WORLD_SIZE", "1"))
+
+
+def local_world_size() -> int:
+    """Ranks on this node: the launcher's LOCAL_WORLD_SIZE, SLURM's count for this node, else 1."""
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        return int(os.environ["LOCAL_WORLD_SIZE"])
+    return int(slurm_launcher_env(dict(os.environ)).get("LOCAL_WORLD_SIZE", "1"))
 
 
 def _use_cuda(device: str) -> bool:
@@ -92,13 +131,16 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
 
     ``split_rollout_ranks``: split placement with that many rollout ranks: the default group is
     then this rank's role world and the bridge is built (:mod:`vcppo.engines.bridge`)."""
-    global _INFO
+    global _INFO, _EVER_INITIALISED
     if _INFO is not None:
         return _INFO
+    _EVER_INITIALISED = True
     cuda = _use_cuda(device)
     if not cuda:
         os.environ["DS_ACCELERATOR"] = "cpu"  # must precede `import deepspeed`
-    # torchrun / deepspeed set these; a plain `python` run is rank 0 of 1.
+    # torchrun / deepspeed set these (srun sets SLURM's, mapped here); a plain `python` run is rank 0 of 1.
+    for key, value in slurm_launcher_env(dict(os.environ)).items():
+        os.environ.setdefault(key, value)
     rank = int(os.environ.setdefault("RANK", "0"))
     world = int(os.environ.setdefault("WORLD_SIZE", "1"))
     local_rank = int(os.environ.setdefault("LOCAL_RANK", str(rank)))
@@ -170,9 +212,10 @@ def exit_process(code: int) -> None:
     CI hit it twice in 2-rank gloo runs, once after the barrier of ``wait_for_peers`` was added,
     and the launcher then kills the healthy peer and reports the whole run failed. Python-level
     teardown is done by hand (streams, logging), then ``os._exit`` skips the C++ destructors.
-    A single-rank process exits normally. Whether it had peers is the launcher's WORLD_SIZE, the
-    figure :func:`init_distributed` reads (it is still set after :func:`shutdown`)."""
-    if int(os.environ.get("VCPPO_GLOBAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))) <= 1:
+    A single-rank process that ran engines does the same: the interpreter's teardown of torch and
+    vLLM writes nothing and costs ~1.8 s (:mod:`vcppo.engines.lifetime`). Only a process that never
+    initialised a process group exits normally."""
+    if not _EVER_INITIALISED:
         sys.exit(code)
     import logging
     logging.shutdown()
