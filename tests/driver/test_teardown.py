@@ -10,7 +10,7 @@ from vcppo.driver.context import RunContext
 
 def _ctx(calls, failing="logger"):
     def part(name):
-        def close():
+        def close(final=False):
             calls.append(name)
             if name == failing:
                 raise PermissionError(f"[Errno 13] Permission denied: 'run/wandb/debug.log' ({name})")

@@ -47,8 +47,13 @@ def test_cli_entry_exits_with_mains_code(monkeypatch):
     assert e.value.code == 2
 
 
-@pytest.mark.parametrize("ends_after_command", [True, False])
-def test_rollout_close_skips_vllms_shutdown_only_in_a_process_about_to_end(monkeypatch, ends_after_command):
+@pytest.mark.parametrize("ends_after_command, final, skipped", [
+    (True, True, True),     # the console script's last close
+    (True, False, False),   # a close mid-command (the RM's sampler before training): memory freed
+    (False, True, False),   # a process that carries on (a test, a notebook)
+])
+def test_rollout_close_skips_vllms_shutdown_only_at_the_end_of_a_process(monkeypatch, ends_after_command, final,
+                                                                        skipped):
     from types import SimpleNamespace
 
     from vcppo.engines import lifetime
@@ -59,5 +64,5 @@ def test_rollout_close_skips_vllms_shutdown_only_in_a_process_about_to_end(monke
     engine.on_gpu = False
     engine.llm = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(
         shutdown=lambda: shutdowns.append(1))))
-    engine.close()
-    assert engine.llm is None and shutdowns == ([] if ends_after_command else [1])
+    engine.close(final=final)
+    assert engine.llm is None and shutdowns == ([] if skipped else [1])

@@ -108,7 +108,7 @@ FAKE_SRUN = r'''#!/usr/bin/env bash
 while [[ "$1" == --* ]]; do echo "srun option $1"; shift; done
 for task in 0 1 2 3; do
   SLURM_PROCID=$task SLURM_LOCALID=$((task % 2)) SLURM_NODEID=$((task / 2)) SLURM_NTASKS=4 \
-    SLURM_TASKS_PER_NODE="2(x2)" "$@" || exit $?
+    SLURM_STEP_NUM_TASKS=4 SLURM_STEP_TASKS_PER_NODE="2(x2)" SLURM_TASKS_PER_NODE="2(x2)" "$@" || exit $?
 done
 '''
 # Stands in for the Python the script runs: prints what vcppo would take from the task's environment.
@@ -143,9 +143,11 @@ def test_slurm_script_maps_a_two_node_allocation_to_ranks(tmp_path):
 
 @pytest.mark.parametrize("env, expected", [
     ({}, {}),  # not under SLURM
-    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "7", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
-      "SLURM_TASKS_PER_NODE": "3,2(x2)"}, {"RANK": "5", "WORLD_SIZE": "7", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}),
-    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_TASKS_PER_NODE": "8"},
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_TASKS_PER_NODE": "8"}, {}),  # the batch script: no step
+    ({"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "7", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
+      "SLURM_STEP_TASKS_PER_NODE": "3,2(x2)"},
+     {"RANK": "5", "WORLD_SIZE": "7", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "8", "SLURM_TASKS_PER_NODE": "8"},
      {"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}),
 ])
 def test_slurm_variables_map_to_the_launcher_ones(env, expected):

@@ -175,6 +175,6 @@ def evaluate_policy(cfg: Config) -> dict | None:
         metrics = evaluate(rollout, rows, make_scorer(cfg), dist=dist, sampling=cfg.rollout, n_samples=e.n_samples,
                            ks=e.k, seed=cfg.trainer.seed)
     finally:
-        rollout.close()
+        rollout.close(final=True)
         D.shutdown()
     return metrics if dist.is_main else None

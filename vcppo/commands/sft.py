@@ -140,7 +140,7 @@ def run_sft(cfg: Config) -> dict:
         _write_summary(summary, out, s.target_accuracy, log)
     log.close()
     if rollout is not None:
-        rollout.close()
+        rollout.close(final=True)
     actor.close()
     D.shutdown(wait_for_peers=True)
     return summary

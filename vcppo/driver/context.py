@@ -20,7 +20,8 @@ import torch
 
 from vcppo.config import save_config, to_dict
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
-from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
+from vcppo.driver.checkpoint import (RunState, check_same_world_size, find_resume_point, peek_state,
+                                     rewind_metrics)
 from vcppo.driver.critic_cache import cached_critic, critic_source
 from vcppo.driver.teardown import close_parts
 from vcppo.driver.timeline import Timeline
@@ -230,6 +231,8 @@ class RunContext:
             # verified here, before the engines start: a damaged checkpoint is skipped (or named)
             point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
                                       gather=D.all_gather_object)
+            if point is not None and dist.role != "rollout":  # rollout ranks write no training state
+                check_same_world_size(point, dist.world_size)
             resumed = peek_state(point) if point is not None else None
             # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
             own = point is not None and point.resolve().parent == (run_dir / "checkpoints").resolve()
@@ -284,7 +287,7 @@ class RunContext:
         ended without an error, so ranks meet first."""
         parts = [("logger", self.log.close), ("reward scorer", self.scorer.close), ("timeline", self.timeline.close)]
         if self.rollout is not None:
-            parts.append(("vLLM engine", self.rollout.close))
+            parts.append(("vLLM engine", lambda: self.rollout.close(final=True)))
         try:
             close_parts(parts, clean)
         finally:

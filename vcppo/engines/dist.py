@@ -57,14 +57,16 @@ def _expand_slurm_counts(counts: str) -> list[int]:
 
 def slurm_launcher_env(env: dict[str, str]) -> dict[str, str]:
     """The torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) of a task that
-    ``srun`` started, from SLURM's own (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
-    ``SLURM_TASKS_PER_NODE`` at ``SLURM_NODEID``). Empty outside SLURM. Without it a multi-node job
-    would take LOCAL_WORLD_SIZE = WORLD_SIZE and size per-node resources (reward workers) wrongly."""
-    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+    ``srun`` started, from SLURM's own for the job step (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``,
+    ``SLURM_LOCALID``, ``SLURM_STEP_TASKS_PER_NODE`` at ``SLURM_NODEID``). Empty outside a job step:
+    a plain ``python`` inside an sbatch script (the batch step, which has no step variables) stays
+    rank 0 of 1. Without it a multi-node job would take LOCAL_WORLD_SIZE = WORLD_SIZE and size
+    per-node resources (reward workers) wrongly."""
+    if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
         return {}
-    out = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"],
+    out = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
            "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
-    per_node = env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE")
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
     if per_node:
         counts = _expand_slurm_counts(per_node)
         node = int(env.get("SLURM_NODEID", "0"))

@@ -297,12 +297,15 @@ class RolloutEngine:
             self.llm.wake_up()
             self._asleep = False
 
-    def close(self) -> None:
-        """Drop the LLM (must precede destroying the default process group)."""
+    def close(self, final: bool = False) -> None:
+        """Drop the LLM (must precede destroying the default process group). ``final``: the command
+        is done with engines; in a process that ends with it (:mod:`vcppo.engines.lifetime`) vLLM's
+        shutdown is skipped, as the OS reclaims everything a moment later. A close mid-command (the
+        RM's sampler before its training) always shuts vLLM down, so its memory is free again."""
         _dist.unregister_closer(self.close)
         if getattr(self, "llm", None) is None:
             return
-        if lifetime.ends_after_command():  # the OS reclaims it all in a moment (engines.lifetime)
+        if final and lifetime.ends_after_command():
             self.llm = None
             return
         try:
