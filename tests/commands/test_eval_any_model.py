@@ -104,7 +104,7 @@ class AddingRollout:
                                          f"<think>\n</think>\n\\boxed{{{answer}}}<|im_end|>"))
         return out
 
-    def close(self):
+    def close(self, final=False):
         pass
 
 

@@ -114,16 +114,10 @@ def _rng_file(directory: Path, rank: int) -> Path:
     return directory / f"rng_rank{rank}.json"
 
 
-def ranks_that_wrote(point: Path) -> int:
-    """How many training ranks wrote the checkpoint ``point`` (each writes its own RNG file)."""
-    return len({p.stem for p in point.glob("rng_rank*.json")} | {p.stem for p in point.glob("rng_rank*.pt")})
-
-
 def check_same_world_size(point: Path, world_size: int) -> None:
-    """DeepSpeed's ZeRO shards (and our per-rank RNG streams) are per rank: a checkpoint resumes
-    only on as many training ranks as wrote it. Said before any engine starts, instead of
-    DeepSpeed's traceback once they have."""
-    wrote = ranks_that_wrote(point)
+    """A checkpoint resumes only on as many training ranks as wrote it (one RNG file each): ZeRO
+    shards and RNG streams are per rank. Said before any engine starts, not as DeepSpeed's traceback."""
+    wrote = len({p.stem for p in point.glob("rng_rank*.*")})  # .json, or an older checkpoint's .pt
     if wrote and wrote != world_size:
         raise CheckpointError(f"checkpoint {point} was written by {wrote} training rank(s) and this run has "
                               f"{world_size}: a run resumes only on the number of ranks that checkpointed it. "
