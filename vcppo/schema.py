@@ -258,6 +258,9 @@ class TrainerConfig:
                             "run ahead while the models train, pi_old and V_old are recomputed at train time "
                             "and the sampler enters through the truncated IS weight (algorithm.rollout_is_cap).",
                             low=0, high=2)
+    collective_timeout_s: float = _f(1800.0, "Longest a rank waits in one collective for its peers before it "
+                                     "fails (a hung or dead rank; NCCL's watchdog then ends the job). gloo "
+                                     "fails at once when a peer's connection closes.", low=0.0, low_open=True)
     max_failed_reward_steps: int = _f(3, "Abort (exit 2) after this many steps in a row in which the reward "
                                       "function failed (raised, timed out, NaN) on every sample of every rank.",
                                       low=1)

@@ -168,7 +168,7 @@ def evaluate_policy(cfg: Config) -> dict | None:
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"{e.data_files} with the tokenizer of {e.model_path}: {err}") from None
-    dist = D.init_distributed(cfg.trainer.device)
+    dist = D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s)
     rollout = RolloutEngine(e.model_path, cfg.rollout, dist, seed=cfg.trainer.seed,
                             max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
     try:

@@ -86,8 +86,9 @@ def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resum
 def init_run_distributed(cfg: Config) -> DistInfo:
     """The run's process groups: one world, or (placement.mode=split) this rank's role world and the
     bridge (:mod:`vcppo.engines.bridge`). Split sizes are checked on every rank before anything starts."""
+    timeout_s = cfg.trainer.collective_timeout_s
     if cfg.placement.mode != "split":
-        return D.init_distributed(cfg.trainer.device)
+        return D.init_distributed(cfg.trainer.device, timeout_s=timeout_s)
     world, rollout_ranks = D.launched_world_size(), cfg.placement.rollout_ranks
     if D.get_info() is None:
         if rollout_ranks >= world:
@@ -97,7 +98,7 @@ def init_run_distributed(cfg: Config) -> DistInfo:
             if cfg.trainer.prompts_per_step % ranks:
                 raise ConfigError(f"config key 'trainer.prompts_per_step' ({cfg.trainer.prompts_per_step}) must be "
                                   f"divisible by the {key} ({ranks}) in placement.mode=split")
-    return D.init_distributed(cfg.trainer.device, split_rollout_ranks=rollout_ranks)
+    return D.init_distributed(cfg.trainer.device, split_rollout_ranks=rollout_ranks, timeout_s=timeout_s)
 
 
 def optimizer_steps_per_rl_step(optim) -> int:

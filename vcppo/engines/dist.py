@@ -170,8 +170,9 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     if not cuda and world == 1:
         _skip_shm_collective()
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
-                                   rank=rank, world_size=world, init_method="env://")
+        from datetime import timedelta
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, rank=rank, world_size=world,
+                                   init_method="env://", timeout=timedelta(seconds=timeout_s))
     _INFO = DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
                      backend=backend, is_main=(rank == 0))
     return _INFO
