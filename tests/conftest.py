@@ -10,8 +10,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One torch (OpenMP) thread per process: `make test` runs two workers on the CI machine's two cores,
 # and a process on two OpenMP threads beside another spins its threads against the other's
-# (measured: two concurrent 4-step train runs took 36-42 s at the default two threads, 15-16 s at
-# one). Subprocesses inherit it; torchrun sets the same for its ranks.
+# (docs/history.md has the timings). Subprocesses inherit it; torchrun sets the same for its ranks.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

@@ -82,7 +82,7 @@ print(json.dumps(failed))
 def test_each_driver_module_imports_on_its_own():
     """Each with none of the package loaded before it (what an import cycle or a missing import
     breaks). One interpreter: third-party libraries stay loaded between modules, the package is
-    dropped from sys.modules and imported afresh for each (a process per module cost ~60 CPU-s)."""
+    dropped from sys.modules and imported afresh for each (cheaper than a process per module)."""
     res = subprocess.run([sys.executable, "-c", IMPORT_EACH_ALONE, *(f"vcppo.driver.{m}" for m in DRIVER_MODULES)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]

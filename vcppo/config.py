@@ -304,7 +304,7 @@ def validate(cfg: Config) -> None:
 def _check_truncated_sampling(cfg: Config, users: list[str]) -> None:
     """top-p < 1: vLLM's processed logprobs are those of the renormalised nucleus, while the trainer
     scores the full softmax, so every reader of the sampler's logprobs would see a gap that is the
-    truncation, not a mismatch (IS weights biased low; measured: mean TIS weight 0.90 at top_p 0.9)."""
+    truncation, not a mismatch (importance weights biased low at every step; docs/robustness.md)."""
     top_p = cfg.rollout.top_p
     if top_p >= 1.0:
         return

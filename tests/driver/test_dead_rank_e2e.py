@@ -14,17 +14,11 @@ import pytest
 
 from tests.conftest import ENV
 from tests.driver.test_train_e2e import base_overrides
+from tests.gloo_ranks import _free_port
 from vcppo.driver import manifest
 from vcppo.driver.checkpoint import checkpoint_root, list_complete
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_killed_rank_ends_its_peer_without_a_launcher_and_leaves_intact_checkpoints(tiny_artifacts, tmp_path):

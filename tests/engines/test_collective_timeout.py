@@ -4,9 +4,10 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+
+from tests.gloo_ranks import _free_port
 
 pytestmark = [pytest.mark.distributed]
 
@@ -28,11 +29,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_a_hung_peer_fails_the_waiting_rank_after_the_collective_timeout():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    env = dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     try:

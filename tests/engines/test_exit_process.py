@@ -1,6 +1,6 @@
 """dist.exit_process: a process that ran engines (a process group, one rank or several) ends with
 its code and its output flushed, without interpreter teardown (where 2-rank CPU runs aborted with
-SIGABRT after their work was done, and which costs a 1-rank run ~1.8 s); a process that never set
+SIGABRT after their work was done, and which only costs a 1-rank run time); a process that never set
 up a group exits normally. engines.lifetime: the console script's vLLM engine is dropped without
 its shutdown, a longer-lived process keeps the full one."""
 import os

@@ -19,11 +19,11 @@ import json
 import os
 
 from vcppo.config import load_command_config
+from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.validation import evaluate
 from vcppo.engines import dist as D
 from vcppo.engines.rollout import RolloutEngine
-from vcppo.data.checks import DataError
 from vcppo.schema import Config, ConfigError
 
 

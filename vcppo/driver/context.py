@@ -232,7 +232,7 @@ class RunContext:
             # verified here, before the engines start: a damaged checkpoint is skipped (or named)
             point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
                                       gather=D.all_gather_object)
-            if point is not None and dist.role != "rollout":  # rollout ranks write no training state
+            if point is not None:
                 check_same_world_size(point, dist.world_size)
             resumed = peek_state(point) if point is not None else None
             # records past the checkpoint are replayed: cut them (main rank, before the logger opens)

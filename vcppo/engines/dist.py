@@ -18,7 +18,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -55,7 +55,7 @@ def _expand_slurm_counts(counts: str) -> list[int]:
     return out
 
 
-def slurm_launcher_env(env: dict[str, str]) -> dict[str, str]:
+def slurm_launcher_env(env: Mapping[str, str]) -> dict[str, str]:
     """The torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) of a task that
     ``srun`` started, from SLURM's own for the job step (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``,
     ``SLURM_LOCALID``, ``SLURM_STEP_TASKS_PER_NODE`` at ``SLURM_NODEID``). Empty outside a job step:
@@ -74,16 +74,19 @@ def slurm_launcher_env(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _launcher_value(key: str) -> str | None:
+    """A launcher variable (RANK, WORLD_SIZE, ...) as set, or as SLURM's step variables give it."""
+    return os.environ.get(key) or slurm_launcher_env(os.environ).get(key)
+
+
 def launched_world_size() -> int:
     """Ranks the launcher started (WORLD_SIZE, or SLURM's task count), before any group exists."""
-    return int(os.environ.get("WORLD_SIZE") or slurm_launcher_env(dict(os.environ)).get("WORLD_SIZE", "1"))
+    return int(_launcher_value("WORLD_SIZE") or 1)
 
 
 def local_world_size() -> int:
     """Ranks on this node: the launcher's LOCAL_WORLD_SIZE, SLURM's count for this node, else 1."""
-    if "LOCAL_WORLD_SIZE" in os.environ:
-        return int(os.environ["LOCAL_WORLD_SIZE"])
-    return int(slurm_launcher_env(dict(os.environ)).get("LOCAL_WORLD_SIZE", "1"))
+    return int(_launcher_value("LOCAL_WORLD_SIZE") or 1)
 
 
 def _use_cuda(device: str) -> bool:
@@ -141,7 +144,7 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     if not cuda:
         os.environ["DS_ACCELERATOR"] = "cpu"  # must precede `import deepspeed`
     # torchrun / deepspeed set these (srun sets SLURM's, mapped here); a plain `python` run is rank 0 of 1.
-    for key, value in slurm_launcher_env(dict(os.environ)).items():
+    for key, value in slurm_launcher_env(os.environ).items():
         os.environ.setdefault(key, value)
     rank = int(os.environ.setdefault("RANK", "0"))
     world = int(os.environ.setdefault("WORLD_SIZE", "1"))
@@ -216,7 +219,7 @@ def exit_process(code: int) -> None:
     and the launcher then kills the healthy peer and reports the whole run failed. Python-level
     teardown is done by hand (streams, logging), then ``os._exit`` skips the C++ destructors.
     A single-rank process that ran engines does the same: the interpreter's teardown of torch and
-    vLLM writes nothing and costs ~1.8 s (:mod:`vcppo.engines.lifetime`). Only a process that never
+    vLLM writes nothing and only costs time (:mod:`vcppo.engines.lifetime`). Only a process that never
     initialised a process group exits normally."""
     if not _EVER_INITIALISED:
         sys.exit(code)

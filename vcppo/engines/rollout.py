@@ -196,9 +196,9 @@ class RolloutEngine:
                           enable_chunked_prefill=False,
                           max_num_batched_tokens=max(4096, int(max_model_len)))
         _shield_llvmlite_from_vllm_scan()
-        # vLLM collects the whole heap twice while it starts (0.47 s each on the CPU machine, most
-        # of it torch / transformers / vLLM's own module objects); frozen first, those collections
-        # only scan what came after (~0.2 s). vLLM freezes its own heap the same way once started.
+        # vLLM collects the whole heap twice while it starts, and most of that heap is torch /
+        # transformers / vLLM's own module objects; frozen first, those collections only scan what
+        # came after (docs/history.md has the timings). vLLM freezes its own heap once started too.
         gc.freeze()
         set_num_threads = torch.set_num_threads
         self.llm = LLM(**kwargs)
