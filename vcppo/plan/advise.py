@@ -1,0 +1,238 @@
+"""A whole run's plan: memory per GPU of every role in each phase, the verdicts, and a step's time.
+
+Phases. Colocated (``placement.mode: colocated``), every rank holds the resident model states of
+every engine throughout; while vLLM samples it adds its whole budget (``gpu_memory_utilization`` x
+device memory), and while the models train vLLM sleeps (level 1: KV cache freed, weights moved to
+host memory; vcppo.engines.rollout.RolloutEngine.sleep), so training adds only the working set of
+the engine that runs (its ZeRO-3 gather buffer and activations; the engines train in turn). On CPU
+vLLM does not sleep. Split, the rollout ranks hold only vLLM and the training ranks only the
+DeepSpeed engines, partitioned among themselves.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from vcppo.plan import memory as M
+from vcppo.plan import timing as T
+from vcppo.plan.shape import GiB, Hardware, ModelShape, dtype_bytes
+from vcppo.schema import Config, ConfigError
+
+
+@dataclass(frozen=True)
+class Cluster:
+    hardware: Hardware
+    gpus_per_node: int = 8
+    nodes: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass(frozen=True)
+class Shapes:
+    policy: ModelShape
+    critic: ModelShape
+    reward_model: ModelShape
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """One DeepSpeed engine on one of its ranks, in bytes."""
+    role: str
+    ranks: int
+    zero_stage: int
+    n_params: int
+    states: M.ModelStates
+    activations_bytes: float            # at the configured gradient_checkpointing
+    activations_no_ckpt_bytes: float
+    activations_ckpt_bytes: float
+    micro_batch_tokens: int
+
+    @property
+    def working_bytes(self) -> float:
+        """What the engine adds on top of the resident states while it runs."""
+        return self.states.gather_bytes + self.activations_bytes
+
+
+@dataclass(frozen=True)
+class Check:
+    """One phase on one kind of rank: the bytes it needs per GPU against what the device offers."""
+    phase: str
+    kind: str                           # "train" | "rollout"
+    need_bytes: float
+    usable_bytes: float
+    kv_sequences: int | None = None     # rollout: max-length sequences the KV cache holds
+
+    @property
+    def fits(self) -> bool:
+        return self.need_bytes <= self.usable_bytes and (self.kv_sequences is None or self.kv_sequences >= 1)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    rollout_s: float
+    training_s: float
+    step_s: float
+    responses: int
+    train_tokens: float
+    rollout_gpus: int
+    training_gpus: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    cluster: Cluster
+    dtype_bytes: int
+    engines: list[EngineMemory]
+    rollout: M.RolloutMemory
+    checks: list[Check]
+    time: StepTime
+    cpu_bytes_per_node: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return all(c.fits for c in self.checks)
+
+
+def ranks(cfg: Config, cluster: Cluster) -> tuple[int, int]:
+    """(training ranks, rollout ranks) of the run."""
+    if cfg.placement.mode != "split":
+        return cluster.world, cluster.world
+    rollout = cfg.placement.rollout_ranks
+    if rollout >= cluster.world:
+        raise ConfigError(f"config key 'placement.rollout_ranks' ({rollout}) leaves no training rank of "
+                          f"{cluster.world} GPUs ({cluster.gpus_per_node} per node x {cluster.nodes} nodes)")
+    return cluster.world - rollout, rollout
+
+
+def micro_batch_tokens(engine_cfg, max_sequence: int) -> int:
+    """Tokens of the largest micro-batch: the token budget (a longer sequence gets one of its own) or
+    micro_batch_size sequences all at the maximum length."""
+    if engine_cfg.max_tokens_per_micro_batch > 0:
+        return max(engine_cfg.max_tokens_per_micro_batch, max_sequence)
+    return engine_cfg.micro_batch_size * max_sequence
+
+
+def engine_roles(cfg: Config, shapes: Shapes) -> list[tuple[str, object, int, ModelShape, bool, bool]]:
+    """(role, its config section, parameters, shape, trained, has an LM head) of every engine the run builds."""
+    out = [("actor", cfg.actor, shapes.policy.params, shapes.policy, True, True)]
+    if cfg.algorithm.advantage_estimator == "gae":
+        out.append(("critic", cfg.critic, shapes.critic.value_model_params, shapes.critic, True, False))
+    if cfg.algorithm.kl_coef > 0:
+        out.append(("reference", cfg.reference, shapes.policy.params, shapes.policy, False, True))
+    if cfg.reward.model_path:
+        out.append(("reward_model", cfg.reward_model, shapes.reward_model.value_model_params,
+                    shapes.reward_model, False, False))
+    return out
+
+
+def engine_memory(cfg: Config, shapes: Shapes, train_ranks: int, d: int) -> list[EngineMemory]:
+    prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.max_response_tokens
+    out = []
+    for role, ecfg, n, shape, trained, lm_head in engine_roles(cfg, shapes):
+        stage = M.auto_zero_stage(ecfg.zero_stage, train_ranks)
+        largest = shape.largest_module_params
+        states = M.model_states(n, largest, train_ranks, stage, d, trained,
+                                offload_optimizer=getattr(ecfg, "offload_optimizer", False),
+                                offload_params=ecfg.offload_params)
+        tokens = micro_batch_tokens(ecfg, prompt + response)
+        answer_tokens = tokens * response // (prompt + response)
+        acts = {ckpt: M.activations(shape, tokens, answer_tokens, d, checkpointing=ckpt, backward=trained,
+                                    lm_head=lm_head).total_bytes for ckpt in (False, True)}
+        out.append(EngineMemory(role, train_ranks, stage, n, states, acts[ecfg.gradient_checkpointing],
+                                acts[False], acts[True], tokens))
+    return out
+
+
+def rollout_share(cfg: Config, cluster: Cluster) -> float:
+    """``rollout.gpu_memory_utilization``, or the engine's default when null: 0.4 of a GPU, 0.05 of
+    host memory on CPU (vcppo.engines.rollout.memory_share; not imported, it needs torch)."""
+    util = cfg.rollout.gpu_memory_utilization
+    if util is None:
+        util = 0.05 if cluster.hardware.is_cpu else 0.4
+    return float(util)
+
+
+def rollout_memory(cfg: Config, shape: ModelShape, cluster: Cluster, d: int) -> M.RolloutMemory:
+    util = rollout_share(cfg, cluster)
+    return M.rollout_memory(shape, d, cfg.rollout.tensor_parallel_size, util, cluster.hardware.memory_bytes,
+                            cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
+                            on_cpu=cluster.hardware.is_cpu)
+
+
+def phase_checks(cfg: Config, cluster: Cluster, engines: list[EngineMemory], vllm: M.RolloutMemory) -> list[Check]:
+    """The phases whose memory must fit (see the module docstring)."""
+    usable = cluster.hardware.usable_bytes
+    resident = sum(e.states.resident_bytes for e in engines)
+    working = max(e.working_bytes for e in engines)
+    kv_sequences = vllm.max_length_sequences
+    if cfg.placement.mode == "split":
+        return [Check("training ranks: states + working set", "train", resident + working, usable),
+                Check("rollout ranks: vLLM", "rollout", vllm.budget_bytes, usable, kv_sequences)]
+    asleep = cfg.rollout.free_memory_during_training and not cluster.hardware.is_cpu
+    during_training = resident + working + (0.0 if asleep else vllm.budget_bytes)
+    return [Check("training (vLLM asleep)" if asleep else "training (vLLM awake)", "train", during_training, usable),
+            Check("rollout: states + vLLM", "rollout", resident + vllm.budget_bytes, usable, kv_sequences)]
+
+
+def cpu_bytes_per_node(cfg: Config, cluster: Cluster, engines: list[EngineMemory], vllm: M.RolloutMemory) -> float:
+    """Offloaded states of the training ranks on one node, plus vLLM's weights while it sleeps
+    (level 1 keeps them in host memory)."""
+    train_ranks, _ = ranks(cfg, cluster)
+    per_node = min(cluster.gpus_per_node, train_ranks)
+    offloaded = sum(e.states.cpu_bytes for e in engines) * per_node
+    sleeping = cfg.placement.mode != "split" and cfg.rollout.free_memory_during_training
+    return offloaded + (vllm.weights_bytes * cluster.gpus_per_node if sleeping and not cluster.hardware.is_cpu else 0.0)
+
+
+def step_time(cfg: Config, shapes: Shapes, cluster: Cluster, engines: list[EngineMemory],
+              vllm: M.RolloutMemory, d: int, mfu: float) -> StepTime:
+    """Rollout and training seconds of one step (vcppo.plan.timing; lengths spread evenly up to
+    rollout.max_response_tokens, so the mean response is half the maximum)."""
+    train_gpus, rollout_gpus = ranks(cfg, cluster)
+    prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.max_response_tokens
+    responses = cfg.trainer.prompts_per_step * cfg.rollout.n_samples_per_prompt
+    tp = cfg.rollout.tensor_parallel_size
+    replicas = max(1, rollout_gpus // tp)
+    concurrency = min(M.VLLM_MAX_NUM_SEQS, vllm.kv_tokens // (prompt + response // 2))
+    setup = T.DecodeSetup(shapes.policy.params, vllm.weights_bytes, vllm.kv_bytes_per_token, tp,
+                          T.replica_sequences(responses, replicas), max(1, concurrency), prompt, response)
+    # no sequence of the maximum length fits the KV cache: vLLM cannot run the step at all
+    rollout_s = T.rollout_seconds(setup, cluster.hardware, d, mfu) if vllm.max_length_sequences >= 1 else math.inf
+    from_sampler = getattr(cfg.algorithm, "old_logprobs_from_sampler", False)
+    sections = {"actor": cfg.actor, "critic": cfg.critic}
+    models = [T.TrainedModel(e.role, e.n_params,
+                             forward_passes=0 if (e.role == "actor" and from_sampler) else 1,
+                             train_passes=sections[e.role].ppo_epochs if e.role in sections else 0,
+                             checkpointing=e.role in sections and sections[e.role].gradient_checkpointing)
+              for e in engines]
+    tokens = responses * (prompt + response / 2)
+    training_s = T.training_seconds(models, tokens, cluster.hardware, d, train_gpus, mfu)
+    overlapped = cfg.placement.mode == "split" and cfg.trainer.max_staleness > 0
+    step_s = max(rollout_s, training_s) if overlapped else rollout_s + training_s
+    return StepTime(rollout_s, training_s, step_s, responses, tokens, rollout_gpus, train_gpus)
+
+
+def plan_run(cfg: Config, shapes: Shapes, cluster: Cluster, mfu: float = 0.35) -> Plan:
+    """Memory per GPU, verdicts and step time of ``cfg`` on ``cluster``."""
+    if cfg.rollout.tensor_parallel_size > cluster.world or cluster.world % cfg.rollout.tensor_parallel_size:
+        raise ConfigError(f"config key 'rollout.tensor_parallel_size' ({cfg.rollout.tensor_parallel_size}) "
+                          f"must divide the {cluster.world} GPUs")
+    d = dtype_bytes(cfg.model.dtype, cluster.hardware)
+    train_ranks, _ = ranks(cfg, cluster)
+    engines = engine_memory(cfg, shapes, train_ranks, d)
+    vllm = rollout_memory(cfg, shapes.policy, cluster, d)
+    notes = []
+    if cfg.placement.mode == "split" and rollout_share(cfg, cluster) < 0.8:
+        notes.append("split: the rollout ranks run only vLLM; rollout.gpu_memory_utilization=0.9 gives it "
+                     "the rest of their memory as KV cache")
+    return Plan(cluster, d, engines, vllm, phase_checks(cfg, cluster, engines, vllm),
+                step_time(cfg, shapes, cluster, engines, vllm, d, mfu),
+                cpu_bytes_per_node(cfg, cluster, engines, vllm), notes)
+
+
+def gib(n: float) -> float:
+    return n / GiB

@@ -1,0 +1,154 @@
+"""The knob that makes a run fit: a search over settings, in a stated order, cheapest first.
+
+Each round plans the run, takes the first phase that does not fit (training before rollout) and
+adds the first knob of that phase's ladder that changes anything; knobs accumulate until every
+phase fits. The answer is the list of ``key=value`` overrides (and ``--nodes N``) of the first
+setting that fits, or None when the ladders run out.
+
+Training phase: 1. gradient checkpointing of the trained engines (recomputes a forward: ~+33%
+training FLOPs); 2. halve the micro-batch (or the token budget) of the engine with the largest
+working set, down to one sequence; 3. optimizer offload (ZeRO-Offload: host memory and a CPU Adam
+step); 4. parameter offload; 5. twice the nodes.
+Rollout phase: 1. the gpu_memory_utilization that fills what the resident states leave, when its KV
+cache still holds a sequence of the maximum length; 2. twice the vLLM tensor parallelism
+(colocated only); 3.-5. as for training, since offload also shrinks what stays resident.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, replace
+
+import yaml
+
+from vcppo.plan import memory as M
+from vcppo.plan.advise import Cluster, Plan, Shapes, plan_run, rollout_share
+from vcppo.schema import Config
+
+MAX_NODES = 64
+MAX_ROUNDS = 24
+
+
+@dataclass(frozen=True)
+class Setting:
+    cfg: Config
+    cluster: Cluster
+
+
+def apply(setting: Setting, knob: list[str]) -> Setting:
+    """``knob``: ``section.key=value`` overrides (values already in their schema type's spelling) and
+    ``--nodes=N``."""
+    cfg, cluster = copy.deepcopy(setting.cfg), setting.cluster
+    for item in knob:
+        key, value = item.split("=", 1)
+        if key == "--nodes":
+            cluster = replace(cluster, nodes=int(value))
+            continue
+        section, name = key.split(".")
+        setattr(getattr(cfg, section), name, yaml.safe_load(value))  # true / 2 / 0.55, as on a command line
+    return Setting(cfg, cluster)
+
+
+def trained_sections(cfg: Config) -> list[str]:
+    return ["actor"] + (["critic"] if cfg.algorithm.advantage_estimator == "gae" else [])
+
+
+def all_sections(cfg: Config) -> list[str]:
+    return trained_sections(cfg) + (["reference"] if cfg.algorithm.kl_coef > 0 else []) \
+        + (["reward_model"] if cfg.reward.model_path else [])
+
+
+def _offload(s: Setting, plan: Plan, flag: str, sections: list[str]) -> list[str]:
+    """``section.flag=true`` where it is off, with ZeRO-3 where the stage would not offload."""
+    stages = {e.role: e.zero_stage for e in plan.engines}
+    out = []
+    for sec in sections:
+        if not getattr(getattr(s.cfg, sec), flag, True):
+            out.append(f"{sec}.{flag}=true")
+            if stages.get(sec, 3) != 3:
+                out.append(f"{sec}.zero_stage=3")
+    return out
+
+
+def smaller_micro_batch(s: Setting, plan: Plan) -> list[str]:
+    """Halve the micro-batch of the trained engine with the largest working set."""
+    longest = s.cfg.data.max_prompt_tokens + s.cfg.rollout.max_response_tokens
+    for e in sorted((e for e in plan.engines if e.role in trained_sections(s.cfg)), key=lambda e: -e.working_bytes):
+        ecfg = getattr(s.cfg, e.role)
+        if ecfg.max_tokens_per_micro_batch > longest:
+            return [f"{e.role}.max_tokens_per_micro_batch={max(longest, ecfg.max_tokens_per_micro_batch // 2)}"]
+        if ecfg.max_tokens_per_micro_batch == 0 and ecfg.micro_batch_size > 1:
+            return [f"{e.role}.micro_batch_size={ecfg.micro_batch_size // 2}"]
+    return []
+
+
+def more_nodes(s: Setting) -> list[str]:
+    return [f"--nodes={s.cluster.nodes * 2}"] if s.cluster.nodes * 2 <= MAX_NODES else []
+
+
+def fitting_share(s: Setting, plan: Plan, shapes: Shapes) -> list[str]:
+    """The largest gpu_memory_utilization (in steps of 0.05) that the resident states leave room for,
+    if it differs from the current one and its KV cache holds a sequence of the maximum length."""
+    hw = s.cluster.hardware
+    resident = 0.0 if s.cfg.placement.mode == "split" else sum(e.states.resident_bytes for e in plan.engines)
+    share = min(0.95, math.floor((hw.usable_bytes - resident) / hw.memory_bytes * 20) / 20)
+    if share < 0.05 or abs(share - rollout_share(s.cfg, s.cluster)) < 1e-9:
+        return []
+    vllm = M.rollout_memory(shapes.policy, plan.dtype_bytes, s.cfg.rollout.tensor_parallel_size, share,
+                            hw.memory_bytes, plan.rollout.max_sequence_tokens, on_cpu=hw.is_cpu)
+    return [f"rollout.gpu_memory_utilization={share}"] if vllm.max_length_sequences >= 1 else []
+
+
+def wider_tensor_parallel(s: Setting, shapes: Shapes) -> list[str]:
+    tp = s.cfg.rollout.tensor_parallel_size * 2
+    if s.cfg.placement.mode == "split" or tp > s.cluster.gpus_per_node or shapes.policy.num_heads % tp:
+        return []
+    return [f"rollout.tensor_parallel_size={tp}"]
+
+
+def next_knob(s: Setting, plan: Plan, shapes: Shapes) -> list[str]:
+    """The first knob of the first failing phase's ladder that changes anything ([] when none does)."""
+    failing = next(c for c in plan.checks if not c.fits)
+    trained, every = trained_sections(s.cfg), all_sections(s.cfg)
+    ladder = []
+    if failing.kind == "train":
+        ladder.append(lambda: [f"{sec}.gradient_checkpointing=true" for sec in trained
+                               if not getattr(s.cfg, sec).gradient_checkpointing])
+        ladder.append(lambda: smaller_micro_batch(s, plan))
+    else:
+        ladder.append(lambda: fitting_share(s, plan, shapes))
+        ladder.append(lambda: wider_tensor_parallel(s, shapes))
+    ladder += [lambda: _offload(s, plan, "offload_optimizer", trained),
+               lambda: _offload(s, plan, "offload_params", every),
+               lambda: more_nodes(s)]
+    for step in ladder:
+        knob = step()
+        if knob:
+            return knob
+    return []
+
+
+def find_fit(setting: Setting, shapes: Shapes, mfu: float) -> tuple[list[str] | None, Plan]:
+    """(the overrides that make the run fit, [] when it already does, None when no knob does; the
+    plan of the last setting tried)."""
+    knobs: list[str] = []
+    plan = plan_run(setting.cfg, shapes, setting.cluster, mfu)
+    for _ in range(MAX_ROUNDS):
+        if plan.fits:
+            return merged(knobs), plan
+        knob = next_knob(setting, plan, shapes)
+        if not knob:
+            return None, plan
+        knobs += knob
+        setting = apply(setting, knob)
+        plan = plan_run(setting.cfg, shapes, setting.cluster, mfu)
+    return (merged(knobs), plan) if plan.fits else (None, plan)
+
+
+def merged(knobs: list[str]) -> list[str]:
+    """The overrides with only the last value of each key, in the order keys were first set."""
+    last = {}
+    for item in knobs:
+        key, _ = item.split("=", 1)
+        last[key] = item
+    return list(last.values())

