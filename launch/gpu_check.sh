@@ -10,6 +10,7 @@
 #   2. gpu tests     pytest -m gpu (Triton GAE kernel on CUDA, bf16 paths)              gpu_tests.log
 #   3. GAE kernel    vcppo bench gae: Triton vs fused torch vs the loop vs a copy floor, and the
 #                    achieved GB/s of each against the floor's                         bench_gae.json, gae_bandwidth.json
+#   3b. vcppo_plan   vcppo plan of the 7B shape on 8 x H200 (estimates; no GPU needed)   plan_7b_h200.json
 #   4. sleep / wake  vLLM (bf16, via RolloutEngine) frees memory on sleep(); the same greedy
 #                    outputs after wake_up()                                           sleep_wake.json
 #   5. mismatch      vLLM vs the DeepSpeed actor logprobs, fp32 vs bf16 (vcppo bench mismatch) mismatch.json
@@ -25,6 +26,7 @@ OUT_DIR="${1:-${GPU_CHECK_OUT:-${OUT:-runs/gpu_check}}}"
 mkdir -p "$OUT_DIR"
 PY="${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
 export PYTHONUNBUFFERED=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 WANDB_MODE=offline
+unset DS_ACCELERATOR  # DeepSpeed detects CUDA itself; a leftover DS_ACCELERATOR=cpu would train on the CPU
 NUM_GPUS="${NUM_GPUS:-$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' )}"
 TP=1
 [ "$NUM_GPUS" -ge 2 ] && TP=2
@@ -56,6 +58,7 @@ step bf16 60 "$PY" -m vcppo.bench.gpu_check bf16 "$OUT_DIR/bf16.json"
 step gpu_tests 180 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
 step bench_gae 150 "$PY" -m vcppo.cli bench gae --json "$OUT_DIR/bench_gae.json" \
   && step gae_bandwidth 30 "$PY" -m vcppo.bench.gpu_check gae-bandwidth "$OUT_DIR/bench_gae.json" "$OUT_DIR/gae_bandwidth.json"
+step vcppo_plan 60 "$PY" -m vcppo.cli plan vcppo --model-shape qwen2.5-7b --gpu h200 --json "$OUT_DIR/plan_7b_h200.json"
 
 if [ -z "${DRY_RUN:-}" ] && ! "$PY" -c "import vllm, deepspeed" >/dev/null 2>&1; then
   log "steps 4-6 skipped: vllm and/or deepspeed are not importable here"

@@ -3,9 +3,13 @@ import os
 
 import pytest
 
-# Keep vLLM in-process (one engine per test process) and DeepSpeed on the CPU accelerator.
+import torch
+
+# Keep vLLM in-process (one engine per test process), and DeepSpeed on the CPU accelerator where there
+# is no GPU (on a GPU machine DeepSpeed picks CUDA itself: `pytest -m gpu` must not train on the CPU).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One torch (OpenMP) thread per process: `make test` runs two workers on the CI machine's two cores,
@@ -43,8 +47,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
-ENV = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", WANDB_MODE="offline", PYTHONUNBUFFERED="1",
-           DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
+ENV = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
 
 
 def vcppo(*args, cwd, check=True, timeout=600, **kw):
@@ -57,12 +60,18 @@ def vcppo(*args, cwd, check=True, timeout=600, **kw):
 
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory):
-    """Task data, a tiny random Qwen2 policy, and an RM-format value model made from it."""
+    """Task data, a tiny random Qwen2 policy, and two RM-format value models made from it: ``rm``
+    (a zero head, the ppo preset's critic init) and ``rm_scored`` (a random head: scores that differ)."""
     root = tmp_path_factory.mktemp("artifacts")
     vcppo("data", "make", "--task", "add", "--out", "data", "--n", "200", "--n-eval", "16", cwd=root)
     vcppo("model", "make", "--size", "tiny", "--out", "tiny", cwd=root)
     from vcppo.models.value_model import ValueModel
     ValueModel.from_policy(str(root / "tiny")).save_pretrained(str(root / "rm"), tokenizer_src=str(root / "tiny"))
+    scored = ValueModel.from_policy(str(root / "tiny"))  # a reward model whose scores differ by sample
+    with torch.no_grad():  # (its own generator: the test process's RNG stays untouched)
+        w = scored.value_head.weight
+        w.copy_(0.5 * torch.randn(w.shape, generator=torch.Generator().manual_seed(0)))
+    scored.save_pretrained(str(root / "rm_scored"), tokenizer_src=str(root / "tiny"))
     return root
 
 

@@ -93,6 +93,7 @@ class FakeRun:
         gae = self.cfg.algorithm.advantage_estimator == "gae"
         self.critic = FakeEngine("critic", self.calls) if gae else None
         self.reference = FakeEngine("reference", self.calls) if self.cfg.algorithm.kl_coef > 0 else None
+        self.reward_model = None
         self.dist = DistInfo(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"),
                              backend="gloo", is_main=rank == 0)
         self.timeline = None

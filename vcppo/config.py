@@ -296,6 +296,11 @@ def validate(cfg: Config) -> None:
                           "need(s) the sampler's logprobs: set it to null (auto) or true")
     _check_truncated_sampling(cfg, users)
     _check_placement(cfg)
+    _check_reward_sources(cfg)
+    if cfg.algorithm.kl_target is not None and cfg.algorithm.kl_coef == 0:
+        raise ConfigError("config key 'algorithm.kl_target' needs algorithm.kl_coef > 0: the adaptive controller "
+                          "scales the coefficient, and one that starts at 0 stays 0 (verl / OpenRLHF start at "
+                          "e.g. 0.001 - 0.05)")
     if cfg.reward.overlong_buffer_tokens > cfg.rollout.max_response_tokens:
         raise ConfigError(f"config key 'reward.overlong_buffer_tokens' ({cfg.reward.overlong_buffer_tokens}) "
                           f"must be <= rollout.max_response_tokens ({cfg.rollout.max_response_tokens})")
@@ -314,6 +319,29 @@ def _check_truncated_sampling(cfg: Config, users: list[str]) -> None:
                           "sampler's logprobs are then those of the truncated (nucleus) distribution, which the "
                           "trainer's full-softmax logprobs never match, so importance weights and mismatch/* "
                           "metrics would be biased; sample with rollout.top_p=1.0 or drop " + readers[0])
+
+
+def combine_mode(cfg: Config) -> str:
+    """``reward.combine``, with null resolved: the model alone when there is one, else the rule."""
+    if cfg.reward.combine is not None:
+        return cfg.reward.combine
+    return "model" if cfg.reward.model_path else "rule"
+
+
+def _check_reward_sources(cfg: Config) -> None:
+    """What ``reward.combine`` needs: a reward model, rules per data_source, and a rule's reward at
+    sampling time for dynamic sampling."""
+    mode, r = combine_mode(cfg), cfg.reward
+    if mode != "rule" and not r.model_path:
+        raise ConfigError(f"config key 'reward.combine' ({mode!r}) needs reward.model_path (a reward model dir)")
+    if mode == "model_without_rule" and not r.functions_by_source:
+        raise ConfigError("config key 'reward.combine' ('model_without_rule') needs reward.functions_by_source: "
+                          "it names the data_sources that have a rule; with none, every row would go to the "
+                          "model (then say combine=model)")
+    if mode in ("model", "model_without_rule") and cfg.trainer.dynamic_sampling:
+        raise ConfigError(f"config key 'trainer.dynamic_sampling' cannot be true with reward.combine={mode!r}: "
+                          "dynamic sampling keeps the groups whose RULE rewards differ (the reward model "
+                          "scores later, on the training ranks), so it would train on the rule's judgement")
 
 
 def _check_placement(cfg: Config) -> None:
@@ -383,6 +411,8 @@ def check_paths(cfg: Config, command: str = "train") -> None:
     for key in _OUTPUTS[command]:
         check_writable(key, _get(cfg, key))
     check_context_length(cfg, *_SAMPLING_MODEL[command])
+    if command == "train" and cfg.reward.model_path:
+        _check_reward_model(cfg.reward.model_path)
     if cfg.reward.function:
         _check_reward_function(cfg.reward.function)
     for source, path in cfg.reward.functions_by_source.items():
@@ -428,6 +458,17 @@ def check_context_length(cfg: Config, model_key: str, with_prompt_budget: bool =
         raise ConfigError(f"config key{'s' if with_prompt_budget else ''} {keys} ({needed}) exceed"
                           f"{'' if with_prompt_budget else 's'} the context of {model_key} ({limit} tokens, "
                           f"max_position_embeddings in {config_file})")
+
+
+def _check_reward_model(path: str) -> None:
+    from vcppo.models.reward_model import reward_model_format
+
+    if not os.path.exists(path):
+        raise ConfigError(f"config key 'reward.model_path': path does not exist: {path}")
+    try:
+        reward_model_format(path)
+    except ValueError as e:
+        raise ConfigError(f"config key 'reward.model_path': {e}") from None
 
 
 def _check_reward_function(path: str, key: str = "reward.function") -> None:

@@ -97,6 +97,8 @@ class Rollout(Layout):
         truncated        (B,)   float  1.0 where the response hit max_response_tokens
         sampler_logprobs (B, R) float  vLLM's logprob of each sampled token; None when the run does
                                        not ask for them (``rollout.sampler_logprobs``)
+        has_rule         (B,)   float  1.0 where the row's data_source has a rule of its own
+                                       (``reward.functions_by_source``); None without such rules
     """
     scores: Tensor
     token_rewards: Tensor
@@ -104,6 +106,7 @@ class Rollout(Layout):
     correct: Tensor
     truncated: Tensor
     sampler_logprobs: Optional[Tensor] = None
+    has_rule: Optional[Tensor] = None
 
     @classmethod
     def unscored(cls, layout: Layout) -> "Rollout":
@@ -122,9 +125,11 @@ class ActorBatch(Rollout):
         advantages   (B, R) float  the actor's advantages as the loss uses them (whitened when
                                    ``algorithm.whiten_advantages``)
         old_logprobs (B, R) float  pi_old; None when the plan takes it from the update's own forward
+        ref_logprobs (B, R) float  the reference policy's, when the KL is a loss term; else None
     """
     advantages: Tensor
     old_logprobs: Optional[Tensor] = None
+    ref_logprobs: Optional[Tensor] = None
 
 
 @dataclass(kw_only=True)
@@ -148,11 +153,13 @@ class BeforeUpdate:
 
         old_logprobs (B, R) float  pi_old: an actor pass, the sampler's logprobs, or the update's forward
         entropy      (B, R) float  the actor's per-token entropy (same source as pi_old, or the update's)
-        kl           (B, R) float  per-token KL estimate against the reference policy
+        ref_logprobs (B, R) float  the reference policy's logprobs (when some KL is on)
+        kl           (B, R) float  per-token KL estimate of pi_old against the reference policy
         old_values   (B, R) float  V_old: a critic pass, or the critic update's forward
     """
     old_logprobs: Optional[Tensor] = None
     entropy: Optional[Tensor] = None
+    ref_logprobs: Optional[Tensor] = None
     kl: Optional[Tensor] = None
     old_values: Optional[Tensor] = None
 

@@ -169,9 +169,20 @@ class AlgorithmConfig:
                                       low=1.0, low_open=True)
     loss_agg: str = _f("token-mean", "Loss aggregation over tokens / sequences.",
                        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
-    kl_coef: float = _f(0.0, "KL penalty coefficient vs the reference policy (paper: 0); >0 loads a "
-                        "reference engine.", low=0.0)
-    kl_estimator: str = _f("k3", "KL estimator for the penalty.", choices=("k1", "k2", "k3"))
+    kl_coef: float = _f(0.0, "KL coefficient vs the reference policy (paper: 0); >0 loads a reference "
+                        "engine. With kl_target set, the adaptive controller's starting value.", low=0.0)
+    kl_in: str = _f("reward", "Where the KL goes: 'reward' (a per-token penalty subtracted from the reward, "
+                    "PPO-RLHF; verl use_kl_in_reward) or 'loss' (a term of the actor's loss on its current "
+                    "logprobs, GRPO's way; verl use_kl_loss).", choices=("reward", "loss"))
+    kl_estimator: str = _f("k3", "Per-token KL estimator: k1 (log-ratio), k2 (half its square), k3 (Schulman's "
+                           "unbiased, >= 0) or low_var_kl (k3 clamped, verl's name); in the loss k2's "
+                           "gradient is that of KL(pi || pi_ref) (vcppo/algos/kl.py).",
+                           choices=("k1", "k2", "k3", "low_var_kl"))
+    kl_target: Optional[float] = _f(None, "Adaptive KL controller (Ziegler et al. 2019, as verl / OpenRLHF): "
+                                    "the coefficient moves toward the value that holds the per-sample KL at "
+                                    "this target; null: a fixed kl_coef.", low=0.0, low_open=True)
+    kl_horizon: float = _f(10000.0, "Adaptive KL controller: samples over which the coefficient may change "
+                           "by a factor of about e^0.2 (verl / OpenRLHF: 10000).", low=0.0, low_open=True)
     entropy_coef: float = _f(0.0, "Entropy bonus coefficient.", low=0.0)
     positive_lm_coef: float = _f(0.0, "VAPO positive-example LM loss weight (VAPO: 0.1).", low=0.0)
     grpo_scale_by_std: bool = _f(True, "GRPO: divide group-centred rewards by the group std.")
@@ -194,6 +205,18 @@ class RewardConfig:
                                  "ground_truth, **info) -> float); null = the built-in verifier.")
     functions_by_source: Dict[str, str] = _f({}, "Reward function per data_source ({source: 'module:function'}); "
                                              "rows of other sources use reward.function.")
+    model_path: Optional[str] = _f(None, "A reward model that scores each response at its last token: a "
+                                   "`vcppo rm` directory, or an HF sequence-classification checkpoint with one "
+                                   "label. Runs on the training ranks (reward_model section).")
+    combine: Optional[str] = _f(None, "How the reward model meets the rule: 'rule' (the model's scores only "
+                                "logged), 'model', 'weighted_sum' (rule_weight * rule + model_weight * model), "
+                                "'model_without_rule' (the model for rows whose data_source has no entry in "
+                                "functions_by_source); null = 'model' with a model_path, else 'rule'.",
+                                choices=(None, "rule", "model", "weighted_sum", "model_without_rule"))
+    rule_weight: float = _f(1.0, "combine=weighted_sum: weight of the rule's reward.")
+    model_weight: float = _f(1.0, "combine=weighted_sum: weight of the reward model's score.")
+    normalize_model_scores: bool = _f(False, "Standardise the reward model's scores by the running mean and "
+                                      "std of every score the run has seen (checkpointed, logged).")
     correct_score: float = _f(1.0, "Reward of a correct final answer (paper: +1).")
     wrong_score: float = _f(-1.0, "Reward of a wrong / missing / truncated answer (paper: -1).")
     num_workers: Optional[int] = _f(None, "Reward worker processes per rank (a stuck sample can be "
@@ -362,6 +385,8 @@ class Config:
     actor: ActorConfig = field(default_factory=ActorConfig, metadata={"doc": "Policy optimisation."})
     reference: EngineConfig = field(default_factory=EngineConfig, metadata={"doc": "Frozen reference policy "
                                                                              "(built when algorithm.kl_coef > 0)."})
+    reward_model: EngineConfig = field(default_factory=EngineConfig, metadata={"doc": "Reward model engine "
+                                                                               "(built when reward.model_path is set)."})
     critic: CriticConfig = field(default_factory=CriticConfig, metadata={"doc": "Value model optimisation."})
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig, metadata={"doc": "Advantages and losses."})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"doc": "Verifier / reward function."})

@@ -37,12 +37,13 @@ def test_script_parses():
 def test_dry_run_plans_every_step_with_tp_by_gpu_count(tmp_path, gpus, tp):
     steps = dry_run(tmp_path / "out", NUM_GPUS=gpus)
     split = ["train_split", "train_split_summary"] if tp == 2 else []  # split placement needs 2 GPUs
-    assert list(steps) == ["plan", "bf16", "gpu_tests", "bench_gae", "gae_bandwidth", "sleep_wake", "mismatch",
+    assert list(steps) == ["plan", "bf16", "gpu_tests", "bench_gae", "gae_bandwidth", "vcppo_plan", "sleep_wake", "mismatch",
                            "make_data", "make_model", "train", "train_summary", *split, "done"]
     assert f"tensor_parallel_size={tp} over {tp} rank" in steps["plan"]
     train = shlex.split(steps["train"])
     assert f"NUM_GPUS={tp}" in train and f"rollout.tensor_parallel_size={tp}" in train
     assert "-m gpu" in steps["gpu_tests"] and not (tmp_path / "out" / "bf16.json").exists()  # nothing ran
+    assert "vcppo.cli plan vcppo" in steps["vcppo_plan"]
 
 
 def test_dry_run_training_overrides_are_valid_config(tmp_path):

@@ -72,6 +72,11 @@ def test_cache_key_ignores_algorithm_and_seed_but_not_critic(tmp_path):
     assert a == cache_key(load_config("vcppo", base + [f"model.critic_path={tmp_path / 'm'}"]))
     assert a != cache_key(load_config("vcppo", base + ["model.critic_init=reward_model",
                                                        f"model.critic_path={tmp_path / 'm'}"]))
+    # a reward model changes the reward the critic learns; combine=null is combine=model
+    rm = [f"reward.model_path={tmp_path / 'm'}"]
+    with_rm = cache_key(load_config("vcppo", base + rm))
+    assert with_rm != a and with_rm == cache_key(load_config("vcppo", base + rm + ["reward.combine=model"]))
+    assert with_rm != cache_key(load_config("vcppo", base + rm + ["reward.combine=weighted_sum"]))
 
 
 def test_rank_slice_keeps_whole_prompts():
@@ -119,6 +124,18 @@ def test_collect_rollout_places_outcome_reward_on_last_token():
                                  sampling=RolloutConfig(n_samples_per_prompt=2, max_response_tokens=3))
     assert torch.allclose(with_lp.sampler_logprobs[0], torch.tensor([-0.1, -0.2, -0.3]))
     assert torch.equal(with_lp.sampler_logprobs[1], torch.tensor([-0.5, 0.0, 0.0]))
+    assert batch.has_rule is None  # no per-source rules
+
+
+def test_collect_rollout_marks_the_rows_whose_data_source_has_a_rule():
+    from vcppo.rewards.routing import GroundTruth
+    rows = [{"prompt_ids": [1, 2], "answer": GroundTruth("3", {"data_source": "math"})},
+            {"prompt_ids": [4], "answer": GroundTruth("4", {"data_source": "chat"})}]
+    scorer = RewardScorer(functions_by_source={"math": "vcppo.rewards.verifier:score"})
+    batch = collect_rollout(rows, first_index=0, rollout=_FakeRollout(), scorer=scorer, pad_id=0,
+                            device=torch.device("cpu"), seed=0,
+                            sampling=RolloutConfig(n_samples_per_prompt=2, max_response_tokens=3))
+    assert batch.has_rule.tolist() == [1.0, 1.0, 0.0, 0.0]
 
 
 def test_phase_timer_sums_phases():

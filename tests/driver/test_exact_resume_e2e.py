@@ -2,7 +2,8 @@
 reproduced exactly: from a finished run's directory, the checkpoints after the kill point, the
 final export and the metrics logged after it are removed. Everything else stays, the published
 critic cache included. The rerun must then log what the uninterrupted run logged, record for
-record, with no duplicates.
+record, with no duplicates. The run carries state beyond the engines (an adaptive KL coefficient,
+a reward model's running score moments), so a resume that lost it would log other figures.
   (b) a kill after the pretrained critic is published but before the first PPO checkpoint:
       pretraining resumes from its own checkpoint (it does not take the cached critic), and
       `val 0` is logged once;
@@ -65,7 +66,11 @@ def overrides(art, out):
     return base_overrides(art, out, **{
         "trainer.total_steps": 4, "trainer.save_every": 2, "trainer.keep_last": 5, "value_pretrain.steps": 3,
         "critic.lr_schedule": "cosine", "actor.lr_schedule": "cosine", "critic.warmup_steps": 1,
-        "rollout.temperature": 1.0})
+        "rollout.temperature": 1.0,
+        # state a resume must restore beyond the engines: the adaptive KL coefficient, and the running
+        # moments of a reward model's scores (accumulated from value pretraining on)
+        "algorithm.kl_coef": 0.05, "algorithm.kl_target": 0.01, "reward.model_path": art / "rm_scored",
+        "reward.combine": "weighted_sum", "reward.normalize_model_scores": True})
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from vcppo.schema import ActorConfig, AlgorithmConfig, CriticConfig
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PLAN = StepPlan(phase="ppo", pi_old=Source.UPDATE, v_old=Source.UPDATE, entropy=Source.UPDATE, critic_first=True,
-                kl_in_reward=False, actor_trains=True, lambda_critic=1.0, sampler_logprobs=True)
+                kl_in_reward=False, kl_in_loss=False, actor_trains=True, lambda_critic=1.0, sampler_logprobs=True)
 PASSES = dataclasses.replace(PLAN, pi_old=Source.PASS, v_old=Source.PASS, entropy=Source.PASS, critic_first=False)
 
 

@@ -9,6 +9,7 @@ import torch
 
 from tests.fakes import FakeRun, scored, scripted_source
 from vcppo.config import load_config
+from vcppo.driver.checkpoint import RunState
 from vcppo.driver.plan import Source, ppo_plan, pretrain_plan
 from vcppo.driver.step import rl_step
 
@@ -20,7 +21,7 @@ def run_step(plan=None, phase="ppo", rounds=None, **overrides):
     run = FakeRun(**overrides)
     plan = plan or (ppo_plan if phase == "ppo" else pretrain_plan)(run.cfg, CPU)
     source = scripted_source(run, rounds or [scored(ROLLOUT)], logprobs=plan.sampler_logprobs)
-    return run, plan, rl_step(run, source, plan, step=1)
+    return run, plan, rl_step(run, source, plan, RunState(phase=plan.phase), step=1)
 
 
 @pytest.mark.parametrize("preset, overrides, pi_old, v_old, critic_first", [

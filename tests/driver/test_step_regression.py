@@ -21,7 +21,7 @@ from vcppo.schema import ActorConfig, AlgorithmConfig, CriticConfig
 pytestmark = [pytest.mark.integration]
 
 PLAN = StepPlan(phase="ppo", pi_old=Source.UPDATE, v_old=Source.UPDATE, entropy=Source.UPDATE, critic_first=True,
-                kl_in_reward=False, actor_trains=True, lambda_critic=1.0, sampler_logprobs=False)
+                kl_in_reward=False, kl_in_loss=False, actor_trains=True, lambda_critic=1.0, sampler_logprobs=False)
 
 # Written on a 2-core AMD EPYC (Zen 4, AVX-512), torch 2.13.0+cpu, DeepSpeed 0.19.8.
 EXPECTED = {

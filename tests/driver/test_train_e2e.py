@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vcppo.algos.kl import adaptive_kl_coef
 from vcppo.tracking import read_metrics
 
 pytestmark = [pytest.mark.integration]
@@ -46,12 +47,16 @@ LOSS_OPTIONS = {  # KL penalty (reference engine), dual-clip, entropy bonus, seq
     "algorithm.entropy_coef": 0.01, "algorithm.loss_agg": "seq-mean-token-mean", "actor.ppo_epochs": 2,
     "actor.ppo_mini_batches": 2, "critic.ppo_mini_batches": 2, "actor.warmup_steps": 1,
     "actor.lr_schedule": "cosine", "actor.gradient_checkpointing": True,
-    "rollout.sampler_logprobs": True}  # fp32 would leave them off (null = auto): the mismatch/* metrics
+    "rollout.sampler_logprobs": True,  # fp32 would leave them off (null = auto): the mismatch/* metrics
+    # the adaptive KL controller, and a reward model's scores (normalised) beside the rule's
+    "algorithm.kl_target": 0.01, "algorithm.kl_horizon": 100.0, "reward.combine": "weighted_sum",
+    "reward.model_weight": 0.5, "reward.normalize_model_scores": True}
+KL_IN_LOSS = {"algorithm.kl_coef": 0.01, "algorithm.kl_in": "loss", "algorithm.kl_estimator": "low_var_kl"}
 DAPO_AND_MISMATCH = {  # DAPO's dynamic sampling, soft overlong punishment and overlong filtering,
     # and truncated importance sampling against vLLM's logprobs
     "trainer.dynamic_sampling": True, "trainer.dynamic_sampling_max_tries": 3,
     "reward.overlong_buffer_tokens": 16, "algorithm.mask_truncated": True, "algorithm.rollout_is_cap": 2.0}
-PRESET_OPTIONS = {"ppo": LOSS_OPTIONS, "vapo": DAPO_AND_MISMATCH}
+PRESET_OPTIONS = {"ppo": LOSS_OPTIONS, "vapo": DAPO_AND_MISMATCH, "grpo": KL_IN_LOSS}
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +82,8 @@ def test_preset_runs_end_to_end(preset, tiny_artifacts, tmp_path, request):
             # algorithm (shared lambda) and seed with the same policy / data / critic config reuses it.
             tmp_path, seed = request.getfixturevalue("vcppo_twice")[1], 5
         options = {**PRESET_OPTIONS.get(preset, {}), "trainer.seed": seed}
+        if preset == "ppo":
+            options["reward.model_path"] = tiny_artifacts / "rm_scored"
         res = train(preset, base_overrides(tiny_artifacts, tmp_path, **options), cwd=tmp_path, timeout=600)
         assert res.returncode == 0, res.stderr[-4000:]
     run_dir = tmp_path / f"{preset}-seed{seed}"
@@ -120,6 +127,16 @@ def test_preset_runs_end_to_end(preset, tiny_artifacts, tmp_path, request):
     if preset == "ppo":  # LOSS_OPTIONS
         assert all(r["actor/kl_ref"] >= 0.0 and "time/ref_logprobs_s" in r and "actor/dual_clip_frac" in r
                    for r in ppo)
+        for r in ppo:  # the penalty reached the returns advantage estimation got, at this step's coefficient
+            assert r["reward/with_kl_mean"] == pytest.approx(r["reward/mean"] - r["reward/kl_penalty"], abs=1e-5)
+            assert "reward/model_score_mean" in r and "time/reward_model_s" in r
+            assert r["reward/model_running_std"] > 0  # the scores of a random head differ
+        # step 1 samples from the reference's own weights: KL 0, so the controller lowers the coefficient
+        assert ppo[0]["reward/kl_penalty"] == 0.0 and ppo[1]["reward/kl_penalty"] > 0.0
+        assert ppo[0]["actor/kl_coef"] == 0.05
+        assert ppo[1]["actor/kl_coef"] == pytest.approx(adaptive_kl_coef(0.05, ppo[0]["actor/kl_ref"], 0.01, 100.0, 8))
+    if preset == "grpo":  # KL_IN_LOSS: a term of the actor's loss, the rewards untouched
+        assert all(r["actor/kl_loss"] >= 0.0 and "reward/kl_penalty" not in r for r in ppo)
     if preset == "vapo":  # DAPO_AND_MISMATCH
         assert "actor/num_positive" in ppo[0]
         assert all(r["reward/overlong_penalty_mean"] <= 0.0 and "dynamic_sampling/tries" not in r for r in pre)

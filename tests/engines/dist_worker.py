@@ -77,6 +77,15 @@ def main(argv):
     actor_w = actor.full_state_dict()
     critic_w = critic.full_state_dict()
     values = critic.forward_values(full)
+    # the trained critic as a `vcppo rm` directory (its head is non-zero now), scored as a reward model
+    # by a frozen engine: ZeRO-3 over the ranks, each scoring its own share
+    from vcppo.engines.reward_model import RewardModelEngine
+    from vcppo.schema import EngineConfig
+    rm_dir = os.path.join(args.out, "rm")
+    critic.export(rm_dir)
+    rm = RewardModelEngine(rm_dir, EngineConfig(micro_batch_size=1, packed=args.packed,
+                                                max_tokens_per_micro_batch=args.budget), info)
+    result["rm_scores"] = dist.gather_cat(rm.score(mine)).tolist()
 
     if rollout is not None:
         prompts_r = [[5 + info.rank, 6, 7], [9, 10]]

@@ -1,5 +1,5 @@
 """Actor + critic train_step with 2 ranks (deepspeed launcher, gloo) == 1 rank on the same global
-batch; vLLM in the same 2-rank processes samples, takes the synced weights, and tears down cleanly."""
+batch, and so are a reward model's scores; vLLM in the same 2-rank processes samples, takes the synced weights, and tears down cleanly."""
 import json
 import os
 import socket
@@ -67,6 +67,9 @@ def _assert_same_step(out1, out2, weight_atol=1e-5):
             d = (w2[part][name] - w1[part][name]).abs().max().item()
             assert d < weight_atol, f"{part}.{name}: max abs diff {d}"
     torch.testing.assert_close(w2["values"], w1["values"], rtol=1e-5, atol=1e-5)
+    # the reward model engine's scores of the same 4 sequences, from 1 and from 2 ranks
+    assert len(r1["rm_scores"]) == 4 and max(abs(x) for x in r1["rm_scores"]) > 1e-3
+    assert r2["rm_scores"] == pytest.approx(r1["rm_scores"], abs=1e-4)
     return r2
 
 

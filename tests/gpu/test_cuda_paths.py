@@ -58,6 +58,9 @@ def test_actor_engine_bf16_on_cuda(tmp_path):
     b = make_layout([[1, 2, 3]] * 4, [[4, 5, 6, 7]] * 4, pad_id=0, device=dist.device)
     m = eng.train_step(b, ResponseNLL())
     assert torch.isfinite(torch.tensor(m["grad_norm"]))
+    # DeepSpeed itself runs on CUDA (not its CPU accelerator), and so do the engine's weights
+    from deepspeed.accelerator import get_accelerator
+    assert get_accelerator().device_name() == "cuda" and next(eng.module.parameters()).is_cuda
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

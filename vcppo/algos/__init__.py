@@ -4,11 +4,11 @@ The Triton kernel (`vcppo.algos.gae_triton`) is imported lazily by `decoupled_ga
 this package does not require triton.
 """
 from vcppo.algos.gae import decoupled_gae, gae_reference, length_adaptive_lambda, triton_available
+from vcppo.algos.kl import KL_ESTIMATORS, adaptive_kl_coef, kl_estimate, sequence_mean_kl
 from vcppo.algos.losses import (
     AGGREGATIONS,
     aggregate_loss,
     entropy_from_logits,
-    kl_penalty,
     policy_loss,
     positive_example_nll,
     value_loss,
@@ -28,7 +28,8 @@ from vcppo.algos.stats import (
 
 __all__ = [
     "decoupled_gae", "gae_reference", "length_adaptive_lambda", "triton_available",
-    "AGGREGATIONS", "aggregate_loss", "entropy_from_logits", "kl_penalty", "policy_loss",
+    "AGGREGATIONS", "aggregate_loss", "entropy_from_logits", "policy_loss",
+    "KL_ESTIMATORS", "adaptive_kl_coef", "kl_estimate", "sequence_mean_kl",
     "positive_example_nll", "value_loss",
     "PositionProfile", "advantage_position_correlation", "advantage_position_profile",
     "explained_variance", "grpo_advantages", "masked_mean", "masked_sum", "masked_var",

@@ -1,4 +1,4 @@
-"""PPO losses: clipped surrogate (clip-higher, dual-clip), clipped value loss, KL estimators,
+"""PPO losses: clipped surrogate (clip-higher, dual-clip), clipped value loss,
 entropy, VAPO's positive-example NLL, and the one place where token losses are aggregated.
 
 Notation
@@ -24,7 +24,7 @@ import torch
 from vcppo.algos.stats import _valid, explained_variance, masked_mean
 
 __all__ = [
-    "AGGREGATIONS", "aggregate_loss", "policy_loss", "value_loss", "kl_penalty",
+    "AGGREGATIONS", "aggregate_loss", "policy_loss", "value_loss",
     "entropy_from_logits", "positive_example_nll",
 ]
 
@@ -195,25 +195,6 @@ def value_loss(
             "return_mean": masked_mean(returns_f, valid),
         }
     return loss, metrics
-
-
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta (Schulman 2020,
-    "Approximating KL divergence"). Shapes (B, T) -> (B, T) float32; mask it yourself.
-
-    With d = ref_logprobs - logprobs = log(pi_ref / pi_theta):
-        k1 = -d                    unbiased, high variance, can be negative
-        k2 = 0.5 * d^2             biased, low variance, >= 0
-        k3 = exp(d) - d - 1        unbiased, low variance, >= 0
-    """
-    d = ref_logprobs.float() - logprobs.float()
-    if estimator == "k1":
-        return -d
-    if estimator == "k2":
-        return 0.5 * d**2
-    if estimator == "k3":
-        return torch.expm1(d) - d   # expm1: exact near d = 0, where exp(d) - 1 cancels
-    raise ValueError(f"estimator must be k1, k2 or k3, got {estimator!r}")
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -92,6 +92,7 @@ def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
     import torch
 
     from vcppo.config import load_command_config
+    from vcppo.driver.checkpoint import RunState
     from vcppo.driver.context import RunContext
     from vcppo.driver.plan import ppo_plan
     from vcppo.driver.ppo import run_dir_of
@@ -105,12 +106,13 @@ def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
     plan = ppo_plan(cfg, ctx.dist.device)
     maker = ColocatedSource.for_run(ctx, plan)
     steps, startup_s, profile_table = [], time.perf_counter() - t0, None
+    state = RunState(phase="ppo")
     try:
         for step in range(1, args.steps + 1):
             profiling = bool(args.profile) and step == args.steps
             t = time.perf_counter()
             with _profiler(profiling) as prof:
-                m = rl_step(ctx, maker, plan, step)
+                m = rl_step(ctx, maker, plan, state, step)
             wall = time.perf_counter() - t
             if profiling:
                 profile_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile)

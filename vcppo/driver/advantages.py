@@ -42,7 +42,9 @@ def estimate(rollout: Rollout, rewards: torch.Tensor, values: torch.Tensor | Non
     plain ``lambda_actor``, not whitened."""
     mask = rollout.response_mask
     if alg.advantage_estimator == "grpo":
-        seq_adv = grpo_advantages(rollout.scores, group_ids=rollout.group, scale_by_std=alg.grpo_scale_by_std)
+        # a sample's reward is the sum of its per-token rewards (verl's): the outcome, minus the KL
+        # penalty when it is in the reward
+        seq_adv = grpo_advantages(rewards.sum(-1), group_ids=rollout.group, scale_by_std=alg.grpo_scale_by_std)
         raw, returns, lam_actor = seq_adv[:, None] * mask, None, None
     else:
         lam_actor = None

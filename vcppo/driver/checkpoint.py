@@ -21,8 +21,7 @@ last whichever phase wrote it.
 
 Nothing is loaded by unpickling: a crafted file in a checkpoint directory must not run code on
 resume. Our own files are JSON; DeepSpeed's states are loaded with ``torch.load(weights_only=True)``
-(:mod:`vcppo.engines.safe_checkpoint`). Checkpoints written before this change hold
-``rng_rank{r}.pt``; it is read with ``weights_only=True`` and numpy's array types allowed.
+(:mod:`vcppo.engines.safe_checkpoint`); an older checkpoint's ``rng_rank{r}.pt`` is read so too.
 """
 from __future__ import annotations
 
@@ -58,6 +57,8 @@ class RunState:
     nonfinite_streak: int = 0         # steps in a row with a skipped non-finite optimizer step
     reward_fail_streak: int = 0       # steps in a row whose every sample's reward failed
     metrics_bytes: int | None = None  # size of metrics.jsonl at this checkpoint (None: older ones)
+    kl_coef: float | None = None      # the adaptive KL controller's coefficient (None: algorithm.kl_coef)
+    model_score_moments: list = field(default_factory=list)  # [count, mean, M2] of the reward model's scores
 
     @property
     def global_step(self) -> int:

@@ -23,6 +23,7 @@ from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.checkpoint import (RunState, check_same_world_size, find_resume_point, peek_state,
                                      rewind_metrics)
 from vcppo.driver.critic_cache import cached_critic, critic_source
+from vcppo.driver.model_reward import ModelReward
 from vcppo.driver.teardown import close_parts
 from vcppo.driver.timeline import Timeline
 from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
@@ -200,6 +201,7 @@ class RunContext:
     reference: ReferenceEngine | None
     log: MetricsLogger
     critic_from_cache: Path | None = None
+    reward_model: ModelReward | None = None  # reward.model_path: scores on the training ranks
     run_lock: IO | None = None   # main rank: the run directory's lock (driver/run_lock.py)
     resume_point: Path | None = None  # the verified checkpoint the run continues from (None: fresh)
     timeline: Timeline = dataclasses.field(default_factory=lambda: Timeline(None, "both"))
@@ -250,11 +252,13 @@ class RunContext:
             log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | {prompts}")
             scorer = make_scorer(cfg)
             engines = build_engines(cfg, dist, log, resumed, resume_point=point)
+            reward_model = ModelReward.build(cfg, dist, tokenizer, log.info)  # None without reward.model_path
             return cls(cfg=cfg, run_dir=run_dir, dist=dist, pad_id=pad_token_id(tokenizer),
                        prompts=train_set.stream(seed=cfg.trainer.seed) if sampler else None, val_rows=val_rows,
                        scorer=scorer,
                        rollout=engines.rollout, actor=engines.actor, critic=engines.critic,
                        reference=engines.reference, log=log, critic_from_cache=engines.critic_from_cache,
+                       reward_model=reward_model,
                        run_lock=held, resume_point=point,
                        timeline=Timeline(run_dir if cfg.logging.timeline else None, dist.role))
         except BaseException:

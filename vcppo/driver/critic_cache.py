@@ -16,6 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
+from vcppo.config import combine_mode
 from vcppo.schema import Config, CriticConfig
 
 COMPLETE_MARKER = "vcppo_pretrain.json"
@@ -74,6 +75,10 @@ def cache_key(cfg: Config) -> str:
     }
     if cfg.reward.functions_by_source:  # only when set, like the overlong keys below
         relevant["reward_by_source"] = [dict(cfg.reward.functions_by_source), cfg.data.reward_info_fields]
+    if cfg.reward.model_path:  # the critic learns the reward the model gives (only when set, like the rest)
+        r = cfg.reward
+        relevant["reward_model"] = [fingerprint_path(r.model_path), combine_mode(cfg), r.rule_weight, r.model_weight,
+                                    r.normalize_model_scores]
     if cfg.reward.overlong_buffer_tokens:  # only when on, so the keys of existing caches stay valid
         relevant["overlong"] = [cfg.reward.overlong_buffer_tokens, cfg.reward.overlong_penalty]
     blob = json.dumps(relevant, sort_keys=True, default=str).encode()

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from vcppo.algos import stats
+from vcppo.algos.kl import kl_estimate, sequence_mean_kl
 from vcppo.algos.mismatch import mismatch_stats, tis_weights
 from vcppo.driver.context import RunContext
 from vcppo.engines.dist import gather_cat, global_sum
@@ -101,8 +102,6 @@ def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Befo
                                   ctx.cfg.algorithm.rollout_is_cap))
     if plan.entropy is not Source.NONE:
         m["actor/entropy"] = stats.masked_mean(gather_cat(models.entropy), mask).item()
-    if plan.kl_in_reward:
-        m["actor/kl_ref"] = stats.masked_mean(gather_cat(models.kl), mask).item()
     m.update(timer.metrics())
     m["perf/response_tokens"] = mask.sum().item()
     m["perf/tokens_per_s"] = mask.sum().item() / max(m["time/step_s"], 1e-9)
@@ -110,6 +109,23 @@ def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Befo
         m["perf/rollout_tokens_per_s"] = mask.sum().item() / max(m["time/rollout_s"], 1e-9)
     if torch.cuda.is_available():
         m["perf/gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated() / 2 ** 30
+    return m
+
+
+def kl_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: BeforeUpdate, rewards: torch.Tensor,
+               kl_coef: float) -> dict:
+    """The KL of pi_old to the reference over the global batch. ``actor/kl_ref``: the mean over
+    samples of each sample's token-mean KL (what the adaptive controller reads, as verl's);
+    ``actor/kl_coef``: this step's coefficient. With the KL in the reward, ``reward/kl_penalty``
+    is what it took from a sample's return on average, and ``reward/with_kl_mean`` the mean return
+    (sum of per-token rewards) that advantage estimation received."""
+    mask = rollout.response_mask
+    kl = models.kl if models.kl is not None else \
+        kl_estimate(models.old_logprobs, models.ref_logprobs, ctx.cfg.algorithm.kl_estimator) * mask
+    m = {"actor/kl_ref": gather_cat(sequence_mean_kl(kl, mask)).mean().item(), "actor/kl_coef": float(kl_coef)}
+    if plan.kl_in_reward:
+        m["reward/kl_penalty"] = gather_cat(kl_coef * kl.sum(-1)).mean().item()
+        m["reward/with_kl_mean"] = gather_cat((rewards * mask).sum(-1)).mean().item()
     return m
 
 

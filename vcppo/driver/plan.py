@@ -11,7 +11,8 @@ that forward runs on the weights of before the step, so its detached outputs ARE
   first and the actor's advantages follow from the values its forward kept.
 * pi_old from the actor's update is unusable when the KL penalty is folded into the reward: the
   advantages need pi_old before the actor trains. Then it comes from a pass, or from the sampler
-  (``algorithm.old_logprobs_from_sampler``: one pass less, trusted by config).
+  (``algorithm.old_logprobs_from_sampler``: one pass less, trusted by config). KL as a loss term
+  (``algorithm.kl_in: loss``) reads the update's own logprobs, so the shortcut stays.
 
 Value pretraining (VC-PPO sec. 4.1) is the same step with the actor frozen: no pi_old, no actor
 update, no weight sync, and its own lambda_critic (``value_pretrain.lambda_critic``).
@@ -43,6 +44,7 @@ class StepPlan:
     ``pi_old`` / ``v_old`` / ``entropy``: their :class:`Source`.
     ``critic_first``: the critic trains before the advantages exist (V_old from its update).
     ``kl_in_reward``: the reference policy's KL penalty is subtracted from the per-token reward.
+    ``kl_in_loss``: the KL of the current policy to the reference is a term of the actor's loss.
     ``actor_trains``: False in value pretraining (the policy is frozen; the actor's advantages
     are then only the position-profile diagnostic, at the plain ``lambda_actor``, not whitened).
     ``lambda_critic``: the lambda of the critic's targets.
@@ -54,6 +56,7 @@ class StepPlan:
     entropy: Source
     critic_first: bool
     kl_in_reward: bool
+    kl_in_loss: bool
     actor_trains: bool
     lambda_critic: float
     sampler_logprobs: bool
@@ -64,9 +67,18 @@ class StepPlan:
         if self.v_old is Source.NONE:
             order = "no critic"
         return (f"{self.phase} step plan: pi_old from {self.pi_old.value}; V_old from {self.v_old.value}; "
-                f"entropy from {self.entropy.value}; {order}; KL penalty in the reward: "
-                f"{'yes' if self.kl_in_reward else 'no'}; actor trains: {'yes' if self.actor_trains else 'no'}; "
+                f"entropy from {self.entropy.value}; {order}; KL to the reference: {self.kl_where}; actor trains: {'yes' if self.actor_trains else 'no'}; "
                 f"lambda_critic {self.lambda_critic}; sampler logprobs: {'yes' if self.sampler_logprobs else 'no'}")
+
+
+    @property
+    def reference_pass(self) -> bool:
+        """The reference policy's logprobs are needed before the updates."""
+        return self.kl_in_reward or self.kl_in_loss
+
+    @property
+    def kl_where(self) -> str:
+        return "in the reward" if self.kl_in_reward else "in the actor's loss" if self.kl_in_loss else "off"
 
 
 def one_optimizer_step(optim: UpdateConfig) -> bool:
@@ -97,7 +109,8 @@ def _v_old(cfg: Config, lambda_critic: float) -> Source:
 
 def ppo_plan(cfg: Config, device: torch.device) -> StepPlan:
     """The PPO phase's plan (every preset: VC-PPO, PPO, GRPO, VAPO)."""
-    kl_in_reward = cfg.algorithm.kl_coef > 0
+    kl_on = cfg.algorithm.kl_coef > 0
+    kl_in_reward = kl_on and cfg.algorithm.kl_in == "reward"
     one_step = one_optimizer_step(cfg.actor)
     if one_step and not kl_in_reward:
         pi_old = Source.UPDATE
@@ -111,7 +124,8 @@ def ppo_plan(cfg: Config, device: torch.device) -> StepPlan:
         entropy = Source.UPDATE if one_step else Source.NONE
     v_old = _v_old(cfg, cfg.algorithm.lambda_critic)
     return StepPlan(phase="ppo", pi_old=pi_old, v_old=v_old, entropy=entropy,
-                    critic_first=v_old is Source.UPDATE, kl_in_reward=kl_in_reward, actor_trains=True,
+                    critic_first=v_old is Source.UPDATE, kl_in_reward=kl_in_reward,
+                    kl_in_loss=kl_on and cfg.algorithm.kl_in == "loss", actor_trains=True,
                     lambda_critic=cfg.algorithm.lambda_critic,
                     sampler_logprobs=wants_sampler_logprobs(cfg, device))
 
@@ -121,5 +135,6 @@ def pretrain_plan(cfg: Config, device: torch.device) -> StepPlan:
     lam = cfg.value_pretrain.lambda_critic
     v_old = _v_old(cfg, lam)
     return StepPlan(phase="pretrain", pi_old=Source.NONE, v_old=v_old, entropy=Source.NONE,
-                    critic_first=v_old is Source.UPDATE, kl_in_reward=False, actor_trains=False,
+                    critic_first=v_old is Source.UPDATE, kl_in_reward=False, kl_in_loss=False,
+                    actor_trains=False,
                     lambda_critic=lam, sampler_logprobs=wants_sampler_logprobs(cfg, device))

@@ -73,7 +73,7 @@ def ppo_loop(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: R
     ctx.log.start_phase("ppo", total=total, initial=state.step)
     while state.step < total:
         step = state.step + 1
-        metrics = rl_step(ctx, source, plan, step)
+        metrics = rl_step(ctx, source, plan, state, step)
         state.step = step
         ctx.log.log(metrics, step=step, phase="ppo")
         update_streaks(state, metrics, cfg.trainer, f"PPO step {step}", ctx.log.info)  # may abort, before any save

@@ -9,6 +9,7 @@ from vcppo.engines.packing import balanced_partitions, sequence_lengths
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_groups import RolloutGroups, contiguous_share
 from vcppo.experience import Rollout, compact, concat_batches, make_layout
+from vcppo.rewards.routing import split_ground_truth
 from vcppo.rewards.verifier import RewardScorer
 from vcppo.schema import RolloutConfig
 
@@ -58,6 +59,11 @@ def collect_rollout(rows: list[dict], first_index: int, *, rollout: RolloutEngin
     # Outcome reward on the last generated token (the paper's setting: +1 / -1 at <eos>).
     token_rewards = torch.zeros(B, R, dtype=torch.float32, device=device)
     token_rewards[torch.arange(B, device=device), (lengths - 1).clamp(min=0)] = score_t
+    has_rule = None
+    if scorer.functions_by_source:  # which rows a rule of their own scored (reward.combine=model_without_rule)
+        sources = [split_ground_truth(rows[s.prompt_index]["answer"])[1].get("data_source") for s in samples]
+        has_rule = torch.tensor([src in scorer.functions_by_source for src in sources], dtype=torch.float32,
+                                device=device)
     sampler_logprobs = None
     if logprobs:
         sampler_logprobs = torch.zeros(B, R, dtype=torch.float32, device=device)
@@ -67,7 +73,7 @@ def collect_rollout(rows: list[dict], first_index: int, *, rollout: RolloutEngin
                    group=torch.tensor([first_index + s.prompt_index for s in samples], device=device),
                    correct=torch.tensor(correct, dtype=torch.float32, device=device),
                    truncated=torch.tensor([f == "length" for f in finish], dtype=torch.float32, device=device),
-                   sampler_logprobs=sampler_logprobs)
+                   sampler_logprobs=sampler_logprobs, has_rule=has_rule)
 
 
 def balance_across_ranks(batch: Rollout, dist: DistInfo) -> Rollout:

@@ -1,15 +1,20 @@
 """One RL step, as the algorithm reads (docs/architecture.md), for PPO and value pretraining alike.
 
-    1. sample and score              prompts -> vLLM (n per prompt) -> verifier reward
-    2. the current models            pi_old, entropy, V_old from passes (where the plan says), KL
+    1. sample and score              prompts -> vLLM (n per prompt) -> verifier reward; the reward
+                                     model's score combined with it (``reward.combine``)
+    2. the current models            pi_old, entropy, V_old from passes (where the plan says), the
+                                     reference's logprobs and the KL (when some KL is on)
     3. rewards                       the outcome reward on the last token, minus the KL penalty
+                                     (``algorithm.kl_in: reward``)
     4. critic first (plan shortcut)  lambda_critic = 1 and one critic optimizer step: the targets
                                      need no values, and V_old is the update's own forward
     5. advantages                    Decoupled-GAE: lambda_actor for the actor, lambda_critic targets
     6. critic update                 (when it did not train first)
-    7. actor update                  clipped surrogate; pi_old from the update where the plan says
+    7. actor update                  clipped surrogate (+ the KL term with ``kl_in: loss``); pi_old
+                                     from the update where the plan says
     8. weight sync                   the actor's new weights into vLLM (split: to the rollout ranks)
     9. metrics                       the collapse diagnostics over the global batch
+   10. KL controller                 the adaptive coefficient's next value (``algorithm.kl_target``)
 
 The :class:`~vcppo.driver.plan.StepPlan` decides, once per run, which passes run and in which
 order; value pretraining (VC-PPO sec. 4.1) is this step with the actor frozen (steps 7-8 skipped).
@@ -18,14 +23,22 @@ from __future__ import annotations
 
 import dataclasses
 
-from vcppo.algos.losses import kl_penalty
+from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
 from vcppo.driver.advantages import estimate, returns_to_go
+from vcppo.driver.checkpoint import RunState
 from vcppo.driver.context import RunContext
-from vcppo.driver.metrics import PhaseTimer, step_metrics
+from vcppo.driver.metrics import PhaseTimer, kl_metrics, step_metrics
 from vcppo.driver.plan import Source, StepPlan
 from vcppo.driver.sources import ExperienceSource
 from vcppo.driver.update import update_actor, update_critic
+from vcppo.engines.dist import global_sum
 from vcppo.experience import ActorBatch, BeforeUpdate, CriticBatch, Rollout
+from vcppo.schema import AlgorithmConfig
+
+
+def kl_coef_now(state: RunState, alg: AlgorithmConfig) -> float:
+    """The KL coefficient of this step: the adaptive controller's, else ``algorithm.kl_coef``."""
+    return state.kl_coef if state.kl_coef is not None else alg.kl_coef
 
 
 def current_models(ctx: RunContext, plan: StepPlan, rollout: Rollout, timer: PhaseTimer) -> BeforeUpdate:
@@ -36,26 +49,33 @@ def current_models(ctx: RunContext, plan: StepPlan, rollout: Rollout, timer: Pha
     elif plan.pi_old is Source.PASS:
         with timer("old_logprobs"):
             out.old_logprobs, out.entropy = ctx.actor.forward_logprobs(rollout, with_entropy=True)
-    if plan.kl_in_reward:
+    if plan.reference_pass:
         with timer("ref_logprobs"):
-            ref_logprobs, _ = ctx.reference.forward_logprobs(rollout)
-        out.kl = kl_penalty(out.old_logprobs, ref_logprobs, ctx.cfg.algorithm.kl_estimator) * rollout.response_mask
+            out.ref_logprobs, _ = ctx.reference.forward_logprobs(rollout)
+    if plan.kl_in_reward:
+        out.kl = kl_estimate(out.old_logprobs, out.ref_logprobs, ctx.cfg.algorithm.kl_estimator) * rollout.response_mask
     if plan.v_old is Source.PASS:
         with timer("values"):
             out.old_values = ctx.critic.forward_values(rollout)
     return out
 
 
-def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, step: int) -> dict:
-    """One step of ``plan.phase``; its metrics."""
+def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: RunState, step: int) -> dict:
+    """One step of ``plan.phase`` (``state``: the run's, for the KL coefficient and the reward
+    model's running moments, which the step advances); its metrics."""
     alg, timer = ctx.cfg.algorithm, PhaseTimer(timeline=ctx.timeline)
     # 1. Sample and score (+ DAPO dynamic sampling and overlong shaping); in a split run, receive.
     with timer("rollout"):
         rollout, sample_metrics = source.make(plan.phase, step)
+    if ctx.reward_model is not None:
+        with timer("reward_model"):
+            rollout, rm_metrics = ctx.reward_model.rescore(rollout, state)
+        sample_metrics.update(rm_metrics)
     # 2. The current models.
     models = current_models(ctx, plan, rollout, timer)
     # 3. Rewards: the KL penalty folded into the per-token reward (PPO-RLHF; the paper uses kl_coef 0).
-    rewards = rollout.token_rewards - alg.kl_coef * models.kl if plan.kl_in_reward else rollout.token_rewards
+    kl_coef = kl_coef_now(state, alg)
+    rewards = rollout.token_rewards - kl_coef * models.kl if plan.kl_in_reward else rollout.token_rewards
     update_metrics: dict = {}
     # 4. Critic first: Monte-Carlo targets (GAE telescopes at lambda = 1) need no values.
     if plan.critic_first:
@@ -77,8 +97,9 @@ def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, step: int
     # 7. Actor update.
     if plan.actor_trains:
         with timer("actor_update"):
-            actor = update_actor(ctx, plan, ActorBatch(**vars(rollout), advantages=adv.advantages,
-                                                      old_logprobs=models.old_logprobs), step)
+            batch = ActorBatch(**vars(rollout), advantages=adv.advantages, old_logprobs=models.old_logprobs,
+                               ref_logprobs=models.ref_logprobs if plan.kl_in_loss else None)
+            actor = update_actor(ctx, plan, batch, step, kl_coef=kl_coef)
         update_metrics.update(actor.metrics)
         if plan.pi_old is Source.UPDATE:
             models.old_logprobs = actor.logprobs
@@ -94,5 +115,11 @@ def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, step: int
     metrics = step_metrics(ctx, plan, rollout, models, adv, timer)
     metrics.update(update_metrics)
     metrics.update(sample_metrics)
+    if plan.reference_pass:
+        metrics.update(kl_metrics(ctx, plan, rollout, models, rewards, kl_coef))
+    # 10. The adaptive KL controller: the next step's coefficient, from this step's KL.
+    if plan.reference_pass and alg.kl_target is not None:
+        state.kl_coef = adaptive_kl_coef(kl_coef, metrics["actor/kl_ref"], alg.kl_target, alg.kl_horizon,
+                                         n_samples=int(global_sum(float(rollout.size))))
     return metrics
 

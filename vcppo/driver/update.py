@@ -10,6 +10,7 @@ import torch
 
 from vcppo.algos import losses
 from vcppo.algos.dapo import mask_truncated
+from vcppo.algos.kl import kl_estimate
 from vcppo.algos.mismatch import tis_weights
 from vcppo.driver.context import RunContext
 from vcppo.driver.plan import Source, StepPlan, one_optimizer_step
@@ -22,13 +23,15 @@ POSITIVE = "positive"  # VAPO's positive-example NLL averages over correct sampl
 
 
 class PolicyLoss:
-    """Clipped surrogate (+ entropy bonus, + VAPO's positive-example NLL), aggregated by
+    """Clipped surrogate (+ entropy bonus, + VAPO's positive-example NLL, + ``kl_coef`` x the KL to
+    the reference when the batch carries its logprobs: ``algorithm.kl_in: loss``), aggregated by
     ``algorithm.loss_agg`` over the global mini-batch; optionally re-weighted per token by truncated
     importance sampling against the sampler's logprobs (``algorithm.rollout_is_cap``) and without
     truncated responses (``algorithm.mask_truncated``, DAPO's overlong filtering)."""
 
-    def __init__(self, alg: AlgorithmConfig, old_from_update: bool = False, keep_outputs: bool = False):
-        self.alg = alg
+    def __init__(self, alg: AlgorithmConfig, old_from_update: bool = False, keep_outputs: bool = False,
+                 kl_coef: float = 0.0):
+        self.alg, self.kl_coef = alg, kl_coef
         # old_from_update: pi_old is the update's own forward, detached (exact when the step makes
         # ONE optimizer step from the weights that sampled: vcppo.driver.plan).
         # keep_outputs: the detached logprobs and entropies are kept for the step's metrics (the
@@ -76,6 +79,11 @@ class PolicyLoss:
                                                  global_seq_count=max(counts.sequences[POSITIVE], 1.0))
             loss = loss + a.positive_lm_coef * nll
             metrics.update({f"actor/{k}": v for k, v in m.items()})
+        if micro.ref_logprobs is not None:
+            # GRPO's KL term, on the CURRENT policy's logprobs (its gradient is the estimator's: kl.py)
+            kl = losses.aggregate_loss(kl_estimate(outputs.logprobs, micro.ref_logprobs, a.kl_estimator), mask, **norm)
+            loss = loss + self.kl_coef * kl
+            metrics["actor/kl_loss"] = kl.detach() * counts.local_share(RESPONSE, mask, a.loss_agg)
         return loss, metrics
 
 
@@ -160,13 +168,14 @@ def update_critic(ctx: RunContext, plan: StepPlan, batch: CriticBatch, step: int
     return UpdateResult(metrics, values=values)
 
 
-def update_actor(ctx: RunContext, plan: StepPlan, batch: ActorBatch, step: int) -> UpdateResult:
+def update_actor(ctx: RunContext, plan: StepPlan, batch: ActorBatch, step: int, kl_coef: float = 0.0) -> UpdateResult:
     """The actor's update; with ``plan.pi_old`` UPDATE its own detached logprobs are pi_old, and with
-    ``plan.entropy`` UPDATE its entropies are the step's, both returned."""
+    ``plan.entropy`` UPDATE its entropies are the step's, both returned. ``kl_coef``: the weight of
+    the KL term when the batch carries the reference's logprobs."""
     _check_one_step(plan.pi_old, ctx.cfg.actor, "actor")
     _check_one_step(plan.entropy, ctx.cfg.actor, "actor")
     loss = PolicyLoss(ctx.cfg.algorithm, old_from_update=plan.pi_old is Source.UPDATE,
-                      keep_outputs=plan.entropy is Source.UPDATE)
+                      keep_outputs=plan.entropy is Source.UPDATE, kl_coef=kl_coef)
     metrics = run_update(ctx.actor, loss, ctx.cfg.actor, batch, ctx.cfg.trainer.seed, step, "actor")
     if not loss.keep_outputs:
         return UpdateResult(metrics)

@@ -54,7 +54,7 @@ def value_pretrain(ctx: RunContext, source: ExperienceSource, plan: StepPlan, st
     stop_reason = "step budget"
     while state.pretrain_step < vp.steps:
         step = state.pretrain_step + 1
-        metrics = rl_step(ctx, source, plan, step)
+        metrics = rl_step(ctx, source, plan, state, step)
         state.pretrain_step = step
         state.pretrain_ev.append(metrics["critic/explained_variance"])
         state.pretrain_loss.append(metrics.get("critic/value_loss", float("nan")))

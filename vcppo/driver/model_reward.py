@@ -1,0 +1,112 @@
+"""The reward model as a reward source: a step's rollout scored on the training ranks and combined
+with the rule's reward (``reward.combine``), the scores optionally standardised by their running
+moments (``reward.normalize_model_scores``, kept in the run state so a resume continues them).
+
+The combination replaces the rollout's ``scores`` and the reward on its last token; the soft
+overlong punishment (a length shaping, not a judgement) stays added on top whatever the mode;
+``correct`` stays the verifier's, so ``reward/accuracy`` keeps measuring the truth. A reward model
+with its own tokenizer scores the decoded text re-tokenized with it.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from vcppo.algos.dapo import overlong_penalty
+from vcppo.algos.rewards import Moments, batch_moments, combine_rewards, normalise
+from vcppo.config import combine_mode
+from vcppo.driver.checkpoint import RunState
+from vcppo.engines.dist import DistInfo, gather_cat
+from vcppo.engines.reward_model import RewardModelEngine
+from vcppo.experience import Layout, Rollout, make_layout
+from vcppo.schema import Config, ConfigError
+
+
+def same_tokenizer(a, b) -> bool:
+    """Both map text to the same ids (vocabulary and special tokens)."""
+    return (a.get_vocab() == b.get_vocab()
+            and (a.bos_token_id, a.eos_token_id, a.pad_token_id) == (b.bos_token_id, b.eos_token_id, b.pad_token_id))
+
+
+class Retokenizer:
+    """A policy-token batch as the reward model's tokens: prompt and response decoded apart (special
+    tokens dropped) and encoded with the reward model's tokenizer; a response that ended with the
+    policy's end-of-sequence token ends with the reward model's."""
+
+    def __init__(self, policy_tokenizer, rm_tokenizer):
+        self.policy, self.rm = policy_tokenizer, rm_tokenizer
+        self.pad_id = rm_tokenizer.pad_token_id if rm_tokenizer.pad_token_id is not None else rm_tokenizer.eos_token_id
+
+    def __call__(self, batch: Layout) -> Layout:
+        P, prompts, responses = batch.prompt_len, [], []
+        for i in range(batch.size):
+            prompt = batch.input_ids[i, :P][batch.attention_mask[i, :P].bool()].tolist()
+            response = batch.responses[i][batch.response_mask[i].bool()].tolist()
+            ids = self.rm(self.policy.decode(prompt, skip_special_tokens=True))["input_ids"]
+            prompts.append(ids or [self.rm.bos_token_id if self.rm.bos_token_id is not None else self.pad_id])
+            r = self.rm(self.policy.decode(response, skip_special_tokens=True), add_special_tokens=False)["input_ids"]
+            if response and response[-1] == self.policy.eos_token_id and self.rm.eos_token_id is not None:
+                r = r + [self.rm.eos_token_id]
+            responses.append(r)
+        return make_layout(prompts, responses, pad_id=self.pad_id, device=batch.input_ids.device)
+
+
+def shaping_of(rollout: Rollout, cfg: Config) -> torch.Tensor:
+    """(B,) the soft overlong punishment already in ``rollout.scores`` (0 when off)."""
+    if not cfg.reward.overlong_buffer_tokens:
+        return torch.zeros_like(rollout.scores)
+    return overlong_penalty(rollout.response_mask.sum(1), cfg.rollout.max_response_tokens,
+                            cfg.reward.overlong_buffer_tokens, cfg.reward.overlong_penalty)
+
+
+class ModelReward:
+    """Scores rollouts with the reward model and combines them with the rule (every training rank
+    calls :meth:`rescore` at the same point: the engine's passes are collective)."""
+
+    def __init__(self, cfg: Config, engine: RewardModelEngine, retokenize: Retokenizer | None):
+        self.cfg, self.engine, self.retokenize = cfg, engine, retokenize
+        self.mode = combine_mode(cfg)
+
+    @classmethod
+    def build(cls, cfg: Config, dist: DistInfo, policy_tokenizer, say=print) -> "ModelReward | None":
+        """The run's reward model (None without ``reward.model_path``)."""
+        from transformers import AutoTokenizer
+        path = cfg.reward.model_path
+        if not path:
+            return None
+        say(f"starting reward model engine ({path}; reward.combine={combine_mode(cfg)})")
+        try:
+            rm_tokenizer = AutoTokenizer.from_pretrained(path)
+        except Exception as e:  # noqa: BLE001 - OSError, ValueError: a directory without tokenizer files
+            raise ConfigError(f"config key 'reward.model_path': cannot load a tokenizer from {path}: "
+                              f"{str(e).splitlines()[0][:200]}") from None
+        engine = RewardModelEngine(path, cfg.reward_model, dist, dtype=cfg.model.dtype)
+        retokenize = None if same_tokenizer(policy_tokenizer, rm_tokenizer) else Retokenizer(policy_tokenizer, rm_tokenizer)
+        return cls(cfg, engine, retokenize)
+
+    def rescore(self, rollout: Rollout, state: RunState) -> tuple[Rollout, dict]:
+        """``rollout`` with its rewards combined as ``reward.combine`` says, and the metrics."""
+        r = self.cfg.reward
+        raw = self.engine.score(self.retokenize(rollout) if self.retokenize else rollout)
+        every_raw = gather_cat(raw)
+        model = raw
+        metrics = {"reward/model_score_mean": every_raw.mean().item(), "reward/model_score_std": every_raw.std().item(),
+                   # the model's verdict (score > 0) against the verifier's: its accuracy on this policy's samples
+                   "reward/model_accuracy": gather_cat(((raw > 0).float() == rollout.correct).float()).mean().item()}
+        if r.normalize_model_scores:
+            moments = Moments(*state.model_score_moments).merged(*batch_moments(every_raw))
+            state.model_score_moments = [moments.count, moments.mean, moments.m2]
+            model = normalise(raw, moments)
+            metrics.update({"reward/model_running_mean": moments.mean, "reward/model_running_std": moments.std})
+        shaping = shaping_of(rollout, self.cfg)
+        rule = rollout.scores - shaping
+        metrics["reward/rule_mean"] = gather_cat(rule).mean().item()
+        if self.mode == "rule":
+            return rollout, metrics  # the model's scores are only watched
+        final = combine_rewards(rule, model, self.mode, r.rule_weight, r.model_weight, rollout.has_rule) + shaping
+        metrics["reward/model_minus_rule"] = gather_cat(model - rule).mean().item()
+        last = (rollout.response_mask.sum(1).long() - 1).clamp(min=0)
+        token_rewards = torch.zeros_like(rollout.token_rewards)
+        token_rewards[torch.arange(rollout.size, device=last.device), last] = final
+        return dataclasses.replace(rollout, scores=final, token_rewards=token_rewards), metrics
