@@ -338,10 +338,10 @@ def _check_reward_sources(cfg: Config) -> None:
         raise ConfigError("config key 'reward.combine' ('model_without_rule') needs reward.functions_by_source: "
                           "it names the data_sources that have a rule; with none, every row would go to the "
                           "model (then say combine=model)")
-    if mode in ("model", "model_without_rule") and cfg.trainer.dynamic_sampling:
+    if mode != "rule" and cfg.trainer.dynamic_sampling:
         raise ConfigError(f"config key 'trainer.dynamic_sampling' cannot be true with reward.combine={mode!r}: "
                           "dynamic sampling keeps the groups whose RULE rewards differ (the reward model "
-                          "scores later, on the training ranks), so it would train on the rule's judgement")
+                          "scores later, on the training ranks), so it would drop groups the model tells apart")
 
 
 def _check_placement(cfg: Config) -> None:

@@ -216,7 +216,8 @@ class RewardConfig:
     rule_weight: float = _f(1.0, "combine=weighted_sum: weight of the rule's reward.")
     model_weight: float = _f(1.0, "combine=weighted_sum: weight of the reward model's score.")
     normalize_model_scores: bool = _f(False, "Standardise the reward model's scores by the running mean and "
-                                      "std of every score the run has seen (checkpointed, logged).")
+                                      "std of every score the run has seen (checkpointed, logged; a run that "
+                                      "reuses a cached critic starts them at its first PPO step).")
     correct_score: float = _f(1.0, "Reward of a correct final answer (paper: +1).")
     wrong_score: float = _f(-1.0, "Reward of a wrong / missing / truncated answer (paper: -1).")
     num_workers: Optional[int] = _f(None, "Reward worker processes per rank (a stuck sample can be "

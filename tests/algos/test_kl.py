@@ -81,3 +81,8 @@ def test_the_controller_drives_a_simple_plant_to_its_target():
     for _ in range(400):
         coef = adaptive_kl_coef(coef, 0.05 / coef, target=0.2, horizon=1000, n_samples=64)
     assert 0.05 / coef == pytest.approx(0.2, rel=0.02)
+
+
+def test_a_non_finite_kl_leaves_the_coefficient_as_it_is():
+    for bad in (float("nan"), float("inf")):
+        assert adaptive_kl_coef(0.1, bad, 0.2, 100, 10) == 0.1

@@ -57,6 +57,24 @@ def test_zero3_states_agree_with_deepspeeds_estimator(name, gpus, nodes, capsys)
         assert ours_gpu == pytest.approx(ds_gpu, abs=0.011), f"{error:+.2%}"
 
 
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "qwen2.5-32b"])
+def test_zero2_states_agree_with_deepspeeds_estimator(name, capsys):
+    """ZeRO-2 keeps the whole 16-bit weights on every GPU and partitions 16-bit and fp32 gradients
+    and the optimizer states (2 + 18 / ranks bytes per parameter); with optimizer offload only the
+    weights stay (DeepSpeed's estimate_zero2_model_states_mem_needs_all_cold)."""
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_cold
+    shape = BUILTIN_SHAPES[name]
+    capsys.readouterr()
+    estimate_zero2_model_states_mem_needs_all_cold(shape.params, num_gpus_per_node=8, num_nodes=1,
+                                                   additional_buffer_factor=1.0)
+    rows = {"none" not in opts: float(gpu) for gpu, opts in
+            re.findall(r"[\d.]+GB \|\s+([\d.]+)GB \| (offload_optimizer=\S+)", capsys.readouterr().out)}
+    assert len(rows) == 2, rows
+    for offload, ds_gpu in rows.items():
+        s = model_states(shape.params, shape.largest_module_params, 8, 2, 2, True, offload_optimizer=offload)
+        assert s.resident_bytes / GiB == pytest.approx(ds_gpu, abs=0.011), offload
+
+
 @pytest.mark.parametrize("size", ["tiny", "small", "medium"])
 @pytest.mark.parametrize("tied", [True, False])
 def test_params_from_config_json_equal_a_real_model(size, tied, tmp_path):

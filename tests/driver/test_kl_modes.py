@@ -131,3 +131,11 @@ def test_kl_settings_that_cannot_work_are_config_errors():
         load_config("vcppo", ["algorithm.kl_in=both"])
     with pytest.raises(ConfigError, match="algorithm.kl_estimator"):
         load_config("vcppo", ["algorithm.kl_estimator=k4"])
+
+
+def test_a_stored_coefficient_counts_only_while_the_controller_is_on():
+    from vcppo.driver.step import kl_coef_now
+    state = RunState(phase="ppo", kl_coef=0.3)  # a checkpoint of a run with the controller
+    assert kl_coef_now(state, AlgorithmConfig(kl_coef=0.1, kl_target=0.05)) == 0.3
+    assert kl_coef_now(state, AlgorithmConfig(kl_coef=0.1)) == 0.1  # resumed without it: the config's
+    assert kl_coef_now(RunState(phase="ppo"), AlgorithmConfig(kl_coef=0.1, kl_target=0.05)) == 0.1

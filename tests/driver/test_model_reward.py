@@ -84,8 +84,10 @@ def test_settings_that_cannot_work_are_refused_before_any_engine(tmp_path):
         load_config("vcppo", ["reward.combine=weighted_sum"])
     with pytest.raises(ConfigError, match="functions_by_source"):
         load_config("vcppo", ["reward.model_path=x", "reward.combine=model_without_rule"])
-    with pytest.raises(ConfigError, match="trainer.dynamic_sampling"):
-        load_config("vapo", ["reward.model_path=x", "trainer.dynamic_sampling=true"])
+    for mode in ("model", "weighted_sum"):  # dynamic sampling judges groups by the rule alone
+        with pytest.raises(ConfigError, match="trainer.dynamic_sampling"):
+            load_config("vapo", ["reward.model_path=x", f"reward.combine={mode}", "trainer.dynamic_sampling=true"])
+    assert load_config("vapo", ["reward.model_path=x", "reward.combine=rule", "trainer.dynamic_sampling=true"])
     assert load_config("vcppo", ["reward.model_path=x"]).reward.combine is None  # null: the model alone
     for name, arch in (("policy", "Qwen2ForCausalLM"), ("rm", "Qwen2ForSequenceClassification")):
         (tmp_path / name).mkdir()

@@ -12,9 +12,10 @@ pytestmark = [pytest.mark.integration]
 TEXTS = [("12+7=", "19<eos>"), ("3*4=", "12"), ("100-1=", "99<eos>"), ("8/2=", "<eos>")]  # (prompt, response)
 
 
-@pytest.fixture(scope="module")
-def hf_rm_dir(tmp_path_factory):
-    """A tiny Qwen2 sequence classifier (one label) with a BPE tokenizer of its own."""
+@pytest.fixture(scope="module", params=["own_pad", "pad_is_eos"])
+def hf_rm_dir(tmp_path_factory, request):
+    """A tiny Qwen2 sequence classifier (one label) with a BPE tokenizer of its own; its pad id is
+    its own, or its eos id (then transformers pools the token before a final eos)."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
     from vcppo.models.bpe_tokenizer import train_bpe_tokenizer
@@ -24,7 +25,8 @@ def hf_rm_dir(tmp_path_factory):
     tok = train_bpe_tokenizer(corpus, out, vocab_size=300)
     cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, vocab_size=320, max_position_embeddings=256, num_labels=1,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, initializer_range=0.2)
+                      pad_token_id=tok.eos_token_id if request.param == "pad_is_eos" else tok.pad_token_id,
+                      eos_token_id=tok.eos_token_id, initializer_range=0.2)
     torch.manual_seed(1)
     Qwen2ForSequenceClassification(cfg).save_pretrained(str(out))
     return str(out)

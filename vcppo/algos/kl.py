@@ -18,6 +18,8 @@ preferences", sec. 2.2), as verl's and OpenRLHF's ``AdaptiveKLController`` apply
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
@@ -54,8 +56,11 @@ def adaptive_kl_coef(coef: float, observed_kl: float, target: float, horizon: fl
 
     ``observed_kl``: the step's mean per-sample KL; ``n_samples``: the samples it was measured on
     (the step's batch); ``horizon``: samples over which the coefficient may change by a factor e^0.2.
+    A non-finite ``observed_kl`` leaves the coefficient as it is.
     """
     if target <= 0 or horizon <= 0:
         raise ValueError(f"target and horizon must be > 0, got {target} and {horizon}")
+    if not math.isfinite(observed_kl):
+        return coef  # a non-finite step (skipped by the trainer) must not poison every later one
     error = min(max(observed_kl / target - 1.0, -0.2), 0.2)
     return coef * (1.0 + error * n_samples / horizon)

@@ -32,7 +32,12 @@ def same_tokenizer(a, b) -> bool:
 class Retokenizer:
     """A policy-token batch as the reward model's tokens: prompt and response decoded apart (special
     tokens dropped) and encoded with the reward model's tokenizer; a response that ended with the
-    policy's end-of-sequence token ends with the reward model's."""
+    policy's end-of-sequence token ends with the reward model's.
+
+    The rows carry tokens, not chat messages, so the prompt is not re-rendered in the reward
+    model's chat template: what the policy's template adds besides special tokens (role words,
+    a system prompt) reaches the reward model as plain text. For a reward model trained on its own
+    template, share the policy's tokenizer, or train on prompts without a template."""
 
     def __init__(self, policy_tokenizer, rm_tokenizer):
         self.policy, self.rm = policy_tokenizer, rm_tokenizer

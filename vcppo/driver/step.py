@@ -37,8 +37,10 @@ from vcppo.schema import AlgorithmConfig
 
 
 def kl_coef_now(state: RunState, alg: AlgorithmConfig) -> float:
-    """The KL coefficient of this step: the adaptive controller's, else ``algorithm.kl_coef``."""
-    return state.kl_coef if state.kl_coef is not None else alg.kl_coef
+    """The KL coefficient of this step: the adaptive controller's (``algorithm.kl_target`` set; its
+    first step starts from ``algorithm.kl_coef``), else ``algorithm.kl_coef`` whatever a resumed
+    checkpoint's controller held."""
+    return state.kl_coef if alg.kl_target is not None and state.kl_coef is not None else alg.kl_coef
 
 
 def current_models(ctx: RunContext, plan: StepPlan, rollout: Rollout, timer: PhaseTimer) -> BeforeUpdate:

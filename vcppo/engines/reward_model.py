@@ -25,6 +25,9 @@ class RewardModelEngine(DeepSpeedModelEngine):
         # 1: read one position before the last token (the critic's reading a `vcppo rm` head learnt)
         self.offset = 1 if self.format == VCPPO else 0
         super().__init__(cfg, dist, total_optimizer_steps=0, dtype=dtype, train=False)
+        # transformers pools a classifier at the last token that is not the pad id: where pad == eos,
+        # the token before a final eos (and that is where such a reward model was trained)
+        self.pad_id = getattr(self.module.config, "pad_token_id", None) if self.format != VCPPO else None
 
     def _build_module(self) -> torch.nn.Module:
         module, _ = load_score_module(self.path, self.dtype)
@@ -35,6 +38,9 @@ class RewardModelEngine(DeepSpeedModelEngine):
         micro = micro.to(self.dist.device)
         n = micro.response_mask.sum(1).long()
         back = self.offset * (n > 0).long()  # an empty response is scored at its prompt's last token
+        if self.pad_id is not None:
+            last = micro.responses.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0]
+            back = back + ((n > 0) & (last == self.pad_id)).long()
         if self.cfg.packed:
             packed = pack(micro)
             ends = micro.attention_mask.sum(1).cumsum(0) - 1  # packed index of each row's last token

@@ -6,10 +6,10 @@ Two formats:
   the critic's reading of the last response token: the output at the position that PREDICTS
   that token (V of the state before it), so that is where it is read.
 * ``hf_sequence_classification`` — any transformers ``*ForSequenceClassification`` checkpoint
-  with one label (the usual open-source RM). transformers pools the output of the LAST token
-  itself; here the backbone and its ``score`` head run on every position and the output at the
-  last response token is read, which is the same number without relying on a pad id to find
-  the end of a right-padded, left-padded or packed row.
+  with one label (the usual open-source RM). transformers pools the output of the last token that
+  is not the pad id (the last token itself, or, where pad == eos, the one before a final eos);
+  here the backbone and its ``score`` head run on every position and the engine reads that
+  position, which gives transformers' number in a left-padded, right-padded or packed row.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import os
 import torch
 from torch import nn
 
-from vcppo.models.value_model import is_value_model_dir
+from vcppo.models.value_model import HEAD_FILE, is_value_model_dir
 
 VCPPO, HF_SEQ_CLS = "vcppo", "hf_sequence_classification"
 
@@ -28,6 +28,11 @@ def reward_model_format(path: str) -> str:
     """``VCPPO`` or ``HF_SEQ_CLS``; ValueError saying what is missing otherwise (read from the
     directory's files only: no weights are loaded)."""
     if is_value_model_dir(path):
+        from safetensors import safe_open
+        with safe_open(os.path.join(path, HEAD_FILE), framework="pt") as heads:
+            if any(k.startswith("confidence.") for k in heads.keys()):
+                raise ValueError(f"{path} is a critic with a confidence head (it reads the sampler's logprobs), "
+                                 "not a reward model")
         return VCPPO
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):

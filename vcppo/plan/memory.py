@@ -53,6 +53,8 @@ def model_states(n_params: int, largest_module: int, ranks: int, stage: int, dty
     optim = (8 + (4 if d < 4 else 0)) if trained else 0  # Adam moments (+ the fp32 master copy)
     share = lambda on: n_params / ranks if on else n_params  # noqa: E731 - partitioned or whole
     params, grads, opt = d * share(stage >= 3), grad * share(stage >= 2), optim * share(stage >= 1)
+    if trained and stage in (1, 2):
+        grads += d * share(stage >= 2)  # the 16-bit gradients beside the fp32 ones (DeepSpeed's ZeRO-2 count)
     cpu = 0.0
     if trained and offload_optimizer and stage >= 1:
         cpu += 4 * share(stage >= 2) + opt  # fp32 gradients and the optimizer states, on the CPU
