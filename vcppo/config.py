@@ -334,10 +334,10 @@ def _check_reward_sources(cfg: Config) -> None:
     mode, r = combine_mode(cfg), cfg.reward
     if mode != "rule" and not r.model_path:
         raise ConfigError(f"config key 'reward.combine' ({mode!r}) needs reward.model_path (a reward model dir)")
-    if mode == "model_without_rule" and not r.functions_by_source:
-        raise ConfigError("config key 'reward.combine' ('model_without_rule') needs reward.functions_by_source: "
-                          "it names the data_sources that have a rule; with none, every row would go to the "
-                          "model (then say combine=model)")
+    if mode == "model_without_rule" and not (r.functions_by_source or r.verl_parity):
+        raise ConfigError("config key 'reward.combine' ('model_without_rule') needs reward.functions_by_source "
+                          "(or reward.verl_parity=true): it names the data_sources that have a rule; with none, "
+                          "every row would go to the model (then say combine=model)")
     if mode != "rule" and cfg.trainer.dynamic_sampling:
         raise ConfigError(f"config key 'trainer.dynamic_sampling' cannot be true with reward.combine={mode!r}: "
                           "dynamic sampling keeps the groups whose RULE rewards differ (the reward model "

@@ -205,6 +205,12 @@ class RewardConfig:
                                  "ground_truth, **info) -> float); null = the built-in verifier.")
     functions_by_source: Dict[str, str] = _f({}, "Reward function per data_source ({source: 'module:function'}); "
                                              "rows of other sources use reward.function.")
+    verl_parity: bool = _f(False, "Score verl's math data_sources as verl's default_compute_score does "
+                           "(vcppo.rewards.verl_parity): openai/gsm8k by the last '#### N' (1/0), "
+                           "lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500 by the "
+                           "last \\boxed{} (1/0), math_dapo, math, aime* by the last 'Answer:' line (+1/-1); "
+                           "the think part is not stripped and correct_score/wrong_score do not apply. "
+                           "Entries of functions_by_source win. false (the default): our verifier scores them.")
     model_path: Optional[str] = _f(None, "A reward model that scores each response at its last token: a "
                                    "`vcppo rm` directory, or an HF sequence-classification checkpoint with one "
                                    "label. Runs on the training ranks (reward_model section).")

@@ -77,6 +77,7 @@ def test_cache_key_ignores_algorithm_and_seed_but_not_critic(tmp_path):
     with_rm = cache_key(load_config("vcppo", base + rm))
     assert with_rm != a and with_rm == cache_key(load_config("vcppo", base + rm + ["reward.combine=model"]))
     assert with_rm != cache_key(load_config("vcppo", base + rm + ["reward.combine=weighted_sum"]))
+    assert a != cache_key(load_config("vcppo", base + ["reward.verl_parity=true"]))  # verl's scores
 
 
 def test_rank_slice_keeps_whole_prompts():

@@ -5,6 +5,11 @@
     vcppo data make --task add --split val --out val.parquet --n 256   # one split, one file
     vcppo data make --task add --out data/add_verl --format verl   # verl's parquet format
     vcppo data stats FILE.parquet [--tokenizer DIR]      # trace length min/median/max
+    vcppo data prepare gsm8k --in gsm8k/train.parquet --out data/gsm8k/train.parquet   # verl's format
+
+``prepare`` turns a standard math data set you downloaded (gsm8k, math, math500, dapo-math, aime;
+parquet / jsonl / json / a save_to_disk directory) into verl-format parquet as verl's own
+preprocessing writes it (:mod:`vcppo.data.prepare`).
 
 With ``--split all`` (the default) ``--out`` is a directory; with one split it is a file
 (``.parquet`` or ``.jsonl``). ``--n`` is the train size (or the size of the single split);
@@ -47,7 +52,7 @@ def _read_rows(path: str) -> list[dict]:
     return df.to_dict("records")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     from vcppo.data import tasks
 
     p = argparse.ArgumentParser(prog="vcppo data", description=__doc__,
@@ -67,8 +72,31 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("stats", help="trace length statistics of a data file")
     st.add_argument("path")
     st.add_argument("--tokenizer", default=None, help="count with this tokenizer (default: char-level)")
-    args = p.parse_args(argv)
+    pr = sub.add_parser("prepare", help="a standard math data set you downloaded -> verl-format parquet")
+    pr.add_argument("dataset", metavar="{gsm8k,math,math500,dapo-math,aime}", help="the data set's upstream schema")
+    pr.add_argument("--in", dest="source", metavar="PATH", required=True,
+                    help="the downloaded data: .parquet / .jsonl / .json or a save_to_disk directory")
+    pr.add_argument("--out", metavar="FILE.parquet", required=True, help="the verl-format file to write")
+    pr.add_argument("--split", default=None, choices=("train", "test"),
+                    help="extra_info.split, and the split read from a saved DatasetDict (default: train; "
+                         "test for math500 and aime)")
+    return p
 
+
+def _prepare(args: argparse.Namespace) -> int:
+    from vcppo.data.prepare import prepare
+
+    n, sources = prepare(args.dataset, args.source, args.out, args.split)
+    print(f"{args.dataset}: {n} rows -> {args.out}  data_source {', '.join(sources)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vcppo.data import tasks
+
+    args = _parser().parse_args(argv)
+    if args.cmd == "prepare":
+        return _prepare(args)
     if args.cmd == "stats":
         tok = None
         if args.tokenizer:

@@ -72,7 +72,7 @@ def make_scorer(cfg: Config) -> RewardScorer:
     """The reward scorer of every command; its worker processes start now, alongside the engines."""
     return RewardScorer(cfg.reward.function, correct=cfg.reward.correct_score, wrong=cfg.reward.wrong_score,
                         num_workers=reward_workers(cfg), timeout_s=cfg.reward.timeout_s,
-                        functions_by_source=dict(cfg.reward.functions_by_source))
+                        functions_by_source=dict(cfg.reward.functions_by_source), verl_parity=cfg.reward.verl_parity)
 
 
 def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resume: bool = False,

@@ -75,6 +75,8 @@ def cache_key(cfg: Config) -> str:
     }
     if cfg.reward.functions_by_source:  # only when set, like the overlong keys below
         relevant["reward_by_source"] = [dict(cfg.reward.functions_by_source), cfg.data.reward_info_fields]
+    if cfg.reward.verl_parity:  # verl's scorers give other rewards on the same data (only when set)
+        relevant["verl_parity"] = True
     if cfg.reward.model_path:  # the critic learns the reward the model gives (only when set, like the rest)
         r = cfg.reward
         relevant["reward_model"] = [fingerprint_path(r.model_path), combine_mode(cfg), r.rule_weight, r.model_weight,

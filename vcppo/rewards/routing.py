@@ -7,6 +7,10 @@ hands it out as ``row["answer"]``, so every caller that passes ``row["answer"]``
 (sampling, validation, evaluation) passes the info too, without knowing the fields; the scorer
 unpacks it and gives reward functions the plain answer text.
 
+In a table of ``{data_source: function}`` (:class:`SourceTable`) a key ending in ``*`` covers every
+data_source that starts with the rest (``aime*``: ``aime2024``, ``aime_2025``, ...); a source's own
+key wins over such a prefix, and a longer prefix over a shorter one.
+
 ``RewardRouter`` is a reward function itself (picklable: its functions travel as
 ``"module:function"`` paths and are imported where it runs), so the worker-process pool and
 serial scoring treat it like any other.
@@ -42,16 +46,37 @@ def split_ground_truth(truth: Any) -> tuple[Any, dict]:
     return truth, {}
 
 
+class SourceTable(dict):
+    """``{data_source: function}`` whose keys may end in ``*`` (a prefix; module docstring):
+    ``source in table`` and :meth:`key_for` follow that rule."""
+
+    def key_for(self, data_source: Any) -> str | None:
+        """The key that covers ``data_source``, or None."""
+        if not isinstance(data_source, str):
+            return None
+        if dict.__contains__(self, data_source):
+            return data_source
+        prefixes = [k for k in self if k.endswith("*") and data_source.startswith(k[:-1])]
+        return max(prefixes, key=len) if prefixes else None
+
+    def __contains__(self, data_source: Any) -> bool:
+        return self.key_for(data_source) is not None
+
+
 @dataclass
 class RewardRouter:
     """``fn(response_text, ground_truth, **info)`` that calls ``by_source[info["data_source"]]``, or
-    ``default`` (None: the built-in verifier, given ``correct`` / ``wrong``) for other sources."""
+    ``default`` (None: the built-in verifier, given ``correct`` / ``wrong``) for other sources;
+    ``by_source`` keys may end in ``*`` (:class:`SourceTable`)."""
 
     by_source: dict[str, RewardFn | str]
     default: RewardFn | str | None = None
     correct: float = 1.0
     wrong: float = -1.0
     _loaded: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.by_source = SourceTable(self.by_source)
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "_loaded"}  # workers import for themselves
@@ -73,9 +98,8 @@ class RewardRouter:
             self._load(spec)
 
     def spec_for(self, data_source: Any) -> RewardFn | str | None:
-        if isinstance(data_source, str) and data_source in self.by_source:
-            return self.by_source[data_source]
-        return self.default
+        key = self.by_source.key_for(data_source)
+        return self.default if key is None else self.by_source[key]
 
     def __call__(self, response_text: str, ground_truth: Any, **info: Any) -> float:
         spec = self.spec_for(info.get("data_source"))

@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from vcppo.rewards.loading import RewardFn, load_reward_fn
-from vcppo.rewards.routing import BUILTIN_REWARD, RewardRouter, split_ground_truth
+from vcppo.rewards.routing import BUILTIN_REWARD, RewardRouter, SourceTable, split_ground_truth
+from vcppo.rewards.verl_parity import functions_by_source
 
 logger = logging.getLogger(__name__)
 
@@ -231,9 +232,12 @@ class RewardScorer:
     each call's metrics give that batch's counts. Call :meth:`close` to stop the workers.
 
     ``functions_by_source`` (``{data_source: "module:function"}``): rows of those sources are scored
-    by their function, the others by ``reward_fn`` (a :class:`~vcppo.rewards.routing.RewardRouter`).
+    by their function, the others by ``reward_fn`` (a :class:`~vcppo.rewards.routing.RewardRouter`); a
+    key ending in ``*`` covers the sources that start with the rest, and ``source in
+    scorer.functions_by_source`` follows that rule too (a :class:`~vcppo.rewards.routing.SourceTable`).
     A ground truth that is a :class:`~vcppo.rewards.routing.GroundTruth` adds its row's reward info
-    to the keyword arguments.
+    to the keyword arguments. ``verl_parity=True`` adds verl's math data_sources to that table
+    (:mod:`vcppo.rewards.verl_parity`; the entries given win).
     """
 
     reward_fn: RewardFn | str | None = None
@@ -243,12 +247,16 @@ class RewardScorer:
     num_workers: int = 0
     timeout_s: float = 10.0
     functions_by_source: dict[str, str] | None = None
+    verl_parity: bool = False
     num_failures: int = field(default=0, init=False)
     num_timeouts: int = field(default=0, init=False)
     num_scored: int = field(default=0, init=False)
 
     def __post_init__(self):
+        if self.verl_parity:
+            self.functions_by_source = functions_by_source(self.functions_by_source or {}, True)
         if self.functions_by_source:
+            self.functions_by_source = SourceTable(self.functions_by_source)
             self.reward_fn = RewardRouter(dict(self.functions_by_source), default=self.reward_fn,
                                           correct=self.correct, wrong=self.wrong)
             self.reward_fn.load_all()  # import errors surface here, at start-up
