@@ -15,7 +15,7 @@ from vcppo.schema import ConfigError
 # command -> (module with a `main(argv: list[str]) -> int | None`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("vcppo.demo", "the CPU demo end to end: data -> SFT -> [RM] -> VC-PPO -> eval -> report"),
-    "data": ("vcppo.data.cli", "make synthetic long-CoT task data: vcppo data make --task NAME --out FILE"),
+    "data": ("vcppo.data.cli", "task data: vcppo data make --task NAME --out FILE; gsm8k/math/... to verl's format: vcppo data prepare"),
     "model": ("vcppo.models.cli", "build a local tokenizer + model of a named size: vcppo model make"),
     "sft": ("vcppo.commands.sft", "cold-start SFT of the policy: vcppo sft [CONFIG] sft.init_model=DIR [k=v ...]"),
     "rm": ("vcppo.commands.rm", "train an outcome reward model (scalar head at the last token): vcppo rm [CONFIG] [k=v ...]"),
