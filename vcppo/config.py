@@ -388,6 +388,9 @@ _PATHS = {
 }
 
 
+_PATH_LISTS = ("eval.data_files",)  # keys that take several paths, separated by commas
+
+
 def _get(cfg: Config, key: str) -> Any:
     section, name = key.split(".")
     return getattr(getattr(cfg, section), name)
@@ -406,8 +409,9 @@ def check_paths(cfg: Config, command: str = "train") -> None:
         value = _get(cfg, key)
         if not value:
             raise ConfigError(f"config key '{key}' is required")
-        if not os.path.exists(value):
-            raise ConfigError(f"config key '{key}': path does not exist: {value}")
+        for path in (value.split(",") if key in _PATH_LISTS else [value]):
+            if not os.path.exists(path.strip()):
+                raise ConfigError(f"config key '{key}': path does not exist: {path.strip()}")
     for key in _OUTPUTS[command]:
         check_writable(key, _get(cfg, key))
     check_context_length(cfg, *_SAMPLING_MODEL[command])

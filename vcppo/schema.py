@@ -368,7 +368,8 @@ class RMConfig(OptimConfig):
 class EvalConfig:
     """`vcppo eval`: greedy pass@1 and sampled pass@k (sampling settings from `rollout`)."""
     model_path: str = _f("${model.policy_path}", "HF directory of the policy to evaluate.")
-    data_files: str = _f("", "Prompts to evaluate on (same formats as data.train_files).")
+    data_files: str = _f("", "Prompts to evaluate on (same formats as data.train_files); several files separated "
+                         "by commas are evaluated in one go, each reported on its own too.")
     max_prompts: int = _f(256, "Prompts used (from the start of the file).", low=1)
     n_samples: int = _f(8, "Samples per prompt for pass@k (0: greedy only).", low=0)
     k: List[int] = _f([1, 4, 8], "k values of the unbiased pass@k estimator (<= n_samples).")

@@ -133,3 +133,45 @@ def test_eval_a_model_make_dir_on_a_verl_file(art, tmp_path):
     m = json.loads(out.read_text())
     assert m["val/num_prompts"] == 4 and {"val/pass@1_greedy", "val/pass@1", "val/pass@2"} <= set(m)
     assert m["val/response_length_greedy"] <= 16
+
+
+class OddSumsWrongRollout(AddingRollout):
+    """Greedy answers right only where the sum is even: each file gets its own greedy pass@1."""
+    def generate(self, prompt_token_ids, n, temperature, **kw):
+        out = super().generate(prompt_token_ids, n, temperature, **kw)
+        if temperature == 0:
+            for s in out:
+                a, b = map(int, re.findall(r"(\d+)\+(\d+)=\?", self.tok.decode(s.prompt_ids))[-1])
+                if (a + b) % 2:
+                    s.text = s.text.replace(f"{{{a + b}}}", f"{{{a + b + 1}}}")
+        return out
+
+
+def _even_share(path):
+    import pandas as pd
+    df = pd.read_json(path, lines=True) if str(path).endswith(".jsonl") else pd.read_parquet(path)
+    answers = df["answer"] if "answer" in df else df["reward_model"].map(lambda r: r["ground_truth"])
+    return float((answers.astype(int) % 2 == 0).mean())
+
+
+def test_several_files_are_reported_each_and_together(art, monkeypatch, tmp_path, capsys):
+    """A verl file (its data_source) and a plain file (its name) in one run: each group's figures are
+    its own rows', and the overall ones are those of all rows."""
+    monkeypatch.setattr(evaluate, "RolloutEngine", OddSumsWrongRollout)
+    out = tmp_path / "m.json"
+    files = f"{art / 'verl.jsonl'},{art / 'plain.parquet'}"
+    assert main(["eval", str(art / "model"), files, "eval.n_samples=2", "eval.k=[1,2]", "reward.num_workers=0",
+                 f"eval.output_json={out}"]) == 0
+    m = json.loads(out.read_text())
+    verl, plain = _even_share(art / "verl.jsonl"), _even_share(art / "plain.parquet")
+    assert m["val/vcppo/add/num_prompts"] == 6 and m["val/plain/num_prompts"] == 6 and m["val/num_prompts"] == 12
+    assert m["val/vcppo/add/pass@1_greedy"] == pytest.approx(verl)
+    assert m["val/plain/pass@1_greedy"] == pytest.approx(plain)
+    assert m["val/pass@1_greedy"] == pytest.approx((verl + plain) / 2)
+    assert m["val/plain/pass@1"] == 0.5 and m["val/vcppo/add/pass@2"] == 1.0
+    table = capsys.readouterr().out
+    assert "| vcppo/add | 6 |" in table and "| plain | 6 |" in table and "| all | 12 |" in table
+    # one file of one source: the figures of before, no per-source keys
+    assert main(["eval", str(art / "model"), str(art / "plain.parquet"), "eval.n_samples=2", "eval.k=[1,2]",
+                 "reward.num_workers=0", f"eval.output_json={out}"]) == 0
+    assert not any(k.endswith("/num_prompts") and k != "val/num_prompts" for k in json.loads(out.read_text()))

@@ -10,11 +10,16 @@ parquet (chat-message prompt, answer at ``reward_model.ground_truth``, found wit
 checked before any engine starts; a missing one, a directory that is not a causal LM, or an
 unsupported format is one line naming it (exit code 2).
 
+Several files (``eval.data_files=a.parquet,b.jsonl``, or DATA given so) are evaluated in one batch and
+reported each on its own too: per ``data_source`` where the rows carry one (verl's format), else per
+file, as ``val/<source>/...`` keys beside the overall ones, and printed as a markdown table.
+
 The pass@k evaluation itself is :func:`vcppo.driver.validation.evaluate`, the one that validation
 inside training and the SFT command use too.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -24,6 +29,7 @@ from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.validation import evaluate
 from vcppo.engines import dist as D
 from vcppo.engines.rollout import RolloutEngine
+from vcppo.rewards.routing import split_ground_truth
 from vcppo.schema import Config, ConfigError
 
 
@@ -52,7 +58,8 @@ def eval_argv(argv: list[str]) -> list[str]:
         if any(a.lstrip("+").startswith(key + "=") for a in overrides):
             raise ConfigError(f"{key} is given twice: as an argument and as '{key}=...'")
     check_model_dir(model, "MODEL_DIR")
-    check_data_path(data, "DATA")
+    for path in data_paths(data):
+        check_data_path(path, "DATA")
     return [config, f"eval.model_path={model}", f"eval.data_files={data}", *overrides]
 
 
@@ -135,23 +142,52 @@ def resolve_answer_field(path: str, answer_field: str) -> str:
     return answer_field
 
 
+def data_paths(spec: str) -> list[str]:
+    """``eval.data_files``: one file, or several separated by commas."""
+    return [p.strip() for p in spec.split(",") if p.strip()]
+
+
 def main(argv: list[str]) -> int:
     cfg = load_command_config(eval_argv(argv), "eval")
     check_model_dir(cfg.eval.model_path, "config key 'eval.model_path'")
-    check_data_path(cfg.eval.data_files, "config key 'eval.data_files'")
-    cfg.data.answer_field = resolve_answer_field(cfg.eval.data_files, cfg.data.answer_field)
+    for path in data_paths(cfg.eval.data_files):
+        check_data_path(path, "config key 'eval.data_files'")
     metrics = evaluate_policy(cfg)
     if metrics is not None:
         print(json.dumps(metrics, indent=1))
+        print(markdown_table(metrics, cfg.eval.k))
         if cfg.eval.output_json:
             with open(cfg.eval.output_json, "w") as f:
                 json.dump(metrics, f, indent=1)
     return 0
 
 
+def load_rows(cfg: Config, tok) -> tuple[list[dict], list[str] | None]:
+    """Every file's prompt rows (``eval.max_prompts`` of each), and a label per row for the
+    per-source figures: its ``data_source`` where the file has one, else the file's name. None
+    (no per-source figures) for one file of one source."""
+    rows, labels = [], []
+    for path in data_paths(cfg.eval.data_files):
+        answer_field = resolve_answer_field(path, cfg.data.answer_field)
+        file_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, answer_field=answer_field))
+        try:  # before the process group and vLLM: a data problem costs no engine start-up
+            mine = load_prompt_set(file_cfg, path, tok, max_prompt_tokens=cfg.data.max_prompt_tokens,
+                                   shuffle_seed=None, limit=cfg.eval.max_prompts).rows()
+        except (ValueError, TypeError) as err:  # e.g. chat-message prompts and a tokenizer without a template
+            if isinstance(err, DataError):  # read through this model's tokenizer: name it
+                raise DataError(f"{err} (read with the tokenizer of {cfg.eval.model_path})") from None
+            if isinstance(err, ConfigError):
+                raise
+            raise ConfigError(f"{path} with the tokenizer of {cfg.eval.model_path}: {err}") from None
+        name = os.path.basename(path.rstrip("/")).split(".")[0]
+        labels += [split_ground_truth(r["answer"])[1].get("data_source") or name for r in mine]
+        rows += mine
+    return rows, (labels if len(set(labels)) > 1 else None)
+
+
 def evaluate_policy(cfg: Config) -> dict | None:
-    """Load ``eval.model_path`` into vLLM and evaluate it on ``eval.data_files``; the metrics on
-    the main rank, None on the others."""
+    """Load ``eval.model_path`` into vLLM and evaluate it on ``eval.data_files`` (every file in one
+    batch); the metrics on the main rank, None on the others."""
     from transformers import AutoTokenizer
 
     e = cfg.eval
@@ -159,22 +195,26 @@ def evaluate_policy(cfg: Config) -> dict | None:
         tok = AutoTokenizer.from_pretrained(e.model_path)
     except Exception as err:  # noqa: BLE001 - any loading failure: name the directory
         raise ConfigError(f"cannot load the tokenizer of {e.model_path}: {type(err).__name__}: {err}") from None
-    try:  # before the process group and vLLM: a data problem costs no engine start-up
-        rows = load_prompt_set(cfg, e.data_files, tok, max_prompt_tokens=cfg.data.max_prompt_tokens,
-                               shuffle_seed=None, limit=e.max_prompts).rows()
-    except (ValueError, TypeError) as err:  # e.g. chat-message prompts and a tokenizer without a template
-        if isinstance(err, DataError):  # read through this model's tokenizer: name it
-            raise DataError(f"{err} (read with the tokenizer of {e.model_path})") from None
-        if isinstance(err, ConfigError):
-            raise
-        raise ConfigError(f"{e.data_files} with the tokenizer of {e.model_path}: {err}") from None
+    rows, groups = load_rows(cfg, tok)
     dist = D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s)
     rollout = RolloutEngine(e.model_path, cfg.rollout, dist, seed=cfg.trainer.seed,
                             max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
     try:
         metrics = evaluate(rollout, rows, make_scorer(cfg), dist=dist, sampling=cfg.rollout, n_samples=e.n_samples,
-                           ks=e.k, seed=cfg.trainer.seed)
+                           ks=e.k, seed=cfg.trainer.seed, groups=groups)
     finally:
         rollout.close(final=True)
         D.shutdown()
     return metrics if dist.is_main else None
+
+
+def markdown_table(metrics: dict, ks: list[int]) -> str:
+    """The metrics as a table: a row per data_source (or file) when there are several, then all."""
+    groups = sorted(k[len("val/"):-len("/num_prompts")] for k in metrics
+                    if k.startswith("val/") and k.endswith("/num_prompts") and k != "val/num_prompts")
+    cols = ["num_prompts", "pass@1_greedy", *[f"pass@{k}" for k in ks], "response_length_sampled"]
+    lines = ["| data_source | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for label, prefix in [*((g, f"val/{g}/") for g in groups), ("all", "val/")]:
+        cells = [f"{metrics[prefix + c]:.4g}" if prefix + c in metrics else "-" for c in cols]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

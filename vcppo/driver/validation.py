@@ -14,10 +14,12 @@ from vcppo.schema import RolloutConfig
 
 
 def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sampling: RolloutConfig,
-                   n_samples: int, ks: list[int], seed: int, greedy: bool, keep: range) -> dict:
+                   n_samples: int, ks: list[int], seed: int, greedy: bool, keep: range, first: int) -> dict:
     """Metrics of the rows in ``keep`` (indices into ``mine``, the rows this rank's rollout group
-    samples: the whole group sends the same requests, each rank keeps its part)."""
-    part = {"greedy_correct": [], "greedy_lengths": [], "n_correct": [], "sampled_lengths": []}
+    samples: the whole group sends the same requests, each rank keeps its part); each entry's
+    row, as an index into the whole split (``first``: the index of ``mine[0]``), in ``*_rows``."""
+    part = {"greedy_correct": [], "greedy_lengths": [], "greedy_rows": [], "n_correct": [], "n_correct_rows": [],
+            "sampled_lengths": [], "sampled_rows": []}
     if not mine:
         return part
     ids = [r["prompt_ids"] for r in mine]
@@ -34,36 +36,55 @@ def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScore
         out = generate(n=1, temperature=0.0, top_p=1.0, seed=seed)
         part["greedy_correct"] = [float(x) for x in judge(out)]
         part["greedy_lengths"] = [len(s.response_ids) for s in out]
+        part["greedy_rows"] = [first + s.prompt_index for s in out]
     if n_samples > 0 and ks:
         out = generate(n=n_samples, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed + 1)
         counts = [0] * len(mine)
         for s, ok in zip(out, judge(out)):
             counts[s.prompt_index] += int(ok)
         part["n_correct"] = [counts[i] for i in keep]
+        part["n_correct_rows"] = [first + i for i in keep]
         part["sampled_lengths"] = [len(s.response_ids) for s in out]
+        part["sampled_rows"] = [first + s.prompt_index for s in out]
     return part
 
 
 def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, dist: DistInfo,
-             sampling: RolloutConfig, n_samples: int, ks: list[int], seed: int = 0, greedy: bool = True) -> dict:
+             sampling: RolloutConfig, n_samples: int, ks: list[int], seed: int = 0, greedy: bool = True,
+             groups: list[str] | None = None) -> dict:
     """Each rank evaluates its slice of ``rows`` ({"prompt_ids", "answer"}); results are merged.
 
     Returns ``val/pass@1_greedy`` (temperature 0), ``val/pass@k`` for each k (unbiased estimator
-    over ``n_samples`` samples at ``sampling.temperature``), and mean response lengths.
+    over ``n_samples`` samples at ``sampling.temperature``), and mean response lengths; with
+    ``groups`` (a label per row, e.g. its data_source) the same per group, as ``val/<group>/...``.
     """
     sampled, kept = rollout_share(len(rows), dist, sampling.tensor_parallel_size)
     part = _score_on_rank(rollout, rows[sampled.start:sampled.stop], scorer, sampling, n_samples, ks, seed, greedy,
-                          keep=kept)
+                          keep=kept, first=sampled.start)
     merged = {k: [] for k in part}
     for p in D.all_gather_object(part):
         for k, v in p.items():
             merged[k] += v
-    res = {"val/num_prompts": float(len(rows))}
+    res = _summary(merged, len(rows), n_samples, ks, greedy, "val/")
+    for label in dict.fromkeys(groups or []):
+        mine = {i for i, g in enumerate(groups) if g == label}
+        picked = {k: [v for v, r in zip(merged[k], merged[_ROWS[k]]) if r in mine] for k in _ROWS}
+        res.update(_summary(picked, len(mine), n_samples, ks, greedy, f"val/{label}/"))
+    return res
+
+
+# the per-row list that says which row each entry of a merged list belongs to
+_ROWS = {"greedy_correct": "greedy_rows", "greedy_lengths": "greedy_rows", "n_correct": "n_correct_rows",
+         "sampled_lengths": "sampled_rows"}
+
+
+def _summary(merged: dict, n_rows: int, n_samples: int, ks: list[int], greedy: bool, prefix: str) -> dict:
+    res = {f"{prefix}num_prompts": float(n_rows)}
     if greedy:
-        res["val/pass@1_greedy"] = float(np.mean(merged["greedy_correct"]))
-        res["val/response_length_greedy"] = float(np.mean(merged["greedy_lengths"]))
+        res[f"{prefix}pass@1_greedy"] = float(np.mean(merged["greedy_correct"]))
+        res[f"{prefix}response_length_greedy"] = float(np.mean(merged["greedy_lengths"]))
     if merged["n_correct"]:
-        res["val/response_length_sampled"] = float(np.mean(merged["sampled_lengths"]))
+        res[f"{prefix}response_length_sampled"] = float(np.mean(merged["sampled_lengths"]))
         for k in ks:
-            res[f"val/pass@{k}"] = float(np.mean([pass_at_k(n_samples, c, k) for c in merged["n_correct"]]))
+            res[f"{prefix}pass@{k}"] = float(np.mean([pass_at_k(n_samples, c, k) for c in merged["n_correct"]]))
     return res
