@@ -138,6 +138,20 @@ def test_the_named_knob_makes_the_run_fit(shape, gpu, overrides):
     assert again.fits and again.checks == fitted.checks
 
 
+def test_ranks_on_a_cpu_share_its_memory_and_offload_is_never_a_knob_there():
+    """Two CPU ranks on one 24 GiB machine get 10 GiB each (20 usable), not 20 each; moving optimizer
+    states to the host frees nothing when the host is the device."""
+    overrides = ["trainer.prompts_per_step=2", "rollout.n_samples_per_prompt=2", "rollout.max_response_tokens=128",
+                 "data.max_prompt_tokens=64", "actor.micro_batch_size=2", "critic.micro_batch_size=2",
+                 "rollout.gpu_memory_utilization=0.05"]
+    cfg = load_config("vcppo", overrides)
+    shapes = Shapes(*[BUILTIN_SHAPES["qwen2.5-0.5b"]] * 3)
+    one, two = (plan_run(cfg, shapes, Cluster(HARDWARE["cpu24"], n, 1)) for n in (1, 2))
+    assert two.checks[0].usable_bytes == pytest.approx(one.checks[0].usable_bytes / 2)
+    knobs, _ = find_fit(Setting(cfg, Cluster(HARDWARE["cpu24"], 2, 1)), shapes, 0.35)
+    assert knobs and not any("offload" in k for k in knobs)
+
+
 def test_a_run_that_fits_needs_no_knob():
     cfg, shapes, cluster = _plan("vcppo", [], "qwen2.5-0.5b", "h200")
     knobs, plan = find_fit(Setting(cfg, cluster), shapes, 0.35)

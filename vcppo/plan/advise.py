@@ -164,8 +164,9 @@ def rollout_memory(cfg: Config, shape: ModelShape, cluster: Cluster, d: int) -> 
 
 
 def phase_checks(cfg: Config, cluster: Cluster, engines: list[EngineMemory], vllm: M.RolloutMemory) -> list[Check]:
-    """The phases whose memory must fit (see the module docstring)."""
-    usable = cluster.hardware.usable_bytes
+    """The phases whose memory must fit (see the module docstring). On a CPU "device" the ranks of a
+    node share its memory: each gets its share."""
+    usable = cluster.hardware.usable_bytes / (cluster.gpus_per_node if cluster.hardware.is_cpu else 1)
     resident = sum(e.states.resident_bytes for e in engines)
     working = max(e.working_bytes for e in engines)
     kv_sequences = vllm.max_length_sequences

@@ -8,7 +8,8 @@ setting that fits, or None when the ladders run out.
 Training phase: 1. gradient checkpointing of the trained engines (recomputes a forward: ~+33%
 training FLOPs); 2. halve the micro-batch (or the token budget) of the engine with the largest
 working set, down to one sequence; 3. optimizer offload (ZeRO-Offload: host memory and a CPU Adam
-step); 4. parameter offload; 5. twice the nodes.
+step; not on a CPU "device", whose host memory it is); 4. parameter offload (likewise); 5. twice the
+nodes.
 Rollout phase: 1. the gpu_memory_utilization that fills what the resident states leave, when its KV
 cache still holds a sequence of the maximum length; 2. twice the vLLM tensor parallelism
 (colocated only); 3.-5. as for training, since offload also shrinks what stays resident.
@@ -118,9 +119,10 @@ def next_knob(s: Setting, plan: Plan, shapes: Shapes) -> list[str]:
     else:
         ladder.append(lambda: fitting_share(s, plan, shapes))
         ladder.append(lambda: wider_tensor_parallel(s, shapes))
-    ladder += [lambda: _offload(s, plan, "offload_optimizer", trained),
-               lambda: _offload(s, plan, "offload_params", every),
-               lambda: more_nodes(s)]
+    if not s.cluster.hardware.is_cpu:  # on a CPU "device", offloading moves nothing off it
+        ladder += [lambda: _offload(s, plan, "offload_optimizer", trained),
+                   lambda: _offload(s, plan, "offload_params", every)]
+    ladder.append(lambda: more_nodes(s))
     for step in ladder:
         knob = step()
         if knob:
