@@ -17,6 +17,7 @@
 #   6. training      a short VC-PPO run of the GPU_CHECK_MODEL (default tiny) model in bf16, with
 #                    TIS on (mismatch/ metrics): TP=2 over 2 ranks when 2+ GPUs are visible, else TP=1
 #                                                                                      train_summary.json
+#   6b. 7B preset    two steps of the vcppo_7b_1node preset's settings on the same model   train_7b_preset_summary.json
 # Steps 4-6 need vllm and deepspeed importable (install the `gpu` extra first: `make install` on a
 # CUDA machine does); they are skipped, with the reason, where they are not. Exit status: 0 when
 # every step that ran passed.
@@ -80,6 +81,17 @@ step train 300 env NUM_GPUS="$TP" MASTER_PORT="${MASTER_PORT:-29561}" launch/sin
   trainer.val_max_prompts=64 trainer.save_every=0 algorithm.rollout_is_cap=2.0 \
   actor.micro_batch_size=64 critic.micro_batch_size=64 logging.progress_bar=false \
   && step train_summary 30 "$PY" -m vcppo.bench.gpu_check train-summary "$W/runs/gpu-check" "$OUT_DIR/train_summary.json"
+# The one-node 7B preset's settings (gradient checkpointing, its micro-batches and mini-batches, bf16, no
+# KL) on the small model, so the preset a user launches has run on CUDA; sizes cut to a few minutes.
+step train_7b_preset 300 env NUM_GPUS="$TP" MASTER_PORT="${MASTER_PORT:-29561}" launch/single_node.sh vcppo_7b_1node \
+  model.policy_path="$W/model" rollout.tensor_parallel_size="$TP" \
+  data.train_files="$W/data/train.parquet" data.val_files="$W/data/val.parquet" data.max_prompt_tokens=256 \
+  trainer.output_root="$W/runs" trainer.run_name=gpu-check-7b-preset trainer.total_steps=2 trainer.prompts_per_step=64 \
+  rollout.max_response_tokens=256 rollout.gpu_memory_utilization=0.3 value_pretrain.steps=2 value_pretrain.reuse=false \
+  trainer.val_every=0 trainer.val_max_prompts=16 trainer.val_n_samples=4 "trainer.val_k=[1,4]" trainer.save_every=0 \
+  logging.progress_bar=false \
+  && step train_7b_preset_summary 30 "$PY" -m vcppo.bench.gpu_check train-summary "$W/runs/gpu-check-7b-preset" \
+    "$OUT_DIR/train_7b_preset_summary.json"
 # Split placement (2+ GPUs): GPU 1 samples with vLLM (never asleep), GPU 0 trains; NCCL carries the weights.
 if [ "$NUM_GPUS" -ge 2 ]; then
   step train_split 300 env NUM_GPUS=2 MASTER_PORT="${MASTER_PORT:-29561}" launch/single_node.sh vcppo \

@@ -38,7 +38,8 @@ def test_dry_run_plans_every_step_with_tp_by_gpu_count(tmp_path, gpus, tp):
     steps = dry_run(tmp_path / "out", NUM_GPUS=gpus)
     split = ["train_split", "train_split_summary"] if tp == 2 else []  # split placement needs 2 GPUs
     assert list(steps) == ["plan", "bf16", "gpu_tests", "bench_gae", "gae_bandwidth", "vcppo_plan", "sleep_wake", "mismatch",
-                           "make_data", "make_model", "train", "train_summary", *split, "done"]
+                           "make_data", "make_model", "train", "train_summary", "train_7b_preset",
+                           "train_7b_preset_summary", *split, "done"]
     assert f"tensor_parallel_size={tp} over {tp} rank" in steps["plan"]
     train = shlex.split(steps["train"])
     assert f"NUM_GPUS={tp}" in train and f"rollout.tensor_parallel_size={tp}" in train
@@ -53,6 +54,11 @@ def test_dry_run_training_overrides_are_valid_config(tmp_path):
     cfg = load_config(train[preset], train[preset + 1:])  # a typo in the script raises here
     assert cfg.model.dtype == "bfloat16" and cfg.algorithm.rollout_is_cap == 2.0
     assert cfg.trainer.prompts_per_step % 2 == 0  # divisible by the 2 ranks
+    seven_b = shlex.split(steps["train_7b_preset"])
+    preset = seven_b.index("launch/single_node.sh") + 1
+    cfg = load_config(seven_b[preset], seven_b[preset + 1:])
+    assert seven_b[preset] == "vcppo_7b_1node" and cfg.actor.gradient_checkpointing and cfg.algorithm.kl_coef == 0
+    assert cfg.trainer.prompts_per_step % (2 * cfg.actor.ppo_mini_batches) == 0
     split = shlex.split(steps["train_split"])
     preset = split.index("launch/single_node.sh") + 1
     cfg = load_config(split[preset], split[preset + 1:])
