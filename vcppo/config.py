@@ -391,6 +391,11 @@ _PATHS = {
 _PATH_LISTS = ("eval.data_files",)  # keys that take several paths, separated by commas
 
 
+def split_paths(value: str) -> list[str]:
+    """A key of ``_PATH_LISTS``: its paths, in order (spaces around a comma and empty entries dropped)."""
+    return [p.strip() for p in value.split(",") if p.strip()]
+
+
 def _get(cfg: Config, key: str) -> Any:
     section, name = key.split(".")
     return getattr(getattr(cfg, section), name)
@@ -409,9 +414,9 @@ def check_paths(cfg: Config, command: str = "train") -> None:
         value = _get(cfg, key)
         if not value:
             raise ConfigError(f"config key '{key}' is required")
-        for path in (value.split(",") if key in _PATH_LISTS else [value]):
-            if not os.path.exists(path.strip()):
-                raise ConfigError(f"config key '{key}': path does not exist: {path.strip()}")
+        for path in (split_paths(value) if key in _PATH_LISTS else [value]):
+            if not os.path.exists(path):
+                raise ConfigError(f"config key '{key}': path does not exist: {path}")
     for key in _OUTPUTS[command]:
         check_writable(key, _get(cfg, key))
     check_context_length(cfg, *_SAMPLING_MODEL[command])

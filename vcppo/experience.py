@@ -118,6 +118,16 @@ class Rollout(Layout):
                    group=torch.arange(B, device=dev), correct=zeros.clone(), truncated=zeros.clone())
 
 
+def last_token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
+    """(B,) sequence scores -> (B, R) float32 per-token rewards: each score on its row's last
+    response token (the paper's outcome reward at <eos>), 0 elsewhere."""
+    B, R = response_mask.shape
+    last = (response_mask.sum(1).long() - 1).clamp(min=0)
+    rewards = torch.zeros(B, R, dtype=torch.float32, device=response_mask.device)
+    rewards[torch.arange(B, device=response_mask.device), last] = scores
+    return rewards
+
+
 @dataclass(kw_only=True)
 class ActorBatch(Rollout):
     """What the actor's update trains on.

@@ -23,13 +23,13 @@ import dataclasses
 import json
 import os
 
-from vcppo.config import load_command_config
+from vcppo.config import load_command_config, split_paths
 from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.validation import evaluate
 from vcppo.engines import dist as D
 from vcppo.engines.rollout import RolloutEngine
-from vcppo.rewards.routing import split_ground_truth
+from vcppo.rewards.routing import data_source_of
 from vcppo.schema import Config, ConfigError
 
 
@@ -58,7 +58,7 @@ def eval_argv(argv: list[str]) -> list[str]:
         if any(a.lstrip("+").startswith(key + "=") for a in overrides):
             raise ConfigError(f"{key} is given twice: as an argument and as '{key}=...'")
     check_model_dir(model, "MODEL_DIR")
-    for path in data_paths(data):
+    for path in split_paths(data):
         check_data_path(path, "DATA")
     return [config, f"eval.model_path={model}", f"eval.data_files={data}", *overrides]
 
@@ -142,15 +142,10 @@ def resolve_answer_field(path: str, answer_field: str) -> str:
     return answer_field
 
 
-def data_paths(spec: str) -> list[str]:
-    """``eval.data_files``: one file, or several separated by commas."""
-    return [p.strip() for p in spec.split(",") if p.strip()]
-
-
 def main(argv: list[str]) -> int:
     cfg = load_command_config(eval_argv(argv), "eval")
     check_model_dir(cfg.eval.model_path, "config key 'eval.model_path'")
-    for path in data_paths(cfg.eval.data_files):
+    for path in split_paths(cfg.eval.data_files):
         check_data_path(path, "config key 'eval.data_files'")
     metrics = evaluate_policy(cfg)
     if metrics is not None:
@@ -167,7 +162,7 @@ def load_rows(cfg: Config, tok) -> tuple[list[dict], list[str] | None]:
     per-source figures: its ``data_source`` where the file has one, else the file's name. None
     (no per-source figures) for one file of one source."""
     rows, labels = [], []
-    for path in data_paths(cfg.eval.data_files):
+    for path in split_paths(cfg.eval.data_files):
         answer_field = resolve_answer_field(path, cfg.data.answer_field)
         file_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, answer_field=answer_field))
         try:  # before the process group and vLLM: a data problem costs no engine start-up
@@ -180,7 +175,7 @@ def load_rows(cfg: Config, tok) -> tuple[list[dict], list[str] | None]:
                 raise
             raise ConfigError(f"{path} with the tokenizer of {cfg.eval.model_path}: {err}") from None
         name = os.path.basename(path.rstrip("/")).split(".")[0]
-        labels += [split_ground_truth(r["answer"])[1].get("data_source") or name for r in mine]
+        labels += [data_source_of(r["answer"]) or name for r in mine]
         rows += mine
     return rows, (labels if len(set(labels)) > 1 else None)
 

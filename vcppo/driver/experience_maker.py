@@ -53,14 +53,23 @@ def first_groups(batch: Rollout, k: int) -> Rollout | None:
     return batch.select((rank_of < k).nonzero().flatten())
 
 
+def overlong_shaping(batch: Rollout, cfg: Config) -> torch.Tensor | None:
+    """(B,) DAPO's soft overlong punishment of each sample under the config; None when
+    ``reward.overlong_buffer_tokens`` is 0."""
+    buffer = cfg.reward.overlong_buffer_tokens
+    if not buffer:
+        return None
+    return overlong_penalty(batch.response_mask.sum(1), cfg.rollout.max_response_tokens, buffer,
+                            cfg.reward.overlong_penalty)
+
+
 def apply_overlong_penalty(batch: Rollout, cfg: Config) -> tuple[Rollout, dict]:
     """``batch`` with DAPO's soft overlong punishment added to its scores and to the reward on the
     last token, and its metrics; unchanged when ``reward.overlong_buffer_tokens`` is 0."""
-    buffer = cfg.reward.overlong_buffer_tokens
-    if not buffer:
+    penalty = overlong_shaping(batch, cfg)
+    if penalty is None:
         return batch, {}
     lengths = batch.response_mask.sum(1)
-    penalty = overlong_penalty(lengths, cfg.rollout.max_response_tokens, buffer, cfg.reward.overlong_penalty)
     rows = torch.arange(batch.size, device=lengths.device)
     token_rewards = batch.token_rewards.clone()
     token_rewards[rows, (lengths.long() - 1).clamp(min=0)] += penalty

@@ -13,13 +13,13 @@ import dataclasses
 
 import torch
 
-from vcppo.algos.dapo import overlong_penalty
 from vcppo.algos.rewards import Moments, batch_moments, combine_rewards, normalise
 from vcppo.config import combine_mode
 from vcppo.driver.checkpoint import RunState
+from vcppo.driver.experience_maker import overlong_shaping
 from vcppo.engines.dist import DistInfo, gather_cat
 from vcppo.engines.reward_model import RewardModelEngine
-from vcppo.experience import Layout, Rollout, make_layout
+from vcppo.experience import Layout, Rollout, last_token_rewards, make_layout
 from vcppo.schema import Config, ConfigError
 
 
@@ -59,10 +59,8 @@ class Retokenizer:
 
 def shaping_of(rollout: Rollout, cfg: Config) -> torch.Tensor:
     """(B,) the soft overlong punishment already in ``rollout.scores`` (0 when off)."""
-    if not cfg.reward.overlong_buffer_tokens:
-        return torch.zeros_like(rollout.scores)
-    return overlong_penalty(rollout.response_mask.sum(1), cfg.rollout.max_response_tokens,
-                            cfg.reward.overlong_buffer_tokens, cfg.reward.overlong_penalty)
+    penalty = overlong_shaping(rollout, cfg)
+    return torch.zeros_like(rollout.scores) if penalty is None else penalty
 
 
 class ModelReward:
@@ -111,7 +109,5 @@ class ModelReward:
             return rollout, metrics  # the model's scores are only watched
         final = combine_rewards(rule, model, self.mode, r.rule_weight, r.model_weight, rollout.has_rule) + shaping
         metrics["reward/model_minus_rule"] = gather_cat(model - rule).mean().item()
-        last = (rollout.response_mask.sum(1).long() - 1).clamp(min=0)
-        token_rewards = torch.zeros_like(rollout.token_rewards)
-        token_rewards[torch.arange(rollout.size, device=last.device), last] = final
+        token_rewards = last_token_rewards(final, rollout.response_mask)
         return dataclasses.replace(rollout, scores=final, token_rewards=token_rewards), metrics

@@ -8,8 +8,8 @@ from vcppo.engines.dist import DistInfo, all_gather_object
 from vcppo.engines.packing import balanced_partitions, sequence_lengths
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_groups import RolloutGroups, contiguous_share
-from vcppo.experience import Rollout, compact, concat_batches, make_layout
-from vcppo.rewards.routing import split_ground_truth
+from vcppo.experience import Rollout, compact, concat_batches, last_token_rewards, make_layout
+from vcppo.rewards.routing import data_source_of
 from vcppo.rewards.verifier import RewardScorer
 from vcppo.schema import RolloutConfig
 
@@ -54,14 +54,11 @@ def collect_rollout(rows: list[dict], first_index: int, *, rollout: RolloutEngin
     layout = make_layout([s.prompt_ids for s in samples], [s.response_ids for s in samples],
                          pad_id=pad_id, device=device)
     B, R = layout.responses.shape
-    lengths = layout.response_mask.sum(dim=1).long()
     score_t = torch.tensor(scores, dtype=torch.float32, device=device)
-    # Outcome reward on the last generated token (the paper's setting: +1 / -1 at <eos>).
-    token_rewards = torch.zeros(B, R, dtype=torch.float32, device=device)
-    token_rewards[torch.arange(B, device=device), (lengths - 1).clamp(min=0)] = score_t
+    token_rewards = last_token_rewards(score_t, layout.response_mask)
     has_rule = None
     if scorer.functions_by_source:  # which rows a rule of their own scored (reward.combine=model_without_rule)
-        sources = [split_ground_truth(rows[s.prompt_index]["answer"])[1].get("data_source") for s in samples]
+        sources = [data_source_of(rows[s.prompt_index]["answer"]) for s in samples]
         has_rule = torch.tensor([src in scorer.functions_by_source for src in sources], dtype=torch.float32,
                                 device=device)
     sampler_logprobs = None

@@ -30,8 +30,7 @@ class RewardModelEngine(DeepSpeedModelEngine):
         self.pad_id = getattr(self.module.config, "pad_token_id", None) if self.format != VCPPO else None
 
     def _build_module(self) -> torch.nn.Module:
-        module, _ = load_score_module(self.path, self.dtype)
-        return module
+        return load_score_module(self.path, self.format, self.dtype)
 
     def _micro_scores(self, micro: Layout) -> tuple[torch.Tensor]:
         """(b, 1) scores of one micro-batch."""

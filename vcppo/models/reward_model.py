@@ -76,11 +76,11 @@ class PerPositionScore(nn.Module):
         return self.score(out.last_hidden_state).squeeze(-1).float()
 
 
-def load_score_module(path: str, dtype: torch.dtype) -> tuple[nn.Module, str]:
-    """(a module mapping tokens to (B, L) per-position scores, the directory's format)."""
-    fmt = reward_model_format(path)
+def load_score_module(path: str, fmt: str, dtype: torch.dtype) -> nn.Module:
+    """A module mapping tokens to (B, L) per-position scores, from a directory of format ``fmt``
+    (:func:`reward_model_format`)."""
     if fmt == VCPPO:
         from vcppo.models.value_model import ValueModel
-        return ValueModel.from_pretrained(path, dtype=dtype), fmt
+        return ValueModel.from_pretrained(path, dtype=dtype)
     from transformers import AutoModelForSequenceClassification
-    return PerPositionScore(AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype)), fmt
+    return PerPositionScore(AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype))

@@ -46,6 +46,11 @@ def split_ground_truth(truth: Any) -> tuple[Any, dict]:
     return truth, {}
 
 
+def data_source_of(truth: Any) -> Any:
+    """The ``data_source`` a row's ground truth carries (None without one)."""
+    return split_ground_truth(truth)[1].get("data_source")
+
+
 class SourceTable(dict):
     """``{data_source: function}`` whose keys may end in ``*`` (a prefix; module docstring):
     ``source in table`` and :meth:`key_for` follow that rule."""
