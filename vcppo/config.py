@@ -295,6 +295,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'rollout.sampler_logprobs' is false but {', '.join(users)} "
                           "need(s) the sampler's logprobs: set it to null (auto) or true")
     _check_truncated_sampling(cfg, users)
+    _check_lora_sync(cfg)
     _check_placement(cfg)
     _check_reward_sources(cfg)
     if cfg.algorithm.kl_target is not None and cfg.algorithm.kl_coef == 0:
@@ -319,6 +320,26 @@ def _check_truncated_sampling(cfg: Config, users: list[str]) -> None:
                           "sampler's logprobs are then those of the truncated (nucleus) distribution, which the "
                           "trainer's full-softmax logprobs never match, so importance weights and mismatch/* "
                           "metrics would be biased; sample with rollout.top_p=1.0 or drop " + readers[0])
+
+
+VLLM_MAX_LORA_RANK = 512  # the largest max_lora_rank vLLM accepts
+
+
+def _check_lora_sync(cfg: Config) -> None:
+    """``rollout.lora_sync=adapter`` sends the actor's adapters to vLLM's own LoRA: there must be
+    adapters, vLLM must hold their rank, and each rank's vLLM must sit beside the actor."""
+    if cfg.rollout.lora_sync != "adapter":
+        return
+    rank = cfg.actor.lora.rank
+    if rank == 0:
+        raise ConfigError("config key 'rollout.lora_sync' is 'adapter' but actor.lora.rank is 0 (no adapters to "
+                          "send): set actor.lora.rank > 0 or rollout.lora_sync=merged")
+    if rank > VLLM_MAX_LORA_RANK:
+        raise ConfigError(f"config key 'actor.lora.rank' ({rank}) exceeds vLLM's largest LoRA rank "
+                          f"({VLLM_MAX_LORA_RANK}) with rollout.lora_sync=adapter: use rollout.lora_sync=merged")
+    if cfg.placement.mode == "split":
+        raise ConfigError("config key 'rollout.lora_sync' must be 'merged' with placement.mode=split (the rollout "
+                          "ranks receive full weights)")
 
 
 def combine_mode(cfg: Config) -> str:
@@ -422,6 +443,8 @@ def check_paths(cfg: Config, command: str = "train") -> None:
     check_context_length(cfg, *_SAMPLING_MODEL[command])
     if command == "train" and cfg.reward.model_path:
         _check_reward_model(cfg.reward.model_path)
+    if command == "train":
+        _check_lora_targets(cfg)
     if cfg.reward.function:
         _check_reward_function(cfg.reward.function)
     for source, path in cfg.reward.functions_by_source.items():
@@ -480,6 +503,23 @@ def _check_reward_model(path: str) -> None:
         raise ConfigError(f"config key 'reward.model_path': {e}") from None
 
 
+def _check_lora_targets(cfg: Config) -> None:
+    """LoRA adapters must fit the model they go on: named linear layers, a rank within their width."""
+    from vcppo.engines.lora import enabled, linear_layer_shapes, target_problem
+
+    models = [("actor", cfg.model.policy_path, True)]
+    if cfg.algorithm.advantage_estimator == "gae":
+        init = cfg.model.critic_init
+        models.append(("critic", cfg.model.policy_path if init == "policy" else cfg.model.critic_path, False))
+    for role, path, causal_lm in models:
+        lora = getattr(cfg, role).lora
+        if not enabled(lora) or not os.path.isfile(os.path.join(path, "config.json")):
+            continue
+        problem = target_problem(lora, *linear_layer_shapes(path, causal_lm))
+        if problem:
+            raise ConfigError(f"config key '{role}.lora': {problem} (model {path})")
+
+
 def _check_reward_function(path: str, key: str = "reward.function") -> None:
     from vcppo.rewards.verifier import load_reward_fn
 
@@ -522,13 +562,24 @@ def schema_markdown() -> str:
             lines += [f"- `{sec.name}` (default `{value!r}`): {sec.metadata['doc']}", ""]
             continue
         lines += [f"## `{sec.name}` — {sec.metadata['doc']}", "", "| key | default | doc |", "|---|---|---|"]
-        for f in dataclasses.fields(value):
-            doc = f.metadata["doc"]
-            if f.metadata.get("choices"):
-                doc += f" One of {', '.join(map(str, f.metadata['choices']))}."
-            lines.append(f"| `{sec.name}.{f.name}` | `{getattr(value, f.name)!r}` | {doc} |")
+        lines += _schema_rows(value, sec.name)
         lines.append("")
     return "\n".join(lines)
+
+
+def _schema_rows(section: Any, prefix: str) -> list[str]:
+    """One table row per leaf field of ``section``; a nested section's fields under its dotted name."""
+    rows = []
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            rows += _schema_rows(value, f"{prefix}.{f.name}")
+            continue
+        doc = f.metadata["doc"]
+        if f.metadata.get("choices"):
+            doc += f" One of {', '.join(map(str, f.metadata['choices']))}."
+        rows.append(f"| `{prefix}.{f.name}` | `{value!r}` | {doc} |")
+    return rows
 
 
 if __name__ == "__main__":

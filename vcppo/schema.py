@@ -75,6 +75,10 @@ class RolloutConfig:
     tensor_parallel_size: int = _f(1, "vLLM tensor parallel size (GPU only).", low=1)
     enforce_eager: bool = _f(True, "Run vLLM eagerly: no CUDA graphs on GPU, no torch.compile of the model on CPU (faster start-up, slower decode; docs/performance.md).")
     free_memory_during_training: bool = _f(True, "GPU: put vLLM to sleep while actor/critic train.")
+    lora_sync: str = _f("merged", "With actor.lora: how vLLM gets the actor after an update: 'merged' (base + "
+                        "B A merged into full weights, loaded like a full update) or 'adapter' (vLLM's own LoRA: "
+                        "only the adapters are sent; smaller transfer, slower decode; colocated placement only).",
+                        choices=("merged", "adapter"))
     sampler_logprobs: Optional[bool] = _f(None, "Return vLLM's logprob of each sampled token: true = always "
                                           "(mismatch/* metrics in fp32 too); false = never; null (or auto) = when the "
                                           "run uses them (algorithm.rollout_is_cap, "
@@ -116,10 +120,23 @@ class OptimConfig(EngineConfig):
 
 
 @dataclass
+class LoRAConfig:
+    """Low-rank adapters (Hu et al. 2021, via peft): the base weights stay frozen, W + (alpha / rank) B A
+    is what the model computes, and only A, B (and a critic's heads) carry gradients and optimizer states."""
+    rank: int = _f(0, "Adapter rank r; 0 = off (every weight trains).", low=0)
+    alpha: float = _f(32.0, "Scaling numerator: the adapter's update is scaled by alpha / rank.", low=0.0,
+                      low_open=True)
+    dropout: float = _f(0.0, "Dropout on the adapters' input while training.", low=0.0, high=1.0)
+    target_modules: List[str] = _f(["all-linear"], "Linear layers that get adapters, by the last part of their "
+                                   "name (e.g. [q_proj, v_proj]); [all-linear]: every linear layer but the LM head.")
+
+
+@dataclass
 class UpdateConfig(OptimConfig):
     """An engine that PPO updates (actor, critic): epochs x mini-batches of optimizer steps."""
     ppo_mini_batches: int = _f(1, "Optimizer steps per PPO epoch (the step's batch is split into this many).", low=1)
     ppo_epochs: int = _f(1, "Passes over each step's batch.", low=1)
+    lora: LoRAConfig = field(default_factory=LoRAConfig, metadata={"doc": "LoRA adapters (off by default)."})
 
 
 @dataclass

@@ -78,6 +78,10 @@ def test_cache_key_ignores_algorithm_and_seed_but_not_critic(tmp_path):
     assert with_rm != a and with_rm == cache_key(load_config("vcppo", base + rm + ["reward.combine=model"]))
     assert with_rm != cache_key(load_config("vcppo", base + rm + ["reward.combine=weighted_sum"]))
     assert a != cache_key(load_config("vcppo", base + ["reward.verl_parity=true"]))  # verl's scores
+    # a LoRA critic learns other weights; the actor's adapters start at zero, so pretraining is the same
+    lora = cache_key(load_config("vcppo", base + ["critic.lora.rank=8"]))
+    assert lora != a and lora != cache_key(load_config("vcppo", base + ["critic.lora.rank=8", "critic.lora.alpha=8"]))
+    assert a == cache_key(load_config("vcppo", base + ["actor.lora.rank=8"]))
 
 
 def test_rank_slice_keeps_whole_prompts():

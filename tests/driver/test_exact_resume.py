@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from vcppo.driver.checkpoint import RunState, metrics_size, rewind_metrics
-from vcppo.driver.context import critic_pretrain_steps
+from vcppo.driver.engines import critic_pretrain_steps
 from vcppo.schema import Config
 from vcppo.tracking import MetricsLogger
 

@@ -22,6 +22,7 @@ def main(argv):
     ap.add_argument("--vllm", action="store_true")
     ap.add_argument("--budget", type=int, default=0, help="max_tokens_per_micro_batch (0: one row per micro-batch)")
     ap.add_argument("--packed", action="store_true", help="padding-free passes")
+    ap.add_argument("--lora", action="store_true", help="LoRA adapters (rank 4) on the actor and the critic")
     ap.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl; vLLM really shards at TP 2)")
     args = ap.parse_args(argv)
 
@@ -30,7 +31,7 @@ def main(argv):
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.experience import CriticBatch, Rollout, make_layout
-    from vcppo.schema import ActorConfig, CriticConfig, RolloutConfig
+    from vcppo.schema import ActorConfig, CriticConfig, LoRAConfig, RolloutConfig
 
     info = dist.init_distributed(args.device)
     torch.manual_seed(0)
@@ -45,10 +46,11 @@ def main(argv):
     # Each rank holds only its share; the engine counts the global tokens (the normaliser) itself.
     mine = full.select(slice(info.rank * per, (info.rank + 1) * per))
 
+    lora = LoRAConfig(rank=4, alpha=8.0) if args.lora else LoRAConfig()
     acfg = ActorConfig(lr=1e-3, micro_batch_size=1, grad_clip=0.0, warmup_steps=0,
-                       max_tokens_per_micro_batch=args.budget, packed=args.packed)
+                       max_tokens_per_micro_batch=args.budget, packed=args.packed, lora=lora)
     ccfg = CriticConfig(lr=1e-3, micro_batch_size=1, grad_clip=0.0, max_tokens_per_micro_batch=args.budget,
-                        packed=args.packed)
+                        packed=args.packed, lora=lora)
     result = {}
     rollout = None
     if args.vllm:
@@ -74,7 +76,11 @@ def main(argv):
     cm2 = critic.train_step(mine, value_mse_loss())  # 2nd step: head non-zero -> backbone grads
     result.update(actor_loss=a_loss, actor_grad_norm=am["grad_norm"], critic_loss=c_loss,
                   critic_grad_norm=cm["grad_norm"], critic_grad_norm2=cm2["grad_norm"])
+    am2 = actor.train_step(mine, nll_loss())  # 2nd step: B non-zero -> A gets gradients too (LoRA)
+    result["actor_grad_norm2"] = am2["grad_norm"]
     actor_w = actor.full_state_dict()
+    if args.lora:
+        actor_w.update({f"adapter:{k}": v for k, v in actor.adapter_state_dict().items()})
     critic_w = critic.full_state_dict()
     values = critic.forward_values(full)
     # the trained critic as a `vcppo rm` directory (its head is non-zero now), scored as a reward model

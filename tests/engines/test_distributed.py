@@ -55,7 +55,8 @@ def _two_ranks(model_dir, out, *extra):
 def _assert_same_step(out1, out2, weight_atol=1e-5):
     r1 = json.load(open(os.path.join(out1, "result.json")))
     r2 = json.load(open(os.path.join(out2, "result.json")))
-    for k in ("actor_loss", "critic_loss", "actor_grad_norm", "critic_grad_norm", "critic_grad_norm2"):
+    for k in ("actor_loss", "critic_loss", "actor_grad_norm", "actor_grad_norm2", "critic_grad_norm",
+              "critic_grad_norm2"):
         assert r2[k] == pytest.approx(r1[k], rel=1e-5), k
     w1 = torch.load(os.path.join(out1, "weights.pt"))
     w2 = torch.load(os.path.join(out2, "weights.pt"))
@@ -95,3 +96,16 @@ def test_two_ranks_packed_under_a_token_budget_match_one_rank(tiny_model_dir, on
     r2 = _assert_same_step(one_rank, _two_ranks(tiny_model_dir, str(tmp_path / "w2"), "--budget", "15", "--packed"),
                            weight_atol=5e-5)
     assert r2["micro_batches_per_rank"] == [2, 1]
+
+
+def test_two_ranks_with_lora_match_one_rank(tiny_model_dir, tmp_path):
+    """LoRA actor and critic under ZeRO-3 on 2 ranks: the same step as on one rank (losses, grad
+    norms, adapters, merged weights, values), and vLLM on each rank samples the merged actor."""
+    one = str(tmp_path / "w1")
+    _run([sys.executable, os.path.join(HERE, "dist_worker.py"), "--model", tiny_model_dir, "--out", one, "--lora"])
+    r2 = _assert_same_step(one, _two_ranks(tiny_model_dir, str(tmp_path / "w2"), "--vllm", "--lora"))
+    assert max(r2["vllm_vs_actor_maxdiff_per_rank"]) < 1e-4
+    w = torch.load(os.path.join(one, "weights.pt"))["actor"]
+    adapters = [k for k in w if k.startswith("adapter:")]
+    assert len(adapters) == 28 and all(".lora_" in k for k in adapters)
+    assert not any("base_layer" in k or ".lora_" in k for k in w if not k.startswith("adapter:"))

@@ -20,19 +20,19 @@ import torch
 
 from vcppo.config import save_config, to_dict
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
-from vcppo.driver.checkpoint import (RunState, check_same_world_size, find_resume_point, peek_state,
+from vcppo.driver.checkpoint import (check_same_world_size, find_resume_point, peek_state,
                                      rewind_metrics)
-from vcppo.driver.critic_cache import cached_critic, critic_source
 from vcppo.driver.model_reward import ModelReward
 from vcppo.driver.teardown import close_parts
 from vcppo.driver.timeline import Timeline
 from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
 from vcppo.engines import dist as D
+from vcppo.driver.engines import build_engines
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.critic import CriticEngine
-from vcppo.engines.deepspeed_engine import checkpoint_zero_stage, resolve_zero_stage
 from vcppo.engines.dist import DistInfo
-from vcppo.engines.reference import ReferenceEngine
+from vcppo.engines.lora import enabled as lora_enabled
+from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.rewards.pool import default_num_workers
 from vcppo.rewards.verifier import RewardScorer
@@ -102,90 +102,6 @@ def init_run_distributed(cfg: Config) -> DistInfo:
     return D.init_distributed(cfg.trainer.device, split_rollout_ranks=rollout_ranks, timeout_s=timeout_s)
 
 
-def optimizer_steps_per_rl_step(optim) -> int:
-    return optim.ppo_epochs * optim.ppo_mini_batches
-
-
-@dataclass
-class Engines:
-    rollout: RolloutEngine | None
-    actor: ActorEngine
-    critic: CriticEngine | None
-    reference: ReferenceEngine | None
-    critic_from_cache: Path | None   # a reused value-pretrained critic
-
-
-def pretrained_itself(resumed: RunState | None) -> bool:
-    """A resumed run that ran value pretraining itself (it never reused a cached critic)."""
-    return resumed is not None and (resumed.phase == "value_pretrain" or resumed.pretrain_step > 0)
-
-
-def critic_pretrain_steps(cfg: Config, resumed: RunState | None, from_cache: Path | None) -> int:
-    """Pretraining steps the critic's lr schedule spans: ``value_pretrain.steps`` when the run
-    pretrains (or pretrained) its critic itself, 0 when it reuses a cached one. Fixed by how the
-    run STARTED, not by the cache now: the critic this run published must not shorten its own
-    schedule on resume (cosine would otherwise sit at its floor for the rest of the run)."""
-    if not cfg.value_pretrain.enabled:
-        return 0
-    if resumed is not None:
-        return cfg.value_pretrain.steps if pretrained_itself(resumed) else 0
-    return 0 if from_cache is not None else cfg.value_pretrain.steps
-
-
-def with_zero_stage(engine_cfg, dist: DistInfo, log: MetricsLogger, role: str, checkpoint: Path | None = None):
-    """``engine_cfg`` with its ZeRO stage resolved (``zero_stage: null`` = auto, see
-    :func:`~vcppo.engines.deepspeed_engine.resolve_zero_stage`); the choice is logged once per engine.
-    ``checkpoint``: the engine's directory in the resume point (its layout fixes an auto stage)."""
-    stage = resolve_zero_stage(engine_cfg.zero_stage, dist.world_size, str(checkpoint) if checkpoint else None)
-    if engine_cfg.zero_stage is not None:
-        why = "set in the config"
-    elif checkpoint is not None and checkpoint_zero_stage(str(checkpoint)) is not None:
-        why = "auto: the stage the checkpoint was written with"
-    else:
-        why = f"auto: {dist.world_size} rank(s)"
-    log.info(f"{role} engine: DeepSpeed ZeRO-{stage} ({why})")
-    return dataclasses.replace(engine_cfg, zero_stage=stage)
-
-
-def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunState | None = None,
-                  resume_point: Path | None = None) -> Engines:
-    """vLLM first (its start-up module scan must precede any numba / llvmlite import), then the DeepSpeed engines. ``resumed``:
-    the state of the checkpoint the run resumes from, in ``resume_point`` (None: a fresh start)."""
-    alg, vp, temperature = cfg.algorithm, cfg.value_pretrain, cfg.rollout.temperature
-    ckpt = (lambda role: resume_point / role) if resume_point is not None else (lambda role: None)
-    rollout = None  # split placement: the rollout ranks sample (driver/rollout_worker.py)
-    if dist.role != "train":
-        log.info("starting vLLM rollout engine")
-        rollout = RolloutEngine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
-                                max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
-                                dtype=cfg.model.dtype)
-    actor_steps = cfg.trainer.total_steps * optimizer_steps_per_rl_step(cfg.actor)
-    actor_cfg = with_zero_stage(cfg.actor, dist, log, "actor", ckpt("actor"))
-    actor = ActorEngine(cfg.model.policy_path, actor_cfg, dist, total_optimizer_steps=max(1, actor_steps),
-                        dtype=cfg.model.dtype, temperature=temperature)
-    critic, from_cache = None, None
-    if alg.advantage_estimator == "gae":
-        init, path = critic_source(cfg)
-        # a run resumed from its own pretraining continues it, even once the cache holds the
-        # critic it published before it was killed: the rerun then finishes as an uninterrupted one
-        if vp.enabled and vp.reuse and not pretrained_itself(resumed):
-            from_cache = cached_critic(cfg)
-            if from_cache is not None:
-                init, path = "checkpoint", str(from_cache)
-        pre_steps = critic_pretrain_steps(cfg, resumed, from_cache)
-        log.info(f"starting critic engine (init: {init} from {path})")
-        critic_steps = (pre_steps + cfg.trainer.total_steps) * optimizer_steps_per_rl_step(cfg.critic)
-        critic_cfg = with_zero_stage(cfg.critic, dist, log, "critic", ckpt("critic"))
-        critic = CriticEngine(init, path, critic_cfg, dist, total_optimizer_steps=max(1, critic_steps),
-                              dtype=cfg.model.dtype)
-    reference = None
-    if alg.kl_coef > 0:
-        ref_cfg = with_zero_stage(cfg.reference, dist, log, "reference")
-        reference = ReferenceEngine(cfg.model.policy_path, ref_cfg, dist, dtype=cfg.model.dtype,
-                                    temperature=temperature)
-    return Engines(rollout, actor, critic, reference, from_cache)
-
-
 @dataclass
 class RunContext:
     cfg: Config
@@ -198,7 +114,7 @@ class RunContext:
     rollout: RolloutEngine | None  # None on the training ranks of a split run
     actor: ActorEngine
     critic: CriticEngine | None
-    reference: ReferenceEngine | None
+    reference: ReferenceEngine | AdapterFreeReference | None
     log: MetricsLogger
     critic_from_cache: Path | None = None
     reward_model: ModelReward | None = None  # reward.model_path: scores on the training ranks
@@ -266,7 +182,10 @@ class RunContext:
             raise
 
     def sync_weights(self) -> float:
-        """Stream the actor's (gathered) weights into vLLM; seconds."""
+        """Give vLLM the actor: its gathered weights (adapters merged, with LoRA), or with
+        ``rollout.lora_sync=adapter`` only its adapters, loaded as vLLM's LoRA; seconds."""
+        if self.rollout.uses_adapters:
+            return self.rollout.sync_adapter(lambda d: self.actor.export_adapter(d, every_rank=True))
         return self.rollout.sync_weights(self.actor.named_parameters_gathered())
 
     def barrier(self) -> None:
@@ -283,6 +202,8 @@ class RunContext:
         if self.critic is not None:
             self.critic.check_finite_weights("the final critic export")
         self.actor.export_hf(str(self.run_dir / "final" / "actor"))
+        if lora_enabled(self.cfg.actor.lora):  # also the adapters alone, over the initial policy
+            self.actor.export_adapter(str(self.run_dir / "final" / "actor_adapter"))
         if self.critic is not None:
             self.critic.export(str(self.run_dir / "final" / "critic"))
         self.barrier()

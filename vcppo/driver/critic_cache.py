@@ -35,6 +35,7 @@ def fingerprint_path(path: str) -> dict:
 PLACEMENT_KEYS = ("zero_stage", "offload_params", "offload_optimizer")
 # critic fields newer than the cache format: they enter the key only when set away from their default
 LATER_DEFAULTS = {k: getattr(CriticConfig(), k) for k in ("head_lr_scale", "confidence_features", "confidence_lr_scale")}
+LATER_DEFAULTS["lora"] = dataclasses.asdict(CriticConfig().lora)  # a LoRA critic learns other weights
 
 
 def critic_source(cfg: Config) -> tuple[str, str]:

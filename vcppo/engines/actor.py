@@ -9,6 +9,7 @@ import torch
 from vcppo.algos.losses import entropy_from_logits
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine, ModelOutputs
 from vcppo.engines.dist import DistInfo, barrier
+from vcppo.engines.lora import save_adapter
 from vcppo.engines.packing import pack
 from vcppo.experience import Layout
 from vcppo.models.export import save_causal_lm
@@ -31,6 +32,8 @@ class ActorEngine(DeepSpeedModelEngine):
     during the update, is of ``softmax(logits / temperature)``, the distribution vLLM sampled from
     (its ``processed_logprobs``), so the PPO ratio compares like with like.
     """
+
+    ADAPTER_TASK = "CAUSAL_LM"
 
     def __init__(self, model_path: str, cfg: EngineConfig, dist: DistInfo, total_optimizer_steps: int,
                  dtype: str = "auto", train: bool = True, temperature: float = 1.0):
@@ -79,3 +82,13 @@ class ActorEngine(DeepSpeedModelEngine):
         if self.dist.is_main:
             save_causal_lm(state, self.model_path, directory, self.dtype)
         barrier()
+
+    def export_adapter(self, directory: str, every_rank: bool = False) -> None:
+        """With LoRA: the adapters alone, as peft's adapter directory over ``model_path`` (loads with
+        ``peft.PeftModel.from_pretrained`` and as a vLLM ``LoRARequest``); all ranks call. Written by
+        rank 0, or by ``every_rank`` into its own ``directory`` (each rank's vLLM reads its own)."""
+        state = self.adapter_state_dict()  # collective
+        if every_rank or self.dist.is_main:
+            save_adapter(self.module, state, directory, self.model_path)
+        if not every_rank:
+            barrier()

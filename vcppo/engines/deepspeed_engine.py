@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from vcppo.engines import dist as D
+from vcppo.engines import lora as L
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.packing import sequence_lengths, token_budget_groups, use_packed_attention
 from vcppo.experience import Layout
@@ -231,6 +232,9 @@ class DeepSpeedModelEngine:
         self.zero_stage = resolve_zero_stage(cfg.zero_stage, dist.world_size)
         self.ds_config = self._ds_config(cfg, train)
         module = self._build_under_zero_init()
+        self.lora = getattr(cfg, "lora", None) if train else None
+        if L.enabled(self.lora):
+            module = self._with_adapters(module)
         if cfg.packed:
             self.attention = use_packed_attention(module, dist.device, self.dtype)
         if train and cfg.gradient_checkpointing:
@@ -247,6 +251,8 @@ class DeepSpeedModelEngine:
             self.engine = deepspeed.initialize(model=module, config=self.ds_config)[0]
             self.optimizer = self.lr_scheduler = None
         self.module = self.engine.module
+        # {LoRA layer: alpha / r}, names as the gathered parameters carry them ({} without LoRA)
+        self.lora_scalings = L.adapter_scalings(self.module, _strip_prefixes) if L.enabled(self.lora) else {}
 
     # --- construction ----------------------------------------------------------------------
     def _param_groups(self, module: torch.nn.Module) -> list:
@@ -306,6 +312,18 @@ class DeepSpeedModelEngine:
 
     def _build_module(self) -> torch.nn.Module:
         raise NotImplementedError
+
+    # peft's task type of the adapted model (an actor's is a causal LM; a value model's backbone has none)
+    ADAPTER_TASK: str | None = None
+
+    def _with_adapters(self, module: torch.nn.Module) -> torch.nn.Module:
+        """LoRA adapters on ``module`` (on a value model's backbone: its heads stay fully trained),
+        its own weights frozen. Under ZeRO-3 the new adapter tensors are whole until
+        ``deepspeed.initialize`` partitions them with the rest."""
+        if hasattr(module, "backbone"):
+            module.backbone = L.add_adapters(module.backbone, self.lora)
+            return module
+        return L.add_adapters(module, self.lora, self.ADAPTER_TASK)
 
     @staticmethod
     def _enable_gradient_checkpointing(module):
@@ -430,11 +448,21 @@ class DeepSpeedModelEngine:
 
     def named_parameters_gathered(self, bucket_bytes: int = 256 * 2 ** 20,
                                   to_cpu: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (un-partitioned) parameters with HF names, gathered a bucket at a time.
+        """Full (un-partitioned) parameters with HF names, gathered a bucket at a time: the plain
+        model's, so with LoRA each adapted layer comes once with its adapter merged
+        (:func:`vcppo.engines.lora.merge_adapters`).
 
         Yields clones (safe to keep after the bucket is re-partitioned). ``to_cpu`` moves them.
         """
-        named = list(self.module.named_parameters())
+        raw = self._gathered(list(self.module.named_parameters()), bucket_bytes, to_cpu)
+        return L.merge_adapters(raw, self.lora_scalings) if self.lora_scalings else raw
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapters' full tensors on the CPU, peft's names (collective: every rank gathers)."""
+        named = [(n, p) for n, p in self.module.named_parameters() if L.is_adapter_param(n)]
+        return dict(self._gathered(named, 256 * 2 ** 20, to_cpu=True))
+
+    def _gathered(self, named: list, bucket_bytes: int, to_cpu: bool) -> Iterator[tuple[str, torch.Tensor]]:
         i = 0
         while i < len(named):
             bucket, size = [], 0

@@ -17,9 +17,11 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -38,6 +40,17 @@ class RolloutSample:
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
     text: str
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """vLLM's ``max_lora_rank`` for adapters of ``rank``: the smallest value it accepts that holds them."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(f"vLLM's LoRA holds adapters of rank <= {VLLM_LORA_RANKS[-1]}, got {rank}")
+    return fits[0]
 
 
 def memory_share(cfg: RolloutConfig, device: torch.device) -> float:
@@ -160,7 +173,7 @@ def _sampled_logprobs(logprobs) -> list[float]:
 
 class RolloutEngine:
     def __init__(self, model_path: str, cfg: RolloutConfig, dist: DistInfo, seed: int, max_model_len: int,
-                 dtype: str = "auto"):
+                 dtype: str = "auto", lora_rank: int = 0):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process, always
         from vllm import LLM
 
@@ -176,6 +189,8 @@ class RolloutEngine:
                       enforce_eager=bool(cfg.enforce_eager),
                       gpu_memory_utilization=memory_share(cfg, dist.device),
                       logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+        if lora_rank > 0:  # vLLM's own LoRA: the actor's adapters are loaded, not merged weights
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
         if self.on_gpu:
             kwargs.update(dtype="bfloat16" if dtype == "auto" else dtype,
                           distributed_executor_backend="external_launcher",
@@ -210,6 +225,8 @@ class RolloutEngine:
         torch.set_num_threads = set_num_threads
         self.tokenizer = self.llm.get_tokenizer()
         self._asleep = False
+        self.lora_request = None  # the adapter samples are drawn with (vLLM's LoRA), once synced
+        self._adapter_dirs = tempfile.mkdtemp(prefix="vcppo-adapters-") if lora_rank > 0 else None
         _dist.register_closer(self.close)
 
     # --- sampling --------------------------------------------------------------------------
@@ -254,7 +271,7 @@ class RolloutEngine:
         self.llm.reset_prefix_cache()
         self.llm.collective_rpc(_seed_sampler, args=(self.sampler_seed(seed),))
         try:
-            outs = self.llm.generate(prompts, params, use_tqdm=False)
+            outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         finally:
             self.llm.collective_rpc(_restore_rng)
         # vLLM refuses n > 1 with greedy sampling; the n greedy samples are identical copies.
@@ -284,6 +301,30 @@ class RolloutEngine:
         self.llm.reset_prefix_cache()
         return time.perf_counter() - t0
 
+    @property
+    def uses_adapters(self) -> bool:
+        """Built with vLLM's LoRA (``rollout.lora_sync=adapter``): syncs send adapters, not weights."""
+        return self._adapter_dirs is not None
+
+    def sync_adapter(self, write: Callable[[str], None]) -> float:
+        """vLLM's LoRA: ``write(directory)`` puts the actor's adapter (peft's format) there, and
+        sampling uses it from now on; returns seconds. Each sync gets a new LoRA id (vLLM caches
+        adapters by id); the previous one is unloaded and its directory removed."""
+        from vllm.lora.request import LoRARequest
+
+        t0 = time.perf_counter()
+        old = self.lora_request
+        version = 1 if old is None else old.lora_int_id + 1
+        directory = os.path.join(self._adapter_dirs, f"v{version}")
+        write(directory)
+        self.lora_request = LoRARequest(f"actor-v{version}", version, directory)
+        self.llm.llm_engine.add_lora(self.lora_request)  # loaded here, not inside the next generate
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+        return time.perf_counter() - t0
+
     # --- memory ----------------------------------------------------------------------------------
     def sleep(self) -> None:
         """GPU: free KV cache + offload weights (sleep level 1), unless
@@ -303,6 +344,8 @@ class RolloutEngine:
         shutdown is skipped, as the OS reclaims everything a moment later. A close mid-command (the
         RM's sampler before its training) always shuts vLLM down, so its memory is free again."""
         _dist.unregister_closer(self.close)
+        if getattr(self, "_adapter_dirs", None):
+            shutil.rmtree(self._adapter_dirs, ignore_errors=True)
         if getattr(self, "llm", None) is None:
             return
         if final and lifetime.ends_after_command():

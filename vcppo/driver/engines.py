@@ -1,0 +1,115 @@
+"""The engines of a training run, built once at start-up: vLLM (where this rank samples), the
+actor, the critic (GAE estimators: from the policy, an RM, a checkpoint or the value-pretraining
+cache) and the reference policy (a KL on: a frozen copy, or a LoRA actor with its adapters off).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from vcppo.driver.checkpoint import RunState
+from vcppo.driver.critic_cache import cached_critic, critic_source
+from vcppo.engines.actor import ActorEngine
+from vcppo.engines.critic import CriticEngine
+from vcppo.engines.deepspeed_engine import checkpoint_zero_stage, resolve_zero_stage
+from vcppo.engines.dist import DistInfo
+from vcppo.engines.lora import enabled as lora_enabled
+from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
+from vcppo.engines.rollout import RolloutEngine
+from vcppo.schema import Config
+from vcppo.tracking import MetricsLogger
+
+
+def optimizer_steps_per_rl_step(optim) -> int:
+    return optim.ppo_epochs * optim.ppo_mini_batches
+
+
+@dataclass
+class Engines:
+    rollout: RolloutEngine | None
+    actor: ActorEngine
+    critic: CriticEngine | None
+    reference: ReferenceEngine | AdapterFreeReference | None
+    critic_from_cache: Path | None   # a reused value-pretrained critic
+
+
+def pretrained_itself(resumed: RunState | None) -> bool:
+    """A resumed run that ran value pretraining itself (it never reused a cached critic)."""
+    return resumed is not None and (resumed.phase == "value_pretrain" or resumed.pretrain_step > 0)
+
+
+def critic_pretrain_steps(cfg: Config, resumed: RunState | None, from_cache: Path | None) -> int:
+    """Pretraining steps the critic's lr schedule spans: ``value_pretrain.steps`` when the run
+    pretrains (or pretrained) its critic itself, 0 when it reuses a cached one. Fixed by how the
+    run STARTED, not by the cache now: the critic this run published must not shorten its own
+    schedule on resume (cosine would otherwise sit at its floor for the rest of the run)."""
+    if not cfg.value_pretrain.enabled:
+        return 0
+    if resumed is not None:
+        return cfg.value_pretrain.steps if pretrained_itself(resumed) else 0
+    return 0 if from_cache is not None else cfg.value_pretrain.steps
+
+
+def adapter_sync_rank(cfg: Config) -> int:
+    """The LoRA rank vLLM is built for when it samples with the actor's adapters
+    (``rollout.lora_sync=adapter``), else 0 (it loads merged full weights)."""
+    lora = cfg.actor.lora
+    return lora.rank if lora_enabled(lora) and cfg.rollout.lora_sync == "adapter" else 0
+
+
+def with_zero_stage(engine_cfg, dist: DistInfo, log: MetricsLogger, role: str, checkpoint: Path | None = None):
+    """``engine_cfg`` with its ZeRO stage resolved (``zero_stage: null`` = auto, see
+    :func:`~vcppo.engines.deepspeed_engine.resolve_zero_stage`); the choice is logged once per engine.
+    ``checkpoint``: the engine's directory in the resume point (its layout fixes an auto stage)."""
+    stage = resolve_zero_stage(engine_cfg.zero_stage, dist.world_size, str(checkpoint) if checkpoint else None)
+    if engine_cfg.zero_stage is not None:
+        why = "set in the config"
+    elif checkpoint is not None and checkpoint_zero_stage(str(checkpoint)) is not None:
+        why = "auto: the stage the checkpoint was written with"
+    else:
+        why = f"auto: {dist.world_size} rank(s)"
+    log.info(f"{role} engine: DeepSpeed ZeRO-{stage} ({why})")
+    return dataclasses.replace(engine_cfg, zero_stage=stage)
+
+
+def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunState | None = None,
+                  resume_point: Path | None = None) -> Engines:
+    """vLLM first (its start-up module scan must precede any numba / llvmlite import), then the DeepSpeed engines. ``resumed``:
+    the state of the checkpoint the run resumes from, in ``resume_point`` (None: a fresh start)."""
+    alg, vp, temperature = cfg.algorithm, cfg.value_pretrain, cfg.rollout.temperature
+    ckpt = (lambda role: resume_point / role) if resume_point is not None else (lambda role: None)
+    rollout = None  # split placement: the rollout ranks sample (driver/rollout_worker.py)
+    if dist.role != "train":
+        log.info("starting vLLM rollout engine")
+        rollout = RolloutEngine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
+                                max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
+                                dtype=cfg.model.dtype, lora_rank=adapter_sync_rank(cfg))
+    actor_steps = cfg.trainer.total_steps * optimizer_steps_per_rl_step(cfg.actor)
+    actor_cfg = with_zero_stage(cfg.actor, dist, log, "actor", ckpt("actor"))
+    actor = ActorEngine(cfg.model.policy_path, actor_cfg, dist, total_optimizer_steps=max(1, actor_steps),
+                        dtype=cfg.model.dtype, temperature=temperature)
+    critic, from_cache = None, None
+    if alg.advantage_estimator == "gae":
+        init, path = critic_source(cfg)
+        # a run resumed from its own pretraining continues it, even once the cache holds the
+        # critic it published before it was killed: the rerun then finishes as an uninterrupted one
+        if vp.enabled and vp.reuse and not pretrained_itself(resumed):
+            from_cache = cached_critic(cfg)
+            if from_cache is not None:
+                init, path = "checkpoint", str(from_cache)
+        pre_steps = critic_pretrain_steps(cfg, resumed, from_cache)
+        log.info(f"starting critic engine (init: {init} from {path})")
+        critic_steps = (pre_steps + cfg.trainer.total_steps) * optimizer_steps_per_rl_step(cfg.critic)
+        critic_cfg = with_zero_stage(cfg.critic, dist, log, "critic", ckpt("critic"))
+        critic = CriticEngine(init, path, critic_cfg, dist, total_optimizer_steps=max(1, critic_steps),
+                              dtype=cfg.model.dtype)
+    reference = None
+    if alg.kl_coef > 0 and lora_enabled(cfg.actor.lora):
+        log.info("reference policy: the actor with its LoRA adapters off (no second copy of the model)")
+        reference = AdapterFreeReference(actor)
+    elif alg.kl_coef > 0:
+        ref_cfg = with_zero_stage(cfg.reference, dist, log, "reference")
+        reference = ReferenceEngine(cfg.model.policy_path, ref_cfg, dist, dtype=cfg.model.dtype,
+                                    temperature=temperature)
+    return Engines(rollout, actor, critic, reference, from_cache)
