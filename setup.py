@@ -12,6 +12,7 @@ COMMON = [
     "wandb==0.31.0",
     "tensorboard==2.21.0",         # logging.tensorboard (torch.utils.tensorboard writes the event files)
     "accelerate==1.15.0",          # lets from_pretrained build models under deepspeed.zero.Init (ZeRO-3)
+    "peft==0.21.2",                # actor.lora / critic.lora: the adapters, their merge, adapter-only export
     "tqdm>=4.66",
     "matplotlib>=3.8",
     "pyarrow>=15",

@@ -202,3 +202,40 @@ def test_train_bench_times_padded_and_packed_passes(tmp_path):
             assert row[layout][phase]["tokens_per_s"] > 0, (layout, phase)
     assert row["padded"]["padded_tokens"] > row["padded"]["real_tokens"]  # a long tail pads
     assert row["forward_speedup"] > 0 and row["train_step_speedup"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_train_bench_compares_full_fine_tuning_with_lora(tmp_path):
+    """`vcppo bench train --lora-ranks`: full and LoRA in their own processes; the adapters train a
+    small share of the parameters, and the ratios against full fine-tuning are in the JSON."""
+    from tests.conftest import vcppo
+    out = tmp_path / "lora.json"
+    res = vcppo("bench", "train", "--models", "tiny", "--batch", "4", "--min-len", "8", "--max-len", "64",
+                "--budget", "256", "--repeats", "1", "--rounds", "1", "--threads", "1", "--lora-ranks", "4",
+                "--json", out, cwd=tmp_path, check=False, timeout=600)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    row = json.loads(out.read_text())["models"]["tiny"]
+    assert set(row) >= {"packed", "lora4", "lora4_vs_full"} and "padded" not in row
+    assert row["lora4"]["trainable_params"] < row["packed"]["trainable_params"] / 10
+    ratios = row["lora4_vs_full"]
+    assert ratios["train_step_speedup"] > 0 and ratios["train_step_memory_ratio"] > 0
+    assert "lora4" in res.stdout and "vs full" in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_lora_bench_syncs_both_ways_and_both_engines_sample_the_actor(tmp_path):
+    """`vcppo bench lora`: merged-weight and adapter syncs timed, both vLLM engines decode, and each
+    samples exactly the updated LoRA actor (fp32)."""
+    from tests.conftest import vcppo
+    out = tmp_path / "lora.json"
+    res = vcppo("bench", "lora", "--sizes", "tiny", "--prompts", "8", "--n", "2", "--max-tokens", "32", "--syncs", "1",
+                "--rounds", "1", "--rank", "4", "--json", out, cwd=tmp_path, check=False, timeout=600)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    r = json.loads(out.read_text())["tiny"]
+    assert r["adapter_sync_bytes"] < r["merged_sync_bytes"] / 10
+    for mode in ("merged", "adapter"):
+        assert r[f"{mode}_sync_s"] > 0 and r[f"{mode}_decode_tok_per_s"] > 0
+        assert r[f"{mode}_max_logprob_gap"] < 1e-4, mode
+    assert r["adapter_over_merged_decode"] > 0 and "ratio" in res.stdout

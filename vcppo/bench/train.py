@@ -1,7 +1,8 @@
 """`vcppo bench train`: padded vs packed (padding-free) training passes on a long-tailed batch.
 
     vcppo bench train [--models small,medium] [--batch 8] [--min-len 32] [--max-len 2048]
-                      [--micro-batch 4] [--budget 4096] [--repeats 2] [--threads 2] [--json PATH]
+                      [--micro-batch 4] [--budget 4096] [--repeats 2] [--threads 2] [--lora-ranks 8,64]
+                      [--json PATH]
 
 The batch: ``--batch`` sequences with prompts of 16-48 tokens and long-tailed response lengths
 (``min + (max - min) * u**3``, u uniform: most responses short, a few near ``--max-len``), the
@@ -15,6 +16,10 @@ real :class:`~vcppo.engines.actor.ActorEngine` (DeepSpeed, one rank, fp32):
   * packed      — sequences concatenated without pads under a ``--budget``-token micro-batch budget
 Padded and packed processes alternate ``--rounds`` times (A B A B), so drift in the load of a
 shared machine hits both layouts alike.
+``--lora-ranks 8,64`` compares LoRA instead (packed layout throughout): full fine-tuning against
+adapters of each rank on every linear layer (``actor.lora``), in alternating processes as above;
+the train step's memory is then mostly what LoRA saves (gradients and AdamW states of the frozen
+weights).
 Figures: real tokens / s (median of every timed call after one warm-up per process) and peak resident memory
 above the process's memory before the phase (RSS sampled every 2 ms; freed memory is returned to
 the OS between phases), and the packed / padded ratios of both.
@@ -47,6 +52,7 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2, help="padded/packed processes alternated this many times")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lora-ranks", default="", help="compare full fine-tuning with LoRA of these ranks (packed)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "MODEL_DIR,LAYOUT,OUT_JSON"
     return ap.parse_args(argv)
@@ -117,18 +123,20 @@ def run_layout(model_dir: str, layout: str, args) -> dict:
     from vcppo.driver.update import PolicyLoss
     from vcppo.engines import dist
     from vcppo.engines.actor import ActorEngine
-    from vcppo.schema import ActorConfig, AlgorithmConfig
+    from vcppo.schema import ActorConfig, AlgorithmConfig, LoRAConfig
 
     torch.set_num_threads(args.threads)
     info = dist.init_distributed("cpu")
-    packed = layout == "packed"
+    packed = layout != "padded"  # "padded", "packed", or "lora<rank>" (packed)
+    lora = LoRAConfig(rank=int(layout[4:])) if layout.startswith("lora") else LoRAConfig()
     cfg = ActorConfig(lr=1e-6, micro_batch_size=args.micro_batch, packed=packed,
-                      max_tokens_per_micro_batch=args.budget if packed else 0)
+                      max_tokens_per_micro_batch=args.budget if packed else 0, lora=lora)
     actor = ActorEngine(model_dir, cfg, info, total_optimizer_steps=10 * (args.repeats + 1))
     batch = long_tailed_batch(args.batch, args.min_len, args.max_len, args.seed)
     real = float(batch.attention_mask.sum())
     res = {"layout": layout, "real_tokens": real, "padded_tokens": float(batch.attention_mask.numel()),
-           "micro_batches": len(actor.micro_batch_rows(batch))}
+           "micro_batches": len(actor.micro_batch_rows(batch)),
+           "trainable_params": sum(p.numel() for p in actor.module.parameters() if p.requires_grad)}
     with PeakRSS() as mem:
         times = _timed(lambda: actor.forward_logprobs(batch), args.repeats)
     res["forward"] = {"tokens_per_s": real / statistics.median(times), "s": times, "peak_mib": mem.mib}
@@ -165,22 +173,47 @@ def main(argv=None) -> dict:
         for size in args.models.split(","):
             model_dir = os.path.join(tmp, size)
             n_params = count_params(make_model(size, None, model_dir, max_position_embeddings=args.max_len + 64))
-            runs = {"padded": [], "packed": []}
-            for _ in range(args.rounds):  # A B A B: drift in machine load hits both layouts alike
-                for lay in runs:
-                    runs[lay].append(_spawn(model_dir, lay, argv))
-            row = {"params": n_params, **{lay: _merge_rounds(r) for lay, r in runs.items()}}
-            for phase in ("forward", "train_step"):
-                pad, pk = row["padded"][phase], row["packed"][phase]
-                row[phase + "_speedup"] = pk["tokens_per_s"] / pad["tokens_per_s"]
-                row[phase + "_memory_ratio"] = pk["peak_mib"] / max(pad["peak_mib"], 1e-9)
+            lora_ranks = [int(r) for r in args.lora_ranks.split(",") if r.strip()]
+            variants = ["packed"] + [f"lora{r}" for r in lora_ranks] if lora_ranks else ["padded", "packed"]
+            runs = {v: [] for v in variants}
+            for _ in range(args.rounds):  # A B A B: drift in machine load hits every variant alike
+                for v in runs:
+                    runs[v].append(_spawn(model_dir, v, argv))
+            row = {"params": n_params, **{v: _merge_rounds(r) for v, r in runs.items()}}
+            if lora_ranks:
+                for v in variants[1:]:
+                    row[v + "_vs_full"] = _ratios(row["packed"], row[v])
+                _print_lora(size, row, variants)
+            else:
+                row.update(_ratios(row["padded"], row["packed"]))
+                _print_row(size, row)
             results["models"][size] = row
-            _print_row(size, row)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     return results
+
+
+def _ratios(base: dict, other: dict) -> dict:
+    """``other`` against ``base``: tokens/s speed-up and peak-memory ratio per phase."""
+    out = {}
+    for phase in ("forward", "train_step"):
+        out[phase + "_speedup"] = other[phase]["tokens_per_s"] / base[phase]["tokens_per_s"]
+        out[phase + "_memory_ratio"] = other[phase]["peak_mib"] / max(base[phase]["peak_mib"], 1e-9)
+    return out
+
+
+def _print_lora(size: str, row: dict, variants: list[str]) -> None:
+    print(f"\n{size}: {row['params'] / 1e6:.1f}M params | {row['packed']['real_tokens']:.0f} real tokens, packed")
+    print(f"  {'variant':<9}{'trainable':>11}{'phase':>12}{'tok/s':>9}{'vs full':>9}{'MiB':>8}{'vs full':>9}")
+    for v in variants:
+        for phase in ("forward", "train_step"):
+            r, ratio = row[v][phase], row.get(v + "_vs_full", {})
+            speed = f"{ratio[phase + '_speedup']:.2f}x" if ratio else "1"
+            mem = f"{ratio[phase + '_memory_ratio']:.2f}" if ratio else "1"
+            print(f"  {v:<9}{row[v]['trainable_params'] / 1e6:>10.2f}M{phase:>12}{r['tokens_per_s']:>9.0f}"
+                  f"{speed:>9}{r['peak_mib']:>8.0f}{mem:>9}")
 
 
 def _merge_rounds(rounds: list[dict]) -> dict:

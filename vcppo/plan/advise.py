@@ -121,12 +121,21 @@ def engine_roles(cfg: Config, shapes: Shapes) -> list[tuple[str, object, int, Mo
     out = [("actor", cfg.actor, shapes.policy.params, shapes.policy, True, True)]
     if cfg.algorithm.advantage_estimator == "gae":
         out.append(("critic", cfg.critic, shapes.critic.value_model_params, shapes.critic, True, False))
-    if cfg.algorithm.kl_coef > 0:
+    if cfg.algorithm.kl_coef > 0 and cfg.actor.lora.rank == 0:  # a LoRA actor is its own reference
         out.append(("reference", cfg.reference, shapes.policy.params, shapes.policy, False, True))
     if cfg.reward.model_path:
         out.append(("reward_model", cfg.reward_model, shapes.reward_model.value_model_params,
                     shapes.reward_model, False, False))
     return out
+
+
+def lora_trained(engine_cfg, shape: ModelShape, value_model: bool) -> int | None:
+    """With ``lora`` on: the adapters' parameters, plus a value model's head (what trains); else None."""
+    lora = getattr(engine_cfg, "lora", None)
+    if lora is None or lora.rank == 0:
+        return None
+    head = shape.hidden_size + 1 if value_model else 0
+    return shape.lora_params(lora.rank, lora.target_modules) + head
 
 
 def engine_memory(cfg: Config, shapes: Shapes, train_ranks: int, d: int) -> list[EngineMemory]:
@@ -137,7 +146,8 @@ def engine_memory(cfg: Config, shapes: Shapes, train_ranks: int, d: int) -> list
         largest = shape.largest_module_params
         states = M.model_states(n, largest, train_ranks, stage, d, trained,
                                 offload_optimizer=getattr(ecfg, "offload_optimizer", False),
-                                offload_params=ecfg.offload_params)
+                                offload_params=ecfg.offload_params,
+                                trained_params=lora_trained(ecfg, shape, value_model=not lm_head))
         tokens = micro_batch_tokens(ecfg, prompt + response)
         answer_tokens = tokens * response // (prompt + response)
         acts = {ckpt: M.activations(shape, tokens, answer_tokens, d, checkpointing=ckpt, backward=trained,
@@ -208,7 +218,8 @@ def step_time(cfg: Config, shapes: Shapes, cluster: Cluster, engines: list[Engin
     models = [T.TrainedModel(e.role, e.n_params,
                              forward_passes=0 if (e.role == "actor" and from_sampler) else 1,
                              train_passes=sections[e.role].ppo_epochs if e.role in sections else 0,
-                             checkpointing=e.role in sections and sections[e.role].gradient_checkpointing)
+                             checkpointing=e.role in sections and sections[e.role].gradient_checkpointing,
+                             frozen_weights=e.role in sections and sections[e.role].lora.rank > 0)
               for e in engines]
     tokens = responses * (prompt + response / 2)
     training_s = T.training_seconds(models, tokens, cluster.hardware, d, train_gpus, mfu)

@@ -55,7 +55,8 @@ def trained_sections(cfg: Config) -> list[str]:
 
 
 def all_sections(cfg: Config) -> list[str]:
-    return trained_sections(cfg) + (["reference"] if cfg.algorithm.kl_coef > 0 else []) \
+    reference = cfg.algorithm.kl_coef > 0 and cfg.actor.lora.rank == 0  # a LoRA actor is its own reference
+    return trained_sections(cfg) + (["reference"] if reference else []) \
         + (["reward_model"] if cfg.reward.model_path else [])
 
 

@@ -45,25 +45,31 @@ def auto_zero_stage(stage: int | None, ranks: int) -> int:
 
 
 def model_states(n_params: int, largest_module: int, ranks: int, stage: int, dtype_bytes: int,
-                 trained: bool, offload_optimizer: bool = False, offload_params: bool = False) -> ModelStates:
+                 trained: bool, offload_optimizer: bool = False, offload_params: bool = False,
+                 trained_params: int | None = None) -> ModelStates:
     """Per-rank model states of one engine of ``n_params`` parameters under ZeRO ``stage`` over
-    ``ranks`` ranks (see the module docstring for the bytes per parameter)."""
+    ``ranks`` ranks (see the module docstring for the bytes per parameter). ``trained_params``: the
+    parameters that train when not all do (LoRA adapters and heads): only they carry gradients and
+    optimizer states (their weights are counted in ``n_params``)."""
     d = dtype_bytes
     grad = 4 if trained else 0  # fp32 gradient partitions (see the module docstring)
     optim = (8 + (4 if d < 4 else 0)) if trained else 0  # Adam moments (+ the fp32 master copy)
-    share = lambda on: n_params / ranks if on else n_params  # noqa: E731 - partitioned or whole
-    params, grads, opt = d * share(stage >= 3), grad * share(stage >= 2), optim * share(stage >= 1)
+    n_trained = n_params if trained_params is None else trained_params
+    share = lambda on, n=n_params: n / ranks if on else n  # noqa: E731 - partitioned or whole
+    params = d * share(stage >= 3)
+    grads, opt = grad * share(stage >= 2, n_trained), optim * share(stage >= 1, n_trained)
     if trained and stage in (1, 2):
-        grads += d * share(stage >= 2)  # the 16-bit gradients beside the fp32 ones (DeepSpeed's ZeRO-2 count)
+        grads += d * share(stage >= 2, n_trained)  # the 16-bit gradients beside the fp32 ones (DeepSpeed's ZeRO-2 count)
     cpu = 0.0
     if trained and offload_optimizer and stage >= 1:
-        cpu += 4 * share(stage >= 2) + opt  # fp32 gradients and the optimizer states, on the CPU
+        cpu += 4 * share(stage >= 2, n_trained) + opt  # fp32 gradients and the optimizer states, on the CPU
         grads, opt = 0.0, 0.0
     if offload_params and stage == 3:
         cpu += params
         params = 0.0
-    # the gathered module's weights and (in backward) its gradient, both in the model's dtype
-    gather = (d + (d if trained else 0)) * largest_module if stage == 3 else 0.0
+    # the gathered module's weights and (in backward) its gradient, both in the model's dtype; a
+    # frozen module (LoRA's base weights) gets no gradient
+    gather = (d + (d if trained and trained_params is None else 0)) * largest_module if stage == 3 else 0.0
     return ModelStates(params, grads, opt, gather, cpu)
 
 

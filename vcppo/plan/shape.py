@@ -65,6 +65,19 @@ class ModelShape:
         """The backbone plus a scalar head (weight + bias): the critic and the reward model."""
         return self.backbone_params + self.hidden_size + 1
 
+    def linear_widths(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of a decoder layer, by its (Qwen2 / Llama) name."""
+        h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def lora_params(self, rank: int, target_modules: list[str]) -> int:
+        """Adapter parameters of rank ``rank`` on the targeted linear layers of every decoder layer:
+        r x (in + out) per layer (A is r x in, B is out x r); [all-linear] targets all seven."""
+        widths = self.linear_widths()
+        names = list(widths) if list(target_modules) == ["all-linear"] else [t for t in target_modules if t in widths]
+        return self.num_layers * sum(rank * sum(widths[n]) for n in names)
+
     @property
     def largest_module_params(self) -> int:
         """Parameters of the largest single module (what ZeRO-3 gathers whole): the embedding, or

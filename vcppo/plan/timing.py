@@ -14,7 +14,9 @@ lower bound on decode time.
 Training. 6 N FLOPs per token for a forward + backward pass and 2 N for a forward pass (Kaplan et
 al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1; the attention's own s^2 term is left
 out), 2 N more per token when gradient checkpointing recomputes the forward, at ``mfu`` of the
-dense peak, spread evenly over the training GPUs.
+dense peak, spread evenly over the training GPUs. With LoRA the frozen weights get no weight gradients, so backward
+costs 2 N (the input gradients) instead of 4 N: 4 N per token per training pass (the adapters' own
+FLOPs, r (in + out) per layer, are left out).
 
 Not modelled: the CPU Adam step under optimizer offload, the weight sync to vLLM, vLLM's sleep /
 wake, and the optimizer step itself.
@@ -83,10 +85,11 @@ class TrainedModel:
     forward_passes: int        # forward-only passes over the step's tokens (old logprobs, values)
     train_passes: int          # forward + backward passes (PPO epochs)
     checkpointing: bool
+    frozen_weights: bool = False  # LoRA: no weight gradients for the base weights
 
 
 def training_flops(model: TrainedModel, tokens: float) -> float:
-    per_train_pass = (6 + (2 if model.checkpointing else 0)) * model.n_params * tokens
+    per_train_pass = ((4 if model.frozen_weights else 6) + (2 if model.checkpointing else 0)) * model.n_params * tokens
     return model.forward_passes * 2 * model.n_params * tokens + model.train_passes * per_train_pass
 
 
