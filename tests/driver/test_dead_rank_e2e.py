@@ -3,7 +3,10 @@ launcher ends the others: two `vcppo train` ranks started by hand (RANK / WORLD_
 no torchrun, no deepspeed launcher), rank 1 killed during PPO after the step-1 checkpoint. The
 survivor fails at its next collective (gloo: the peer's connection closes) and exits non-zero; every
 checkpoint left is complete and intact, and there is no final export. (A hung but living peer is
-bounded by trainer.collective_timeout_s: tests/engines/test_collective_timeout.py.)"""
+bounded by trainer.collective_timeout_s: tests/engines/test_collective_timeout.py.) The run then
+resumes on the one rank left, and later on two again, each time from a checkpoint written on the
+other number of ranks (vcppo/driver/reshard.py)."""
+import json
 import os
 import signal
 import subprocess
@@ -13,18 +16,21 @@ import time
 import pytest
 
 from tests.conftest import ENV
+from tests.driver.test_exact_resume_e2e import cut_after
 from tests.driver.test_train_e2e import base_overrides
 from tests.gloo_ranks import _free_port
 from vcppo.driver import manifest
 from vcppo.driver.checkpoint import checkpoint_root, list_complete
+from vcppo.engines.deepspeed_engine import lr_lambda_factory
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 
 
-def test_a_killed_rank_ends_its_peer_without_a_launcher_and_leaves_intact_checkpoints(tiny_artifacts, tmp_path):
+def test_a_killed_rank_ends_its_peer_and_the_run_resumes_on_one_rank_then_two(tiny_artifacts, tmp_path):
     args = base_overrides(tiny_artifacts, tmp_path, **{"value_pretrain.enabled": False, "trainer.total_steps": 8,
                                                       "trainer.save_every": 1, "trainer.keep_last": 8,
-                                                      "rollout.max_response_tokens": 32})
+                                                      "rollout.max_response_tokens": 32,
+                                                      "actor.lr_schedule": "cosine"})
     port = str(_free_port())
     ranks = [subprocess.Popen([sys.executable, "-m", "vcppo.cli", "train", "vcppo", *args], cwd=tmp_path,
                               env=dict(ENV, OMP_NUM_THREADS="1", RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
@@ -50,3 +56,42 @@ def test_a_killed_rank_ends_its_peer_without_a_launcher_and_leaves_intact_checkp
     left = list_complete(ckpts)
     assert left and all(manifest.problems(p, 0, 1) == [] for p in left)  # each one whole (one verifier)
     assert not (tmp_path / "vcppo-seed0" / "final").exists()
+
+    # The node does not come back: the run resumes on the one rank left, from the last checkpoint the
+    # two ranks wrote (converted to DeepSpeed's universal format), and then, with the node back, on
+    # two ranks again from a checkpoint the single rank wrote.
+    one = subprocess.run([sys.executable, "-m", "vcppo.cli", "train", "vcppo", *args], cwd=tmp_path,
+                         env=dict(ENV, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "was written by 2 training rank(s), this run has 1" in one.stderr
+    run = tmp_path / "vcppo-seed0"
+    after_one = records(run)
+    assert_contiguous(after_one, 8)
+    keep = {p.name for p in list_complete(ckpts)[:-2]}  # back to a checkpoint the single rank wrote
+    assert max(keep) > left[-1].name
+    cut_after(run, keep, ("ppo", 6))
+    port = str(_free_port())
+    again = [subprocess.Popen([sys.executable, "-m", "vcppo.cli", "train", "vcppo", *args], cwd=tmp_path,
+                              env=dict(ENV, OMP_NUM_THREADS="1", RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    codes = [p.wait(timeout=600) for p in again]
+    err = again[0].stderr.read()
+    assert codes == [0, 0], err[-3000:]
+    assert "was written by 1 training rank(s), this run has 2" in err
+    final = records(run)
+    assert_contiguous(final, 8)
+    # schedules and step counters carried over every change of size: the lr of every step is the
+    # schedule's at that step (cosine: a restarted scheduler would repeat step 1's)
+    schedule = lr_lambda_factory(0, 8, "cosine", 0.0)
+    assert [r["actor/lr"] for r in final if r["phase"] == "ppo"] == pytest.approx([1e-4 * schedule(s) for s in range(8)])
+    assert (run / "final" / "actor" / "config.json").is_file()
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_contiguous(recs, steps):
+    """PPO steps 1..steps, each logged once."""
+    assert [r["step"] for r in recs if r["phase"] == "ppo"] == list(range(1, steps + 1))

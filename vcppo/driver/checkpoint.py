@@ -115,17 +115,6 @@ def _rng_file(directory: Path, rank: int) -> Path:
     return directory / f"rng_rank{rank}.json"
 
 
-def check_same_world_size(point: Path, world_size: int) -> None:
-    """A checkpoint resumes only on as many training ranks as wrote it (one RNG file each): ZeRO
-    shards and RNG streams are per rank. Said before any engine starts, not as DeepSpeed's traceback."""
-    wrote = len({p.stem for p in point.glob("rng_rank*.*")})  # .json, or an older checkpoint's .pt
-    if wrote and wrote != world_size:
-        raise CheckpointError(f"checkpoint {point} was written by {wrote} training rank(s) and this run has "
-                              f"{world_size}: a run resumes only on the number of ranks that checkpointed it. "
-                              f"Relaunch on {wrote} rank(s), or start a new run (trainer.resume=never, or "
-                              "another trainer.run_name)")
-
-
 def write_rank_files(stage: Path, rank: int) -> None:
     stage.mkdir(parents=True, exist_ok=True)
     _rng_file(stage, rank).write_text(json.dumps(rng_state()))
@@ -282,11 +271,14 @@ def rewind_metrics(run_dir: Path, state: RunState) -> set[tuple]:
     return sent
 
 
-def load_state(ckpt: Path, rank: int) -> RunState:
+def load_state(ckpt: Path, rank: int, restore_rng: bool = True) -> RunState:
     """The run state, with this rank's RNG states restored (a missing RNG file is reported: the
-    run continues, but no longer bit-exact)."""
+    run continues, but no longer bit-exact). ``restore_rng`` False: on another number of ranks, the
+    per-rank streams do not carry over (the seeded ones stay)."""
     state = RunState(**json.loads((ckpt / "state.json").read_text()))
     rng_file, legacy = _rng_file(ckpt, rank), ckpt / f"rng_rank{rank}.pt"
+    if not restore_rng:
+        return state
     if rng_file.exists():
         try:
             set_rng_state(json.loads(rng_file.read_text()))

@@ -20,8 +20,8 @@ import torch
 
 from vcppo.config import save_config, to_dict
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
-from vcppo.driver.checkpoint import (check_same_world_size, find_resume_point, peek_state,
-                                     rewind_metrics)
+from vcppo.driver import reshard
+from vcppo.driver.checkpoint import find_resume_point, peek_state, rewind_metrics
 from vcppo.driver.model_reward import ModelReward
 from vcppo.driver.teardown import close_parts
 from vcppo.driver.timeline import Timeline
@@ -120,6 +120,8 @@ class RunContext:
     reward_model: ModelReward | None = None  # reward.model_path: scores on the training ranks
     run_lock: IO | None = None   # main rank: the run directory's lock (driver/run_lock.py)
     resume_point: Path | None = None  # the verified checkpoint the run continues from (None: fresh)
+    # resuming on another number of ranks: {engine role: its checkpoint in DeepSpeed's universal format}
+    universal_checkpoints: dict = dataclasses.field(default_factory=dict)
     timeline: Timeline = dataclasses.field(default_factory=lambda: Timeline(None, "both"))
 
     @classmethod
@@ -150,8 +152,9 @@ class RunContext:
             # verified here, before the engines start: a damaged checkpoint is skipped (or named)
             point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
                                       gather=D.all_gather_object)
-            if point is not None:
-                check_same_world_size(point, dist.world_size)
+            # written on another number of training ranks: engine checkpoints converted for this one
+            universal = reshard.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, D.all_gather_object) \
+                if point is not None else {}
             resumed = peek_state(point) if point is not None else None
             # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
             own = point is not None and point.resolve().parent == (run_dir / "checkpoints").resolve()
@@ -175,7 +178,7 @@ class RunContext:
                        rollout=engines.rollout, actor=engines.actor, critic=engines.critic,
                        reference=engines.reference, log=log, critic_from_cache=engines.critic_from_cache,
                        reward_model=reward_model,
-                       run_lock=held, resume_point=point,
+                       run_lock=held, resume_point=point, universal_checkpoints=universal,
                        timeline=Timeline(run_dir if cfg.logging.timeline else None, dist.role))
         except BaseException:
             release(held)

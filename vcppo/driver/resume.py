@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from vcppo.driver import checkpoint as ckpt
-from vcppo.driver import manifest
+from vcppo.driver import manifest, reshard
 from vcppo.driver.context import RunContext
 from vcppo.driver.sources import ExperienceSource
 from vcppo.engines import dist as D
@@ -53,12 +53,22 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
     if point is None:
         return ckpt.RunState(phase=first_phase)
     ctx.log.info(f"resuming from {point}")
-    state = ckpt.load_state(point, ctx.dist.rank)
-    for engine in (ctx.actor, ctx.critic):  # nothing in a checkpoint directory may run code
-        if engine is not None:
-            use_weights_only_loading(engine.engine)
-    if (point / "actor").exists():
-        ctx.actor.load_checkpoint(str(point / "actor"))
-    if ctx.critic is not None:
-        ctx.critic.load_checkpoint(str(point / "critic"))
+    universal = ctx.universal_checkpoints
+    resharded = reshard.written_world_size(point) not in (None, ctx.dist.world_size)
+    if resharded:
+        ctx.log.info(f"the checkpoint was written by {reshard.written_world_size(point)} training rank(s), this run "
+                     f"has {ctx.dist.world_size}: weights, optimizer states, schedules and the data position carry "
+                     f"over ({', '.join(universal) or 'no engine'} through DeepSpeed's universal checkpoint); "
+                     "per-rank RNG streams do not, so sampling starts from the run's seed")
+    state = ckpt.load_state(point, ctx.dist.rank, restore_rng=not resharded)
+    for role in ("actor", "critic"):
+        engine = getattr(ctx, role)
+        if engine is None or not (point / role).exists():
+            continue
+        use_weights_only_loading(engine.engine)  # nothing in a checkpoint directory may run code
+        if role in universal:
+            with reshard.weights_only_loading():  # DeepSpeed's universal reader calls torch.load itself
+                engine.load_checkpoint(str(universal[role]), universal=True)
+        else:
+            engine.load_checkpoint(str(point / role))
     return state

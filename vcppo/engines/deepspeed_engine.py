@@ -488,7 +488,10 @@ class DeepSpeedModelEngine:
         os.makedirs(directory, exist_ok=True)
         self.engine.save_checkpoint(directory, tag="ds", save_latest=True)
 
-    def load_checkpoint(self, directory: str) -> None:
+    def load_checkpoint(self, directory: str, universal: bool = False) -> None:
+        """``universal``: ``directory`` holds DeepSpeed's universal checkpoint (written on another
+        number of ranks, converted by :mod:`vcppo.driver.reshard`); each rank takes its partition."""
+        self.engine._config.load_universal_checkpoint = universal  # read by DeepSpeed at load time only
         path, _ = self.engine.load_checkpoint(directory, tag="ds", load_optimizer_states=self.optimizer is not None,
                                               load_lr_scheduler_states=self.optimizer is not None)
         if path is None:

@@ -25,10 +25,17 @@ def deepspeed_state_types() -> list:
     return [ZeroStageEnum, LossScaler, DynamicLossScaler]
 
 
+def allow_deepspeed_state_types() -> None:
+    """Allow DeepSpeed's own state classes in every ``weights_only`` load of the process. Process-wide
+    on purpose: torch's ``safe_globals`` context removes its classes on exit even when an enclosing
+    context had allowed them, so nested loads (a universal checkpoint's) would lose them."""
+    torch.serialization.add_safe_globals(deepspeed_state_types())
+
+
 def load_weights_only(path: str, map_location=None):
     """``torch.load`` of a DeepSpeed state file that never runs code from the file."""
-    with torch.serialization.safe_globals(deepspeed_state_types()):
-        return torch.load(path, map_location=map_location, weights_only=True)
+    allow_deepspeed_state_types()
+    return torch.load(path, map_location=map_location, weights_only=True)
 
 
 class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):

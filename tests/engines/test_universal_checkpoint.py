@@ -1,0 +1,45 @@
+"""A ZeRO-3 checkpoint written on 2 ranks, converted to DeepSpeed's universal format
+(vcppo/driver/reshard.py), continues on 1 rank (and one written on 1 rank on 2) with the same next
+step as the writer's own continuation: weights, Adam's moments, the LR schedule and the step counter
+carried over."""
+import os
+import sys
+
+import pytest
+import torch
+
+from tests.engines.test_distributed import HERE, VENV_BIN, _free_port, _run
+from vcppo.driver.reshard import convert_engine
+from vcppo.driver import manifest
+
+pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
+
+
+def _worker(model, out, mode, ranks):
+    script = [os.path.join(HERE, "reshard_worker.py"), "--model", model, "--out", str(out), "--mode", mode]
+    if ranks == 1:
+        _run([sys.executable, *script])
+    else:
+        _run([os.path.join(VENV_BIN, "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(_free_port()),
+              *script])
+
+
+def _convert(out):
+    ckpt = out / "ckpt"
+    manifest.write_manifest(ckpt, [manifest.hash_share(ckpt)])  # as a sealed run checkpoint lists its files
+    for role in ("actor", "critic"):
+        convert_engine(ckpt, role, out / "universal" / role)
+
+
+@pytest.mark.parametrize("wrote, resumes", [(2, 1)])  # 1 -> 2: tests/driver/test_dead_rank_e2e.py
+def test_a_checkpoint_continues_on_another_number_of_ranks(tiny_model_dir, tmp_path, wrote, resumes):
+    _worker(tiny_model_dir, tmp_path, "save", wrote)
+    _convert(tmp_path)
+    _worker(tiny_model_dir, tmp_path, "load", resumes)
+    for role in ("actor", "critic"):
+        want = torch.load(tmp_path / f"save_{role}_w{wrote}.pt")
+        got = torch.load(tmp_path / f"load_{role}_w{resumes}.pt")
+        assert got["steps"] == want["steps"] == 3 and got["lr"] == pytest.approx(want["lr"])
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+        for name, w in want["weights"].items():  # the third step, from Adam's carried moments
+            assert (got["weights"][name] - w).abs().max() < 1e-6, (role, name)
