@@ -115,8 +115,8 @@ def _bench_model(model: str, args, info) -> dict:
         res[f"{mode}_decode_tok_per_s"] = statistics.median(speeds[mode])
     res["adapter_over_merged_sync"] = res["adapter_sync_s"] / res["merged_sync_s"]
     res["adapter_over_merged_decode"] = res["adapter_decode_tok_per_s"] / res["merged_decode_tok_per_s"]
-    for engine in engines.values():
-        engine.close()
+    # vLLM engines stay open until the process ends: shutting one down mid-process leaves DeepSpeed's
+    # cached process groups dangling for the next model's engines
     return res
 
 
