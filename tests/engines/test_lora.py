@@ -95,6 +95,11 @@ def test_merged_and_adapter_exports_load_in_transformers(info, tiny_model_dir, t
         "README.md", "adapter_config.json", "adapter_model.safetensors"]
     peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(tmp_path / "adapter"))
     assert (_hf_logprobs(peft, batch) - ours).abs().max() < 1e-5
+    # vLLM loads the merged export from disk (the adapter directory: test_vllm_samples_the_updated_actor_exactly)
+    from_disk = _rollout(info, str(tmp_path / "merged"))  # left open: closed with the module's process group
+    fresh = from_disk.generate(PROMPTS, n=2, temperature=1.0, top_p=1.0, max_tokens=12, seed=3)
+    lp, _ = actor.forward_logprobs(_batch(fresh))
+    assert (lp - _vllm_logprobs(fresh, lp)).abs().max() < LOGPROB_TOL
 
 
 def test_reference_is_the_actor_without_adapters(info, tiny_model_dir, trained):
