@@ -22,12 +22,12 @@ from vcppo.config import save_config, to_dict
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver import reshard
 from vcppo.driver.checkpoint import find_resume_point, peek_state, rewind_metrics
+from vcppo.driver.engines import build_engines
 from vcppo.driver.model_reward import ModelReward
 from vcppo.driver.teardown import close_parts
 from vcppo.driver.timeline import Timeline
 from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
 from vcppo.engines import dist as D
-from vcppo.driver.engines import build_engines
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.critic import CriticEngine
 from vcppo.engines.dist import DistInfo
