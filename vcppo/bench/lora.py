@@ -62,15 +62,11 @@ def _adapted_actor(model: str, rank: int, prompts: list, info):
 
 
 def _max_logprob_gap(actor, samples) -> float:
-    import torch
-
+    from vcppo.engines.rollout import sampled_logprobs_layout
     from vcppo.experience import make_layout
     batch = make_layout([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id=0)
     ours, _ = actor.forward_logprobs(batch)
-    theirs = torch.zeros_like(ours)
-    for i, s in enumerate(samples):
-        theirs[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
-    return float((ours - theirs).abs().max())
+    return float((ours - sampled_logprobs_layout(samples, ours.shape[1])).abs().max())
 
 
 def _bench_model(model: str, args, info) -> dict:

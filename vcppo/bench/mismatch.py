@@ -60,7 +60,6 @@ def _prompts(args, vocab: int) -> list[list[int]]:
 def measure(args) -> dict:
     """One dtype (``args.worker``) in this process: sample with vLLM, score with the actor."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import torch
     from transformers import AutoConfig
 
     from vcppo.algos.mismatch import mismatch_stats, tis_weights
@@ -78,14 +77,13 @@ def measure(args) -> dict:
     samples = rollout.generate(prompts, n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1)
     t_sample = time.perf_counter() - t0
     from vcppo.engines.actor import ActorEngine  # after vLLM: its start-up scan must precede numba/llvmlite
+    from vcppo.engines.rollout import sampled_logprobs_layout
     from vcppo.experience import make_layout
     actor = ActorEngine(args.model, ActorConfig(micro_batch_size=16), info, total_optimizer_steps=1, dtype=dtype,
                         train=False)
     batch = make_layout([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id=0,
                             device=info.device)
-    sampler = torch.zeros_like(batch.response_mask)
-    for i, s in enumerate(samples):
-        sampler[i, :len(s.logprobs)] = torch.tensor(s.logprobs, dtype=torch.float32)
+    sampler = sampled_logprobs_layout(samples, batch.responses.shape[1], info.device)
     t1 = time.perf_counter()
     trainer, _ = actor.forward_logprobs(batch)
     t_score = time.perf_counter() - t1

@@ -29,11 +29,10 @@ from pathlib import Path
 
 from vcppo.driver import manifest
 from vcppo.driver.checkpoint import CheckpointError
-from vcppo.engines.deepspeed_engine import checkpoint_zero_stage, resolve_zero_stage
+from vcppo.engines.deepspeed_engine import CHECKPOINT_TAG, checkpoint_zero_stage, resolve_zero_stage
 from vcppo.engines.safe_checkpoint import allow_deepspeed_state_types
 
 ROLES = ("actor", "critic")
-TAG = "ds"  # the tag every engine checkpoint is saved under (DeepSpeedModelEngine.save_checkpoint)
 
 
 def written_world_size(point: Path) -> int | None:
@@ -80,12 +79,13 @@ def convert_engine(point: Path, role: str, out_dir: Path) -> Path:
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    args = argparse.Namespace(input_folder=str(point / role / TAG), output_folder=str(tmp / TAG),
+    args = argparse.Namespace(input_folder=str(point / role / CHECKPOINT_TAG),
+                              output_folder=str(tmp / CHECKPOINT_TAG),
                               num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
                               inject_missing_state=False)
     with weights_only_loading():
         ds_to_universal.main(args)
-    (tmp / "latest").write_text(TAG)
+    (tmp / "latest").write_text(CHECKPOINT_TAG)
     os.replace(tmp, out_dir)
     return out_dir
 

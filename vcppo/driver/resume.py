@@ -54,9 +54,10 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
         return ckpt.RunState(phase=first_phase)
     ctx.log.info(f"resuming from {point}")
     universal = ctx.universal_checkpoints
-    resharded = reshard.written_world_size(point) not in (None, ctx.dist.world_size)
+    wrote = reshard.written_world_size(point)
+    resharded = wrote not in (None, ctx.dist.world_size)
     if resharded:
-        ctx.log.info(f"the checkpoint was written by {reshard.written_world_size(point)} training rank(s), this run "
+        ctx.log.info(f"the checkpoint was written by {wrote} training rank(s), this run "
                      f"has {ctx.dist.world_size}: weights, optimizer states, schedules and the data position carry "
                      f"over ({', '.join(universal) or 'no engine'} through DeepSpeed's universal checkpoint); "
                      "per-rank RNG streams do not, so sampling starts from the run's seed")

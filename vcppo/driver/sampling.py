@@ -6,7 +6,7 @@ import torch
 
 from vcppo.engines.dist import DistInfo, all_gather_object
 from vcppo.engines.packing import balanced_partitions, sequence_lengths
-from vcppo.engines.rollout import RolloutEngine
+from vcppo.engines.rollout import RolloutEngine, sampled_logprobs_layout
 from vcppo.engines.rollout_groups import RolloutGroups, contiguous_share
 from vcppo.experience import Rollout, compact, concat_batches, last_token_rewards, make_layout
 from vcppo.rewards.routing import data_source_of
@@ -61,11 +61,7 @@ def collect_rollout(rows: list[dict], first_index: int, *, rollout: RolloutEngin
         sources = [data_source_of(rows[s.prompt_index]["answer"]) for s in samples]
         has_rule = torch.tensor([src in scorer.functions_by_source for src in sources], dtype=torch.float32,
                                 device=device)
-    sampler_logprobs = None
-    if logprobs:
-        sampler_logprobs = torch.zeros(B, R, dtype=torch.float32, device=device)
-        for i, s in enumerate(samples):
-            sampler_logprobs[i, :len(s.logprobs)] = torch.tensor(s.logprobs, dtype=torch.float32)
+    sampler_logprobs = sampled_logprobs_layout(samples, R, device) if logprobs else None
     return Rollout(**layout.layout_fields(), scores=score_t, token_rewards=token_rewards,
                    group=torch.tensor([first_index + s.prompt_index for s in samples], device=device),
                    correct=torch.tensor(correct, dtype=torch.float32, device=device),

@@ -46,11 +46,14 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
+CHECKPOINT_TAG = "ds"  # the tag every engine checkpoint is saved and loaded under
+
+
 def checkpoint_zero_stage(directory: str) -> int | None:
     """The ZeRO stage a DeepSpeed checkpoint (``save_checkpoint``'s layout) was written with, read
     from its file names: ZeRO-3 keeps per-rank model states, ZeRO-1/2 per-rank optimizer states next
     to one model-states file, stage 0 only that file. None: no checkpoint there."""
-    ds = os.path.join(directory, "ds")
+    ds = os.path.join(directory, CHECKPOINT_TAG)
     names = os.listdir(ds) if os.path.isdir(ds) else []
     if any(n.startswith("zero_pp_rank_") and n.endswith("_model_states.pt") for n in names):
         return 3
@@ -486,13 +489,13 @@ class DeepSpeedModelEngine:
         refused (:class:`NonFiniteError`) when a weight is non-finite."""
         self.check_finite_weights(f"checkpoint {directory}")
         os.makedirs(directory, exist_ok=True)
-        self.engine.save_checkpoint(directory, tag="ds", save_latest=True)
+        self.engine.save_checkpoint(directory, tag=CHECKPOINT_TAG, save_latest=True)
 
     def load_checkpoint(self, directory: str, universal: bool = False) -> None:
         """``universal``: ``directory`` holds DeepSpeed's universal checkpoint (written on another
         number of ranks, converted by :mod:`vcppo.driver.reshard`); each rank takes its partition."""
         self.engine._config.load_universal_checkpoint = universal  # read by DeepSpeed at load time only
-        path, _ = self.engine.load_checkpoint(directory, tag="ds", load_optimizer_states=self.optimizer is not None,
+        path, _ = self.engine.load_checkpoint(directory, tag=CHECKPOINT_TAG, load_optimizer_states=self.optimizer is not None,
                                               load_lr_scheduler_states=self.optimizer is not None)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {directory}")

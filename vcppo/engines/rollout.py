@@ -161,6 +161,15 @@ def _restore_rng(worker) -> None:
     worker._vcppo_rng = None
 
 
+def sampled_logprobs_layout(samples: list[RolloutSample], width: int, device=None) -> torch.Tensor:
+    """(len(samples), width) float32: each sample's sampled-token logprobs, left-aligned like its
+    response in a layout, zero past its end."""
+    out = torch.zeros(len(samples), width, dtype=torch.float32, device=device)
+    for i, s in enumerate(samples):
+        out[i, :len(s.logprobs)] = torch.tensor(s.logprobs, dtype=torch.float32)
+    return out
+
+
 def _sampled_logprobs(logprobs) -> list[float]:
     """The sampled token's logprob per position. With ``logprobs=0`` and ``flat_logprobs`` vLLM
     keeps exactly that one entry per position in ``FlatLogprobs.logprobs``."""

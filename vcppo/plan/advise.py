@@ -116,12 +116,18 @@ def micro_batch_tokens(engine_cfg, max_sequence: int) -> int:
     return engine_cfg.micro_batch_size * max_sequence
 
 
+def builds_reference(cfg: Config) -> bool:
+    """A reference engine of its own: a KL is on and the actor has no LoRA (a LoRA actor with its
+    adapters off is the reference)."""
+    return cfg.algorithm.kl_coef > 0 and cfg.actor.lora.rank == 0
+
+
 def engine_roles(cfg: Config, shapes: Shapes) -> list[tuple[str, object, int, ModelShape, bool, bool]]:
     """(role, its config section, parameters, shape, trained, has an LM head) of every engine the run builds."""
     out = [("actor", cfg.actor, shapes.policy.params, shapes.policy, True, True)]
     if cfg.algorithm.advantage_estimator == "gae":
         out.append(("critic", cfg.critic, shapes.critic.value_model_params, shapes.critic, True, False))
-    if cfg.algorithm.kl_coef > 0 and cfg.actor.lora.rank == 0:  # a LoRA actor is its own reference
+    if builds_reference(cfg):
         out.append(("reference", cfg.reference, shapes.policy.params, shapes.policy, False, True))
     if cfg.reward.model_path:
         out.append(("reward_model", cfg.reward_model, shapes.reward_model.value_model_params,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import yaml
 
 from vcppo.plan import memory as M
-from vcppo.plan.advise import Cluster, Plan, Shapes, plan_run, rollout_share
+from vcppo.plan.advise import Cluster, Plan, Shapes, builds_reference, plan_run, rollout_share
 from vcppo.schema import Config
 
 MAX_NODES = 64
@@ -55,8 +55,7 @@ def trained_sections(cfg: Config) -> list[str]:
 
 
 def all_sections(cfg: Config) -> list[str]:
-    reference = cfg.algorithm.kl_coef > 0 and cfg.actor.lora.rank == 0  # a LoRA actor is its own reference
-    return trained_sections(cfg) + (["reference"] if reference else []) \
+    return trained_sections(cfg) + (["reference"] if builds_reference(cfg) else []) \
         + (["reward_model"] if cfg.reward.model_path else [])
 
 
