@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo bench docs clean
+.PHONY: install test test-fast test-faults demo bench docs clean
 
 install: $(VENV)/.vcppo-installed
 
@@ -18,7 +18,12 @@ $(VENV)/.vcppo-installed: setup.py scripts/install.sh
 # time is processes starting vLLM and DeepSpeed, which two cores overlap.
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not faults" $(PYTEST_ARGS)
+
+# Every preset's path killed at its own point on 2 ranks, then resumed (tests/driver/test_multirank_faults_e2e.py;
+# `make test` keeps one of them).
+test-faults: install
+	$(PY) -m pytest -m faults $(PYTEST_ARGS)
 
 # The edit-test loop: unit tests on fakes and plain tensors, no real engine, no second rank
 # (under 2 minutes on the 2-core CPU machine). `make test` runs these and the rest.

@@ -39,4 +39,9 @@ import vcppo
 print(f"[install] ok: torch {torch.__version__}, transformers {transformers.__version__}, "
       f"deepspeed {deepspeed.__version__}, vllm {vllm.__version__}, vcppo {vcppo.__version__}")
 PY
+if [ "$device" = cpu ]; then
+  # DeepSpeed's CPU backend compiles its shared-memory collective the first time a run has several
+  # ranks; compile it here so that no first multi-rank run (or test) waits on the build.
+  "$VENV/bin/python" -c 'from vcppo.engines.dist import build_cpu_collective as b; print(f"[install] built {b()}")'
+fi
 touch "$VENV/.vcppo-installed"

@@ -21,7 +21,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The longest test files (seconds each under `make test`'s two workers), collected first: pytest-xdist's
 # loadfile hands files out in collection order, and starting the longest first keeps one worker from
 # running a long file alone at the end (longest-first scheduling).
-LONGEST_FIRST = ("tests/test_demo.py", "tests/driver/test_dead_rank_e2e.py", "tests/driver/test_bpe_e2e.py",
+LONGEST_FIRST = ("tests/test_demo.py", "tests/driver/test_bpe_e2e.py", "tests/driver/test_multirank_faults_e2e.py",
+                 "tests/driver/test_dead_rank_e2e.py",
                  "tests/driver/test_exact_resume_e2e.py",
                  "tests/driver/test_split_e2e.py", "tests/driver/test_train_e2e.py", "tests/bench/test_bench.py",
                  "tests/engines/test_nonfinite.py", "tests/launch/test_launch.py", "tests/engines/test_distributed.py",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import sys
+import traceback
 
 from vcppo.schema import ConfigError
 
@@ -85,7 +86,16 @@ def entry() -> None:
     multi-rank run cannot turn into an abort after its work is done (dist.exit_process)."""
     from vcppo.engines import lifetime
     lifetime.mark_ends_after_command()
-    code = main()
+    try:
+        code = main()
+    except Exception as error:
+        dist = sys.modules.get("vcppo.engines.dist")
+        hint = dist.peer_loss_hint(error) if dist is not None else None
+        if hint is None:
+            raise
+        traceback.print_exc()
+        print(f"[vcppo] {hint}", file=sys.stderr, flush=True)
+        dist.exit_process(1)
     dist = sys.modules.get("vcppo.engines.dist")  # only loaded by commands that start engines
     if dist is None:
         sys.exit(code)

@@ -1,14 +1,12 @@
 """A rank that dies (SIGKILL, as the OOM killer or a lost node does) ends the job even where no
 launcher ends the others: two `vcppo train` ranks started by hand (RANK / WORLD_SIZE / MASTER_PORT,
-no torchrun, no deepspeed launcher), rank 1 killed during PPO after the step-1 checkpoint. The
+no torchrun, no deepspeed launcher), rank 1 killed as PPO step 2's actor update starts (tests/kill_at.py). The
 survivor fails at its next collective (gloo: the peer's connection closes) and exits non-zero; every
 checkpoint left is complete and intact, and there is no final export. (A hung but living peer is
 bounded by trainer.collective_timeout_s: tests/engines/test_collective_timeout.py.) The run then
 resumes on the one rank left, and later on two again, each time from a checkpoint written on the
 other number of ranks (vcppo/driver/reshard.py)."""
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,8 +15,8 @@ import pytest
 
 from tests.conftest import ENV
 from tests.driver.test_exact_resume_e2e import cut_after
+from tests.driver.test_multirank_faults_e2e import start_two_ranks
 from tests.driver.test_train_e2e import base_overrides
-from tests.gloo_ranks import _free_port
 from vcppo.driver import manifest
 from vcppo.driver.checkpoint import checkpoint_root, list_complete
 from vcppo.engines.deepspeed_engine import lr_lambda_factory
@@ -27,22 +25,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow
 
 
 def test_a_killed_rank_ends_its_peer_and_the_run_resumes_on_one_rank_then_two(tiny_artifacts, tmp_path):
-    args = base_overrides(tiny_artifacts, tmp_path, **{"value_pretrain.enabled": False, "trainer.total_steps": 8,
+    args = base_overrides(tiny_artifacts, tmp_path, **{"value_pretrain.enabled": False, "trainer.total_steps": 4,
                                                       "trainer.save_every": 1, "trainer.keep_last": 8,
                                                       "rollout.max_response_tokens": 32,
                                                       "actor.lr_schedule": "cosine"})
-    port = str(_free_port())
-    ranks = [subprocess.Popen([sys.executable, "-m", "vcppo.cli", "train", "vcppo", *args], cwd=tmp_path,
-                              env=dict(ENV, OMP_NUM_THREADS="1", RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    # rank 1 dies as PPO step 2 starts its actor update, after the step-1 checkpoint
+    ranks = start_two_ranks(["train", "vcppo", *args], tmp_path, kill=(1, "update"))
     ckpts = checkpoint_root(tmp_path / "vcppo-seed0")
     try:
-        deadline = time.time() + 600
-        while time.time() < deadline and not list_complete(ckpts) and ranks[0].poll() is None:
-            time.sleep(0.05)
-        assert ranks[0].poll() is None and ranks[1].poll() is None, "a rank ended before the kill"
-        os.kill(ranks[1].pid, signal.SIGKILL)
+        assert ranks[1].wait(timeout=600) == -9
         killed_at = time.time()
         code = ranks[0].wait(timeout=120)
         waited = time.time() - killed_at
@@ -50,11 +41,11 @@ def test_a_killed_rank_ends_its_peer_and_the_run_resumes_on_one_rank_then_two(ti
         for proc in ranks:
             if proc.poll() is None:
                 proc.kill()
-    stderr = ranks[0].stderr.read()
+    stderr = (tmp_path / "rank0.killed.err").read_text()
     assert code != 0 and waited < 60, (code, waited, stderr[-3000:])
     assert "Connection reset by peer" in stderr or "Connection closed by peer" in stderr, stderr[-3000:]
     left = list_complete(ckpts)
-    assert left and all(manifest.problems(p, 0, 1) == [] for p in left)  # each one whole (one verifier)
+    assert [p.name for p in left] == ["step_000001"] and manifest.problems(left[0], 0, 1) == []
     assert not (tmp_path / "vcppo-seed0" / "final").exists()
 
     # The node does not come back: the run resumes on the one rank left, from the last checkpoint the
@@ -66,25 +57,21 @@ def test_a_killed_rank_ends_its_peer_and_the_run_resumes_on_one_rank_then_two(ti
     assert "was written by 2 training rank(s), this run has 1" in one.stderr
     run = tmp_path / "vcppo-seed0"
     after_one = records(run)
-    assert_contiguous(after_one, 8)
+    assert_contiguous(after_one, 4)
     keep = {p.name for p in list_complete(ckpts)[:-2]}  # back to a checkpoint the single rank wrote
-    assert max(keep) > left[-1].name
-    cut_after(run, keep, ("ppo", 6))
-    port = str(_free_port())
-    again = [subprocess.Popen([sys.executable, "-m", "vcppo.cli", "train", "vcppo", *args], cwd=tmp_path,
-                              env=dict(ENV, OMP_NUM_THREADS="1", RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    assert keep == {"step_000001", "step_000002"}
+    cut_after(run, keep, ("ppo", 2))
+    again = start_two_ranks(["train", "vcppo", *args], tmp_path)
     codes = [p.wait(timeout=600) for p in again]
-    err = again[0].stderr.read()
+    err = (tmp_path / "rank0.run.err").read_text()
     assert codes == [0, 0], err[-3000:]
     assert "was written by 1 training rank(s), this run has 2" in err
     final = records(run)
-    assert_contiguous(final, 8)
+    assert_contiguous(final, 4)
     # schedules and step counters carried over every change of size: the lr of every step is the
     # schedule's at that step (cosine: a restarted scheduler would repeat step 1's)
-    schedule = lr_lambda_factory(0, 8, "cosine", 0.0)
-    assert [r["actor/lr"] for r in final if r["phase"] == "ppo"] == pytest.approx([1e-4 * schedule(s) for s in range(8)])
+    schedule = lr_lambda_factory(0, 4, "cosine", 0.0)
+    assert [r["actor/lr"] for r in final if r["phase"] == "ppo"] == pytest.approx([1e-4 * schedule(s) for s in range(4)])
     assert (run / "final" / "actor" / "config.json").is_file()
 
 

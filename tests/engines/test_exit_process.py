@@ -66,3 +66,13 @@ def test_rollout_close_skips_vllms_shutdown_only_at_the_end_of_a_process(monkeyp
         shutdown=lambda: shutdowns.append(1))))
     engine.close(final=final)
     assert engine.llm is None and shutdowns == ([] if skipped else [1])
+
+
+def test_a_peer_that_died_is_named_as_the_cause_and_other_errors_pass_through(monkeypatch):
+    from vcppo.engines import dist
+    monkeypatch.setenv("RANK", "1")
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:31635.")
+    hint = dist.peer_loss_hint(gloo)
+    assert hint.startswith("rank 1 stopped because another rank of the job died") and "same command" in hint
+    assert dist.peer_loss_hint(RuntimeError("CUDA out of memory")) is None
+    assert dist.peer_loss_hint(ValueError("bad row 3")) is None

@@ -49,3 +49,16 @@ def test_one_cpu_rank_does_not_build_the_shm_collective(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "world 1 sum 3.0 shm False" in out.stdout
     assert not list(tmp_path.rglob("*.so")), "the shm op was compiled for one rank"
+
+
+def test_the_install_built_the_cpu_collective_into_this_environment():
+    """scripts/install.sh compiles the shm op, so no first multi-rank CPU run waits ~25 s on it."""
+    from pathlib import Path
+
+    import torch
+    ours = Path(sys.prefix) / "torch_extensions"
+    if torch.cuda.is_available() or not (Path(sys.prefix) / ".vcppo-installed").exists():
+        pytest.skip("only a CPU environment made by scripts/install.sh")
+    if os.environ.get("TORCH_EXTENSIONS_DIR", str(ours)) != str(ours):
+        pytest.skip("TORCH_EXTENSIONS_DIR is the user's: the op is built there on first use")
+    assert list((ours / "deepspeed_shm_comm").glob("*.so"))

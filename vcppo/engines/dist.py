@@ -130,6 +130,19 @@ def _skip_shm_collective() -> None:
         deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
+def build_cpu_collective() -> str:
+    """Compile DeepSpeed's CPU shm collective now (into this environment's extension dir) instead of
+    at the first multi-rank CPU run's ``init_distributed``, which would wait on the build (~25 s on
+    two cores). ``scripts/install.sh`` calls it on CPU machines. Returns the op's name."""
+    os.environ["DS_ACCELERATOR"] = "cpu"  # must precede `import deepspeed`
+    _private_extension_dir()
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    builder.load()
+    return builder.NAME
+
+
 def init_distributed(device: str = "auto", split_rollout_ranks: int | None = None,
                      timeout_s: float = 1800.0) -> DistInfo:
     """Initialise (once) the default process group and return this rank's :class:`DistInfo`.
@@ -231,6 +244,22 @@ def exit_process(code: int) -> None:
         except (OSError, ValueError):  # a closed or broken pipe: nothing left to flush
             pass
     os._exit(code)
+
+
+# What the collective libraries say when a peer process is gone (gloo's TCP pair; NCCL's watchdog).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote process exited",
+              "NCCL communicator was aborted")
+
+
+def peer_loss_hint(error: BaseException) -> str | None:
+    """One line for the end of a rank's output when ``error`` is a collective failing because another
+    rank died (its error is the cause, this one a consequence); None for any other error."""
+    if not any(marker in str(error) for marker in _PEER_GONE):
+        return None
+    rank = os.environ.get("VCPPO_GLOBAL_RANK", os.environ.get("RANK", "0"))
+    return (f"rank {rank} stopped because another rank of the job died mid-collective: the error above is a "
+            "consequence. Look for the rank that failed first (its own error, or the OOM killer in `dmesg`); "
+            "running the same command again resumes from the last complete checkpoint.")
 
 
 def get_info() -> DistInfo | None:

@@ -1,0 +1,106 @@
+"""`python -m tests.kill_at RANK POINT STEP -- train PRESET key=value ...`: the vcppo CLI, except that
+the process with global rank RANK SIGKILLs itself at a named point of PPO step STEP (a real
+SIGKILL: no handler, no flush, as the OOM killer or a lost node ends a process). Every other rank
+runs the plain CLI. It runs under torchrun, `deepspeed --module`, or no launcher. The points, each
+reached from the driver's own calls:
+
+  rollout     the step's first vLLM generate call (its peer is sampling, or waiting in a collective)
+  update      the actor's first optimizer step of the step (its peer waits in ZeRO-3's collectives)
+  shards      the checkpoint after the step: this rank's engine shards written, before the manifest
+              hashes are gathered (the directory is still a staging ``.tmp``)
+  seal        the same checkpoint on the main rank: the manifest written, the rename not yet done
+
+Test-only: it patches the driver's functions in this process before the CLI starts."""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+import time
+
+MARK = "killed_at"  # written into the working directory just before the kill
+POINTS = ("rollout", "update", "shards", "seal")
+_now: dict = {"step": None, "checkpoint": None}  # the PPO step running / being checkpointed
+
+
+def _die() -> None:
+    with open(MARK, "w") as f:  # when it died, for the test to time the others' exit by
+        f.write(f"{time.time()}\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _tracking_step(rl_step):
+    @functools.wraps(rl_step)
+    def wrapped(ctx, source, plan, state, step):
+        _now["step"] = step if plan.phase == "ppo" else None
+        try:
+            return rl_step(ctx, source, plan, state, step)
+        finally:
+            _now["step"] = None
+    return wrapped
+
+
+def _tracking_checkpoint(save):
+    @functools.wraps(save)
+    def wrapped(ctx, state, source):
+        _now["checkpoint"] = state.step if state.phase == "ppo" else None
+        try:
+            return save(ctx, state, source)
+        finally:
+            _now["checkpoint"] = None
+    return wrapped
+
+
+def _kill_before(fn, when):
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        if when():
+            _die()
+        return fn(*args, **kwargs)
+    return wrapped
+
+
+def _kill_after(fn, when):
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if when():
+            _die()
+        return out
+    return wrapped
+
+
+def install(point: str, step: int) -> None:
+    from vcppo.driver import manifest, ppo
+    from vcppo.engines.actor import ActorEngine
+    from vcppo.engines.rollout import RolloutEngine
+
+    ppo.rl_step = _tracking_step(ppo.rl_step)
+    ppo.save_checkpoint = _tracking_checkpoint(ppo.save_checkpoint)
+    if point == "rollout":
+        RolloutEngine.generate = _kill_before(RolloutEngine.generate, lambda: _now["step"] == step)
+    elif point == "update":
+        ActorEngine.train_step = _kill_before(ActorEngine.train_step, lambda: _now["step"] == step)
+    elif point == "shards":
+        manifest.hash_share = _kill_before(manifest.hash_share, lambda: _now["checkpoint"] == step)
+    elif point == "seal":
+        manifest.write_manifest = _kill_after(manifest.write_manifest, lambda: _now["checkpoint"] == step)
+    else:
+        raise SystemExit(f"unknown point {point!r}: one of {', '.join(POINTS)}")
+
+
+def main(argv: list[str]) -> None:
+    argv = [a for a in argv if not a.startswith("--local_rank")]  # the deepspeed launcher's
+    rank, point, step, sep, *cli = argv
+    assert sep == "--", "usage: python -m tests.kill_at RANK POINT STEP -- <vcppo arguments>"
+    if int(os.environ.get("RANK", "0")) == int(rank):
+        install(point, int(step))
+    from vcppo.cli import entry
+    sys.argv = ["vcppo", *cli]
+    entry()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
