@@ -239,3 +239,20 @@ def test_lora_bench_syncs_both_ways_and_both_engines_sample_the_actor(tmp_path):
         assert r[f"{mode}_sync_s"] > 0 and r[f"{mode}_decode_tok_per_s"] > 0
         assert r[f"{mode}_max_logprob_gap"] < 1e-4, mode
     assert r["adapter_over_merged_decode"] > 0 and "ratio" in res.stdout
+
+
+def test_shape_bench_runs_a_valid_train_config_and_asks_the_planner_about_the_same_one(tmp_path):
+    """`vcppo bench shape` (the real-size run itself is too slow for the suite: docs/scaling.md has its
+    figures): its overrides are a valid `vcppo train` config, and the planner reads them unchanged."""
+    from vcppo.bench import shape
+    from vcppo.config import load_config
+    args = shape._parse(["--workdir", str(tmp_path), "--steps", "3"])
+    cfg = load_config("vcppo", shape.overrides(args, tmp_path / "runs", 3))  # strict: a typo raises
+    assert cfg.actor.lora.rank == cfg.critic.lora.rank == 16 and cfg.trainer.save_every == 1
+    assert cfg.model.policy_path == f"{tmp_path}/model" and cfg.model.dtype == "float32"
+    (tmp_path / "model").mkdir()
+    from vcppo.models.factory import model_config
+    from vcppo.models.tokenizer import build_tokenizer
+    model_config(shape.SIZE, build_tokenizer()).save_pretrained(tmp_path / "model")
+    plan = shape.planned(args, tmp_path / "runs")
+    assert plan and json.dumps(plan)

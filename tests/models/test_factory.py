@@ -72,3 +72,18 @@ def test_tied_and_untied_checkpoints(tmp_path, tied):
         assert not torch.equal(head, emb) and head.std() > 0
     assert model_config("tiny", build_tokenizer(), tied=False).tie_word_embeddings is False
     assert model_config("tiny", build_tokenizer()).tie_word_embeddings is True
+
+
+def test_the_real_size_shape_is_qwen25_05b_whatever_the_tokenizer():
+    """`--size qwen2.5-0.5b-shape`: the published config's every dimension, the 151,936-row
+    vocabulary kept beyond the char tokenizer's ~100 tokens; 494,032,768 parameters, as Qwen2.5-0.5B."""
+    from transformers import Qwen2ForCausalLM
+
+    from vcppo.plan.shape import BUILTIN_SHAPES
+    cfg = model_config("qwen2.5-0.5b-shape", build_tokenizer())
+    real = BUILTIN_SHAPES["qwen2.5-0.5b"]
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.intermediate_size, cfg.tie_word_embeddings) == (151936, 896, 24, 14, 2, 4864, True)
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(cfg)
+    assert count_params(model) == real.params == 494_032_768

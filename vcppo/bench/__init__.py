@@ -8,6 +8,7 @@
     vcppo bench step [--size small] [--micro-batch 16,64] [--steps 6] [--trl] [--json PATH]
     vcppo bench split [--workload tail|demo] [--modes colocated,split0,split1] [--png PATH] [--json PATH]
     vcppo bench lora [--sizes small,medium] [--rank 16] [--syncs 3] [--rounds 3] [--json PATH]
+    vcppo bench shape [--ranks 2] [--steps 2] [--lora-rank 16] [--json PATH]
 
 ``gae`` (:mod:`vcppo.bench.gae`): the fused Decoupled-GAE vs the reference loop vs a copy floor.
 ``rollout`` (:mod:`vcppo.bench.rollout`): vLLM vs HF generate tokens/s, weight sync time and one
@@ -16,6 +17,8 @@ packed (padding-free) actor forward and train step on a long-tailed batch. ``ste
 (:mod:`vcppo.bench.step`): the driver's real ``rl_step`` timed by phase, with ``--trl`` side by
 side with TRL's PPOTrainer on the same model, prompts and batch. ``lora`` (:mod:`vcppo.bench.lora`):
 a LoRA actor's sync into vLLM as merged weights vs as vLLM's own LoRA, and decode speed with each.
+``shape`` (:mod:`vcppo.bench.shape`): Qwen2.5-0.5B's shape on 2 CPU ranks: peak memory per rank against
+`vcppo plan`, weight sync against a plain copy, checkpoint size, write and restore time.
 ``vcppo bench <benchmark> -h`` lists its options.
 """
 from __future__ import annotations
@@ -34,6 +37,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "step": ("vcppo.bench.step", "one real PPO step by phase (median of steps 2-N); --trl: vs TRL's PPOTrainer"),
     "split": ("vcppo.bench.split", "colocated vs split placement (staleness 0 / 1): steps/h, per-rank timeline"),
     "lora": ("vcppo.bench.lora", "a LoRA actor into vLLM: merged weights vs vLLM's LoRA, sync time and decode tok/s"),
+    "shape": ("vcppo.bench.shape", "Qwen2.5-0.5B's shape on 2 CPU ranks: memory vs `vcppo plan`, sync, checkpoints"),
 }
 
 

@@ -6,6 +6,7 @@ goes in (engines, RNG, data position, :class:`~vcppo.driver.checkpoint.RunState`
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from vcppo.driver import checkpoint as ckpt
 from vcppo.driver import manifest, reshard
@@ -24,6 +25,7 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSou
         ctx.log.info(f"no checkpoint at step {state.global_step}: the last {state.nonfinite_streak} step(s) were "
                      "skipped as non-finite; the previous checkpoint stays the last good one")
         return
+    started = time.perf_counter()
     stage = ckpt.staging_dir(ctx.run_dir, state.global_step)
     ckpt.write_rank_files(stage, ctx.dist.rank)
     if state.phase == "ppo":  # during value pretraining the actor is frozen: nothing to save
@@ -37,7 +39,7 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSou
         state.data = source.checkpoint(stage, state)
         state.metrics_bytes = ckpt.metrics_size(ctx.run_dir)  # a resume cuts the file back to here
         final = ckpt.commit(stage, dataclasses.asdict(state), ctx.cfg.trainer.keep_last, manifest_parts=parts)
-        ctx.log.info(f"checkpoint {final}")
+        ctx.log.info(f"checkpoint {final} ({time.perf_counter() - started:.1f} s)")
     ctx.barrier()
 
 
@@ -61,6 +63,7 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
                      f"has {ctx.dist.world_size}: weights, optimizer states, schedules and the data position carry "
                      f"over ({', '.join(universal) or 'no engine'} through DeepSpeed's universal checkpoint); "
                      "per-rank RNG streams do not, so sampling starts from the run's seed")
+    started = time.perf_counter()
     state = ckpt.load_state(point, ctx.dist.rank, restore_rng=not resharded)
     for role in ("actor", "critic"):
         engine = getattr(ctx, role)
@@ -72,4 +75,5 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
                 engine.load_checkpoint(str(universal[role]), universal=True)
         else:
             engine.load_checkpoint(str(point / role))
+    ctx.log.info(f"restored the engines' states in {time.perf_counter() - started:.1f} s")
     return state

@@ -23,6 +23,7 @@ class ModelSize:
     intermediate_size: int
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = True
+    vocab_size: int | None = None  # None: the tokenizer's, padded to a multiple of 64
 
     @property
     def head_dim(self) -> int:
@@ -51,6 +52,22 @@ SIZES: dict[str, ModelSize] = {
 }
 
 
+def _published(name: str) -> ModelSize:
+    """A real model's published shape (vcppo.plan's table of config.json values), vocabulary included:
+    the embedding keeps every row of it, whatever the tokenizer uses, as the real checkpoint does."""
+    from vcppo.plan.shape import BUILTIN_SHAPES
+
+    s = BUILTIN_SHAPES[name]
+    return ModelSize(hidden_size=s.hidden_size, num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,
+                     num_key_value_heads=s.num_kv_heads, intermediate_size=s.intermediate_size,
+                     tie_word_embeddings=s.tie_word_embeddings, vocab_size=s.vocab_size)
+
+
+# ~494M, Qwen2.5-0.5B's shape (151,936-token vocabulary, 14 heads over 2 KV heads, tied): the
+# real-size run on the CPU machine (docs/scaling.md, "A real-size shape on this CPU").
+SIZES["qwen2.5-0.5b-shape"] = _published("qwen2.5-0.5b")
+
+
 def model_config(size: str, tokenizer, max_position_embeddings: int | None = None, tied: bool | None = None):
     """A ``Qwen2Config`` for a named size, with vocab and special ids from ``tokenizer``.
 
@@ -63,12 +80,17 @@ def model_config(size: str, tokenizer, max_position_embeddings: int | None = Non
         raise ValueError(f"unknown model size {size!r}; available: {', '.join(SIZES)}")
     s = SIZES[size]
     fields = asdict(s)
+    published_vocab = fields.pop("vocab_size")
     if max_position_embeddings is not None:
         fields["max_position_embeddings"] = int(max_position_embeddings)
     if tied is not None:
         fields["tie_word_embeddings"] = bool(tied)
     vocab_size = len(tokenizer)
     vocab_size = (vocab_size + 63) // 64 * 64  # pad to a multiple of 64 (kernel-friendly)
+    if published_vocab is not None:
+        if published_vocab < len(tokenizer):
+            raise ValueError(f"size {size!r} has {published_vocab} vocabulary rows, the tokenizer {len(tokenizer)}")
+        vocab_size = published_vocab
     return Qwen2Config(
         vocab_size=vocab_size,
         head_dim=s.head_dim,
