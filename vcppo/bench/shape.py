@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -68,8 +69,6 @@ def prepare(workdir: Path) -> None:
 
 def run_watched(cmd: list[str], log: Path) -> dict:
     """Run ``cmd`` (torchrun); the peak RSS of each rank process (GiB, by RANK) and the wall time."""
-    import os
-
     import psutil
     start = time.perf_counter()
     with open(log, "w") as err:
