@@ -15,7 +15,6 @@ whose state (the prompt stream's position, the rounds drawn) must survive the ki
 
 `make test` runs the `vcppo` case; `make test-faults` runs all four (docs/robustness.md)."""
 import json
-import os
 import subprocess
 import sys
 import time

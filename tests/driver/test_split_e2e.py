@@ -8,7 +8,6 @@ rank, two gloo processes under torchrun (one thread each).
   down, non-zero, and the same command then resumes from the last checkpoint (whose in-flight
   batch was saved with it) and logs what the uninterrupted run logged.
 """
-import json
 import os
 import signal
 import subprocess
