@@ -1,7 +1,7 @@
 # vcppo — the two commands a fresh machine needs:
 #   make demo   installs everything, then runs the CPU demo end to end (data -> SFT -> RM ->
 #               value pretraining -> VC-PPO -> eval -> report)
-#   make test   installs everything, then runs the whole test suite
+#   make test   installs everything, then runs the test suite (all but `make test-faults`'s extra cases)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
