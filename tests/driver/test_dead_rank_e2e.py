@@ -6,7 +6,6 @@ checkpoint left is complete and intact, and there is no final export. (A hung bu
 bounded by trainer.collective_timeout_s: tests/engines/test_collective_timeout.py.) The run then
 resumes on the one rank left, and later on two again, each time from a checkpoint written on the
 other number of ranks (vcppo/driver/reshard.py)."""
-import json
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import time
 import pytest
 
 from tests.conftest import ENV
-from tests.driver.test_exact_resume_e2e import cut_after
+from tests.driver.test_exact_resume_e2e import cut_after, records
 from tests.driver.test_multirank_faults_e2e import start_two_ranks
 from tests.driver.test_train_e2e import base_overrides
 from vcppo.driver import manifest
@@ -73,10 +72,6 @@ def test_a_killed_rank_ends_its_peer_and_the_run_resumes_on_one_rank_then_two(ti
     schedule = lr_lambda_factory(0, 4, "cosine", 0.0)
     assert [r["actor/lr"] for r in final if r["phase"] == "ppo"] == pytest.approx([1e-4 * schedule(s) for s in range(4)])
     assert (run / "final" / "actor" / "config.json").is_file()
-
-
-def records(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def assert_contiguous(recs, steps):

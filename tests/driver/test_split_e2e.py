@@ -128,13 +128,13 @@ def test_a_killed_training_rank_ends_the_job_and_the_run_resumes_exactly(one_ste
     """The training rank SIGKILLed as PPO step 3's actor update starts (tests/kill_at.py): the rollout
     rank, sampling ahead or waiting on the bridge, loses its peer, and torchrun ends the job
     non-zero; the same command resumes from step 2's checkpoint and logs the uninterrupted run."""
-    from pathlib import Path
+    from tests.driver.test_multirank_faults_e2e import REPO, launcher_command
     args, full = one_step_ahead
     args = [a if not a.startswith("trainer.output_root=") else f"trainer.output_root={tmp_path}" for a in args]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
-           "-m", "tests.kill_at", "0", "update", "3", "--", "train", "vcppo", *args]
-    env = dict(ONE_THREAD, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    cmd = [*launcher_command("torchrun", str(_free_port())), "tests.kill_at", "0", "update", "3", "--",
+           "train", "vcppo", *args]
+    res = subprocess.run(cmd, cwd=tmp_path, env=dict(ONE_THREAD, PYTHONPATH=str(REPO)), capture_output=True,
+                         text=True, timeout=900)
     ended = time.time()
     assert res.returncode != 0 and ended - float((tmp_path / "killed_at").read_text()) < 60, res.stderr[-3000:]
     run_dir = tmp_path / "vcppo-seed0"

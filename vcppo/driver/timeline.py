@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from pathlib import Path
+
+from vcppo.engines.dist import global_rank
 
 
 class Timeline:
     """Writes this rank's intervals; a disabled timeline (``path`` None) records nothing."""
 
     def __init__(self, run_dir: Path | None, role: str):
-        self.rank = int(os.environ.get("VCPPO_GLOBAL_RANK", os.environ.get("RANK", "0")))
+        self.rank = global_rank()
         self.role = role
         self._file = None
         if run_dir is not None:

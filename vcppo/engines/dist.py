@@ -251,13 +251,18 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote p
               "NCCL communicator was aborted")
 
 
+def global_rank() -> int:
+    """This process's rank in the whole job: the launcher's, also in a split run, where RANK is
+    rewritten to the rank within the role's world (:mod:`vcppo.engines.bridge`)."""
+    return int(os.environ.get("VCPPO_GLOBAL_RANK", os.environ.get("RANK", "0")))
+
+
 def peer_loss_hint(error: BaseException) -> str | None:
     """One line for the end of a rank's output when ``error`` is a collective failing because another
     rank died (its error is the cause, this one a consequence); None for any other error."""
     if not any(marker in str(error) for marker in _PEER_GONE):
         return None
-    rank = os.environ.get("VCPPO_GLOBAL_RANK", os.environ.get("RANK", "0"))
-    return (f"rank {rank} stopped because another rank of the job died mid-collective: the error above is a "
+    return (f"rank {global_rank()} stopped because another rank of the job died mid-collective: the error above is a "
             "consequence. Look for the rank that failed first (its own error, or the OOM killer in `dmesg`); "
             "running the same command again resumes from the last complete checkpoint.")
 
