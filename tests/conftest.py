@@ -53,12 +53,27 @@ def pytest_collection_modifyitems(config, items):
 ENV = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
 
 
-def vcppo(*args, cwd, check=True, timeout=600, **kw):
-    """Run the `vcppo` CLI in a subprocess, as a user does."""
+_FORK_SERVER = None
+
+
+def vcppo(*args, cwd, check=True, timeout=600):
+    """Run the `vcppo` CLI as a process of its own with the tests' environment, as a user does: a fork
+    of this worker's warm interpreter (tests/forkserver.py), or a fresh ``python -m vcppo.cli`` with
+    VCPPO_TEST_FORK_SERVER=0 or where the server cannot take it."""
+    import atexit
     import subprocess
     import sys
+    global _FORK_SERVER
+    if _FORK_SERVER is None and os.environ.get("VCPPO_TEST_FORK_SERVER", "1") != "0":
+        from tests.forkserver import ForkServer
+        _FORK_SERVER = ForkServer(ENV)
+        atexit.register(_FORK_SERVER.close)
+    if _FORK_SERVER is not None:
+        res = _FORK_SERVER.run(list(args), cwd, timeout=timeout, check=check)
+        if res is not None:
+            return res
     return subprocess.run([sys.executable, "-m", "vcppo.cli", *map(str, args)], cwd=cwd, env=ENV, check=check,
-                          capture_output=True, text=True, timeout=timeout, **kw)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

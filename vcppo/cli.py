@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vcppo.driver.ppo", "value pretraining + PPO / GRPO / VAPO: vcppo train CONFIG [k=v ...]"),
     "eval": ("vcppo.commands.evaluate", "pass@1 / pass@k of any HF causal LM: vcppo eval MODEL_DIR DATA [k=v ...]"),
     "plan": ("vcppo.commands.plan", "does a run fit its GPUs, and how long is a step: vcppo plan CONFIG [k=v ...] --gpu h100"),
-    "bench": ("vcppo.bench", "benchmarks: vcppo bench gae|rollout|step|train|split|reward|mismatch (vcppo bench -h)"),
+    "bench": ("vcppo.bench", "benchmarks: vcppo bench NAME [options] (vcppo bench -h lists them)"),
     "report": ("vcppo.report", "markdown + PNG report of one or more run directories"),
     "sweep": ("vcppo.sweep", "expand a sweep file into runs, run them, collect a table"),
 }

@@ -6,13 +6,11 @@ checkpoint left is complete and intact, and there is no final export. (A hung bu
 bounded by trainer.collective_timeout_s: tests/engines/test_collective_timeout.py.) The run then
 resumes on the one rank left, and later on two again, each time from a checkpoint written on the
 other number of ranks (vcppo/driver/reshard.py)."""
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.conftest import ENV
+from tests.conftest import vcppo
 from tests.driver.test_exact_resume_e2e import cut_after, records
 from tests.driver.test_multirank_faults_e2e import start_two_ranks
 from tests.driver.test_train_e2e import base_overrides
@@ -50,8 +48,7 @@ def test_a_killed_rank_ends_its_peer_and_the_run_resumes_on_one_rank_then_two(ti
     # The node does not come back: the run resumes on the one rank left, from the last checkpoint the
     # two ranks wrote (converted to DeepSpeed's universal format), and then, with the node back, on
     # two ranks again from a checkpoint the single rank wrote.
-    one = subprocess.run([sys.executable, "-m", "vcppo.cli", "train", "vcppo", *args], cwd=tmp_path,
-                         env=dict(ENV, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    one = vcppo("train", "vcppo", *args, cwd=tmp_path, check=False, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
     assert "was written by 2 training rank(s), this run has 1" in one.stderr
     run = tmp_path / "vcppo-seed0"

@@ -1,11 +1,9 @@
 """`vcppo train` names bad input and exits 2 before any engine starts, as a user runs it."""
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.conftest import ENV
+from tests.conftest import vcppo
 
 pytestmark = [pytest.mark.integration]
 
@@ -14,8 +12,7 @@ def _train(art, out, *extra, cwd):
     overrides = [f"model.policy_path={art / 'tiny'}", f"data.train_files={art / 'data/train.parquet'}",
                  "data.val_files=null", f"trainer.output_root={out}", "logging.progress_bar=false", *extra]
     start = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "vcppo.cli", "train", "vcppo", *overrides], cwd=cwd, env=ENV,
-                         capture_output=True, text=True, timeout=300)
+    res = vcppo("train", "vcppo", *overrides, cwd=cwd, check=False, timeout=300)
     return res, time.perf_counter() - start
 
 

@@ -2,7 +2,6 @@
 DeepSpeed ZeRO-3 on gloo, datasets, wandb offline in the `vcppo` preset's run). Each run is its own process, as a user runs it."""
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from vcppo.tracking import read_metrics
 
 pytestmark = [pytest.mark.integration]
 
-from tests.conftest import ENV
+from tests.conftest import vcppo
 
 def base_overrides(art: Path, out: Path, **extra) -> list[str]:
     o = {"model.policy_path": art / "tiny", "model.critic_path": art / "rm",
@@ -30,9 +29,8 @@ def base_overrides(art: Path, out: Path, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in o.items()]
 
 
-def train(preset: str, overrides: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vcppo.cli", "train", preset, *overrides], cwd=cwd, env=ENV,
-                          capture_output=True, text=True, **kw)
+def train(preset: str, overrides: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return vcppo("train", preset, *overrides, cwd=cwd, check=False, timeout=timeout)
 
 
 def phases_in_file_order(run_dir: Path) -> list[str]:
