@@ -9,7 +9,7 @@ user's command: the same entry point, the same exit path (``dist.exit_process``)
 
 What a fork cannot give is a fresh interpreter's import-time view of the environment, so the
 server only takes commands whose environment is the one it was started with (the tests' ``ENV``);
-anything else, and every multi-rank launch, starts its own process as before. The server refuses
+anything else, and every multi-rank launch, starts a fresh interpreter. The server refuses
 to fork once a thread other than the main one exists (forking a threaded process can copy a held
 lock), and says so instead.
 
