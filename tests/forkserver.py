@@ -1,7 +1,7 @@
 """A warm interpreter that forks the tests' one-rank `vcppo` commands.
 
-Why: a `vcppo` process spends ~8 CPU-s importing torch, transformers, vLLM and DeepSpeed before its
-first line of work, and `make test` starts dozens of them on a 2-core machine. The server imports
+Why: most of a tiny `vcppo` command's time is importing torch, transformers, vLLM and DeepSpeed before
+its first line of work (docs/history.md has the profile), and `make test` starts dozens of them. The server imports
 those once per pytest worker; each command is a fork of it that runs ``python -m vcppo.cli``'s own
 code (``runpy`` on ``vcppo.cli`` as ``__main__``) with the command's argv and working directory, its
 stdout and stderr in files, its exit status reported back. From the fork on, the command is the
