@@ -54,26 +54,87 @@ ENV = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", WANDB_MODE="offline",
 
 
 _FORK_SERVER = None
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fork_server():
+    """This worker's warm interpreter (tests/forkserver.py), started at its first command; None with
+    VCPPO_TEST_FORK_SERVER=0."""
+    import atexit
+    global _FORK_SERVER
+    if _FORK_SERVER is None and os.environ.get("VCPPO_TEST_FORK_SERVER", "1") != "0":
+        from tests.forkserver import ForkServer
+        _FORK_SERVER = ForkServer(ENV)
+        atexit.register(_FORK_SERVER.close)
+    return _FORK_SERVER
 
 
 def vcppo(*args, cwd, check=True, timeout=600):
     """Run the `vcppo` CLI as a process of its own with the tests' environment, as a user does: a fork
     of this worker's warm interpreter (tests/forkserver.py), or a fresh ``python -m vcppo.cli`` with
     VCPPO_TEST_FORK_SERVER=0 or where the server cannot take it."""
-    import atexit
     import subprocess
     import sys
-    global _FORK_SERVER
-    if _FORK_SERVER is None and os.environ.get("VCPPO_TEST_FORK_SERVER", "1") != "0":
-        from tests.forkserver import ForkServer
-        _FORK_SERVER = ForkServer(ENV)
-        atexit.register(_FORK_SERVER.close)
-    if _FORK_SERVER is not None:
-        res = _FORK_SERVER.run(list(args), cwd, timeout=timeout, check=check)
+    server = fork_server()
+    if server is not None:
+        res = server.run(list(args), cwd, timeout=timeout, check=check)
         if res is not None:
             return res
     return subprocess.run([sys.executable, "-m", "vcppo.cli", *map(str, args)], cwd=cwd, env=ENV, check=check,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def start_process(*args, cwd, env=None, module="vcppo.cli", out=os.devnull, err=os.devnull):
+    """Start ``python -m MODULE ARGS`` (the `vcppo` CLI, or a test wrapper of it such as
+    tests/kill_at.py) without waiting, stdout and stderr written to the files ``out`` and ``err``;
+    ``env``: the tests' ``ENV`` with a launcher's per-rank variables, for ranks started by hand.
+    A fork of the warm interpreter where it can take the command, else a fresh process; either way
+    an object with Popen's ``pid``, ``wait``, ``poll`` and ``kill`` (``kill`` of a fork ends its
+    process group, and so does ``os.killpg(proc.pid, ...)``: each command leads its own)."""
+    import subprocess
+    import sys
+    env = ENV if env is None else env
+    server = fork_server()
+    if server is not None:
+        proc = server.popen(list(args), cwd, env=env, module=module, out=out, err=err)
+        if proc is not None:
+            return proc
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        return subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=cwd, stdout=stdout, stderr=stderr,
+                                env=dict(env, PYTHONPATH=os.pathsep.join(filter(None, (REPO, env.get("PYTHONPATH"))))),
+                                start_new_session=True)
+
+
+def start_ranks(*args, cwd, world_size=2, module="vcppo.cli", env=None, err=lambda rank: os.devnull):
+    """The ranks of one job started by hand, as a launcher would (RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT; one node), each by :func:`start_process`; ``err(rank)``: where that
+    rank's stderr goes. No launcher watches them: whatever ends the job is our own code."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    job = dict(ENV if env is None else env, WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    return [start_process(*args, cwd=cwd, module=module, env=dict(job, RANK=str(r), LOCAL_RANK=str(r)), err=err(r))
+            for r in range(world_size)]
+
+
+def run_ranks(*args, cwd, timeout=900, **kw) -> str:
+    """:func:`start_ranks`, waited for; every rank must exit 0. Returns rank 0's stderr."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        errs = [os.path.join(tmp, f"rank{r}.err") for r in range(kw.get("world_size", 2))]
+        procs = start_ranks(*args, cwd=cwd, err=errs.__getitem__, **kw)
+        try:
+            codes = [p.wait(timeout=timeout) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        logs = [open(e, errors="replace").read() for e in errs]
+    assert codes == [0] * len(procs), "\n".join(f"rank {r} exited {c}:\n{log[-3000:]}"
+                                              for r, (c, log) in enumerate(zip(codes, logs)) if c)
+    return logs[0]
 
 
 @pytest.fixture(scope="session")

@@ -8,14 +8,18 @@ stdout and stderr in files, its exit status reported back. From the fork on, the
 user's command: the same entry point, the same exit path (``dist.exit_process``), real engines.
 
 What a fork cannot give is a fresh interpreter's import-time view of the environment, so the
-server only takes commands whose environment is the one it was started with (the tests' ``ENV``);
-anything else, and every multi-rank launch, starts a fresh interpreter. The server refuses
-to fork once a thread other than the main one exists (forking a threaded process can copy a held
-lock), and says so instead.
+server only takes commands whose environment is the one it was started with (the tests' ``ENV``),
+apart from the launcher's variables (``LAUNCH_KEYS``), which a command reads when it sets up its
+process group, after its imports: so the ranks of a 2-rank run started by hand are forks too.
+Anything else, and every launcher (torchrun, the deepspeed launcher), starts a fresh interpreter.
+The server refuses to fork once a thread other than the main one exists (forking a threaded
+process can copy a held lock), and says so instead.
 
-Protocol (one command at a time, JSON lines): the client writes ``{"argv", "cwd", "out", "err"}`` on
-the server's stdin; the server answers ``{"pid"}`` at the fork and ``{"status"}`` (subprocess's
-convention: the exit code, or -N for signal N) when the command has ended.
+Protocol (JSON lines on the server's stdin and stdout; the server answers each request in turn):
+``{"op": "spawn", "module", "argv", "cwd", "env", "out", "err"}`` forks ``python -m MODULE ARGV``
+and answers ``{"pid"}``; ``{"op": "wait", "pid", "timeout"}`` answers ``{"status"}`` (subprocess's
+convention: the exit code, or -N for signal N) once that command has ended, or ``{"running"}``
+after ``timeout`` seconds (null: no limit). Several commands may run at once.
 """
 from __future__ import annotations
 
@@ -26,10 +30,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 # The libraries a `vcppo` command imports before its first line of work.
 WARM_LIBRARIES = ("torch", "transformers", "datasets", "deepspeed", "vllm.entrypoints.llm")
+# What a launcher sets per rank; read by vcppo.engines.dist when the group is set up, never at import.
+LAUNCH_KEYS = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
 
 
 def _warm_up() -> None:
@@ -47,9 +54,11 @@ def _warm_up() -> None:
 
 
 def _run_command(request: dict) -> None:
-    """In the forked child: become ``python -m vcppo.cli ARGV`` run from ``cwd``. Never returns;
-    SystemExit (or any error) unwinds to the interpreter's top level, as in a fresh process."""
-    os.setpgid(0, 0)  # the client's timeout kills the command's whole group (its own children too)
+    """In the forked child: become ``python -m MODULE ARGV`` run from ``cwd`` with the launcher's
+    variables of ``env``. Never returns; SystemExit (or any error) unwinds to the interpreter's
+    top level, as in a fresh process."""
+    os.setpgid(0, 0)  # a timeout or a kill ends the command's whole group (its own children too)
+    os.environ.update(request["env"])
     os.chdir(request["cwd"])
     null = os.open(os.devnull, os.O_RDONLY)
     out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -57,13 +66,15 @@ def _run_command(request: dict) -> None:
     for fd, target in ((null, 0), (out, 1), (err, 2)):
         os.dup2(fd, target)
         os.close(fd)
-    sys.path[0] = request["cwd"]  # what `python -m` puts first
+    # What `python -m` puts first; the repository stays next (the server's own first entry), as
+    # PYTHONPATH puts it for a fresh process that runs a test module such as tests/kill_at.py.
+    sys.path.insert(0, request["cwd"])
     import atexit
     import runpy
     import traceback
-    sys.argv = ["vcppo.cli", *request["argv"]]
+    sys.argv = [request["module"], *request["argv"]]
     try:
-        runpy.run_module("vcppo.cli", run_name="__main__", alter_sys=True)
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as end:
         code = _exit_code(end.code)
@@ -88,6 +99,18 @@ def _exit_code(code) -> int:
     return 1
 
 
+def _wait(pid: int, timeout: float | None) -> dict:
+    """A forked command's status once it ended, or ``{"running"}`` past ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG if deadline is not None else 0)
+        if done:
+            return {"status": os.waitstatus_to_exitcode(status)}
+        if time.monotonic() >= deadline:
+            return {"running": True}
+        time.sleep(0.02)
+
+
 def serve() -> None:
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything an import prints goes to the log, not into the replies
@@ -95,6 +118,9 @@ def serve() -> None:
     replies.write(json.dumps({"ready": threading.active_count()}) + "\n")
     for line in sys.stdin:
         request = json.loads(line)
+        if request["op"] == "wait":
+            replies.write(json.dumps(_wait(request["pid"], request["timeout"])) + "\n")
+            continue
         if threading.active_count() > 1:
             replies.write(json.dumps({"refused": [t.name for t in threading.enumerate()]}) + "\n")
             continue
@@ -105,8 +131,36 @@ def serve() -> None:
             replies.close()
             _run_command(request)
         replies.write(json.dumps({"pid": pid}) + "\n")
-        _, status = os.waitpid(pid, 0)
-        replies.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
+
+
+class ForkedProcess:
+    """A forked command, with the part of :class:`subprocess.Popen`'s interface the tests use."""
+
+    def __init__(self, server: "ForkServer", pid: int, args: list[str]):
+        self.server, self.pid, self.args = server, pid, args
+        self.returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            reply = self.server.request({"op": "wait", "pid": self.pid, "timeout": timeout})
+            if reply is None or "status" not in reply:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = reply["status"]
+        return self.returncode
+
+    def poll(self) -> int | None:
+        try:
+            return self.wait(timeout=0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL the command's process group (the command and whatever it started)."""
+        if self.returncode is None:
+            try:
+                os.killpg(self.pid, 9)
+            except ProcessLookupError:
+                pass
 
 
 class ForkServer:
@@ -140,29 +194,48 @@ class ForkServer:
         line, self._pending = self._pending.split(b"\n", 1)
         return json.loads(line)
 
-    def run(self, argv: list[str], cwd, timeout: float | None, check: bool) -> subprocess.CompletedProcess | None:
-        """The command's CompletedProcess, or None when the server cannot take it (the caller then
-        starts a process of its own)."""
+    def request(self, message: dict) -> dict | None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+        return self._reply(timeout=None if message["op"] == "wait" else 60)
+
+    def popen(self, argv: list[str], cwd, env: dict[str, str] | None = None, module: str = "vcppo.cli",
+              out: Path | str = os.devnull, err: Path | str = os.devnull) -> ForkedProcess | None:
+        """``python -m MODULE ARGV`` forked from the warm interpreter, its stdout and stderr written
+        to ``out`` and ``err``; None when the server cannot take it (``env`` differs from the
+        server's beyond the launcher's variables, or the server is gone or refused)."""
+        env = self.env if env is None else env
+        extra = {k: v for k, v in env.items() if self.env.get(k) != v}
+        if set(extra) - LAUNCH_KEYS or set(self.env) - set(env):
+            return None
         if self.proc is None and self.usable:
             self._start()
         if not self.usable or self.proc is None or self.proc.poll() is not None:
             return None
+        request = {"op": "spawn", "module": module, "argv": [str(a) for a in argv], "cwd": str(cwd), "env": extra,
+                   "out": str(out), "err": str(err)}
+        started = self.request(request)
+        if started is None or "pid" not in started:
+            self.usable = False
+            return None
+        return ForkedProcess(self, started["pid"], [sys.executable, "-m", module, *request["argv"]])
+
+    def run(self, argv: list[str], cwd, timeout: float | None, check: bool) -> subprocess.CompletedProcess | None:
+        """The command's CompletedProcess, or None when the server cannot take it (the caller then
+        starts a process of its own)."""
         with tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp) / "out", Path(tmp) / "err"
-            request = {"argv": [str(a) for a in argv], "cwd": str(cwd), "out": str(out), "err": str(err)}
-            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
-            self.proc.stdin.flush()
-            started = self._reply(timeout=60)
-            if started is None or "pid" not in started:
-                self.usable = False
+            proc = self.popen(argv, cwd, out=out, err=err)
+            if proc is None:
                 return None
-            ended = self._reply(timeout=timeout)
-            cmd = [sys.executable, "-m", "vcppo.cli", *request["argv"]]
-            if ended is None:  # past the timeout: kill the command as subprocess.run would
-                os.killpg(started["pid"], 9)
-                self._reply(timeout=60)
-                raise subprocess.TimeoutExpired(cmd, timeout, out.read_text(), err.read_text())
-            res = subprocess.CompletedProcess(cmd, ended["status"], out.read_text(errors="replace"),
+            try:
+                status = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:  # kill the command as subprocess.run would
+                proc.kill()
+                proc.wait()
+                raise subprocess.TimeoutExpired(proc.args, timeout, out.read_text(), err.read_text()) from None
+            res = subprocess.CompletedProcess(proc.args, status, out.read_text(errors="replace"),
                                               err.read_text(errors="replace"))
         if check:
             res.check_returncode()

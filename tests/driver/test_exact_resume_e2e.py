@@ -15,13 +15,11 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.conftest import ENV
+from tests.conftest import start_process
 from tests.driver.test_train_e2e import base_overrides, train
 from vcppo.driver.checkpoint import checkpoint_root, list_complete
 
@@ -112,9 +110,7 @@ def test_a_sigkilled_run_resumes_with_the_uninterrupted_metrics(uninterrupted, t
     then (mid-step, mid-write); rerunning the same command resumes from the last complete
     checkpoint and logs what the uninterrupted run logged, each step once."""
     _, full = uninterrupted
-    proc = subprocess.Popen([sys.executable, "-m", "vcppo.cli", "train", "vcppo", *overrides(tiny_artifacts, tmp_path)],
-                            cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = start_process("train", "vcppo", *overrides(tiny_artifacts, tmp_path), cwd=tmp_path)
     ckpts = checkpoint_root(tmp_path / "vcppo-seed0")
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:  # the first PPO checkpoint (tag 3 + 2)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENV
+from tests.conftest import ENV, start_ranks
 from tests.driver.test_exact_resume_e2e import assert_same, records
 from tests.driver.test_train_e2e import base_overrides
 from tests.gloo_ranks import _free_port
@@ -50,17 +50,10 @@ def args_for(preset, art, out):
 
 def start_two_ranks(cli_args, cwd, kill=None):
     """Both ranks of one run; ``kill`` = (rank, point): that rank dies there in PPO step 2."""
-    port = str(_free_port())
-    wrapper = ["-m", "tests.kill_at", str(kill[0]), kill[1], str(KILLED_STEP), "--"] if kill else ["-m", "vcppo.cli"]
-    procs = []
-    for r in (0, 1):
-        env = dict(ENV, OMP_NUM_THREADS="1", RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, PYTHONPATH=str(REPO))
-        err = open(cwd / f"rank{r}.{'killed' if kill else 'run'}.err", "w")
-        procs.append(subprocess.Popen([sys.executable, *wrapper, *cli_args], cwd=cwd, env=env,
-                                      stdout=subprocess.DEVNULL, stderr=err))
-        err.close()
-    return procs
+    module, args = ("tests.kill_at", [str(kill[0]), kill[1], str(KILLED_STEP), "--", *cli_args]) if kill \
+        else ("vcppo.cli", cli_args)
+    return start_ranks(*args, cwd=cwd, module=module, env=dict(ENV, OMP_NUM_THREADS="1"),
+                       err=lambda r: cwd / f"rank{r}.{'killed' if kill else 'run'}.err")
 
 
 def run_two_ranks(cli_args, cwd):

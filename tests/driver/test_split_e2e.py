@@ -1,5 +1,6 @@
 """Split placement end to end: real vLLM on a rollout rank, real DeepSpeed ZeRO-3 on a training
-rank, two gloo processes under torchrun (one thread each).
+rank, two gloo processes (one thread each), started by hand as a launcher would start them, and under
+torchrun where a rank is killed (the launcher's part in ending the job is tested there).
 
 * synchronous (max_staleness 0) over 1 rollout + 1 training rank logs what a colocated run on one
   rank logs, and exports the same weights;
@@ -17,7 +18,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import ENV
+from tests.conftest import ENV, run_ranks
 from tests.driver.test_exact_resume_e2e import assert_same, records
 from tests.driver.test_train_e2e import base_overrides
 from tests.gloo_ranks import _free_port
@@ -55,9 +56,10 @@ def final_actor(run_dir):
 
 def test_split_synchronous_logs_what_colocated_logs(tiny_artifacts, tmp_path):
     colocated, split = tmp_path / "colocated", tmp_path / "split"
-    run([sys.executable, "-m", "vcppo.cli", "train", "vcppo", *overrides(tiny_artifacts, colocated)], tmp_path)
-    res = run(torchrun([*overrides(tiny_artifacts, split), "placement.mode=split"], tmp_path), tmp_path)
-    assert "split placement: 1 rollout rank(s) sample" in res.stderr
+    run_ranks("train", "vcppo", *overrides(tiny_artifacts, colocated), cwd=tmp_path, world_size=1, env=ONE_THREAD)
+    err = run_ranks("train", "vcppo", *overrides(tiny_artifacts, split), "placement.mode=split", cwd=tmp_path,
+                    env=ONE_THREAD)
+    assert "split placement: 1 rollout rank(s) sample" in err
     want, got = records(colocated / "vcppo-seed0"), records(split / "vcppo-seed0")
     assert {k for r in got for k in r} - {k for r in want for k in r} == {"staleness/steps_behind"}
     assert [r["staleness/steps_behind"] for r in got if r["phase"] == "ppo" and "reward/mean" in r] \
@@ -74,7 +76,7 @@ def one_step_ahead(tiny_artifacts, tmp_path_factory):
     args = overrides(tiny_artifacts, root, **{
         "placement.mode": "split", "trainer.max_staleness": 1, "algorithm.rollout_is_cap": 2.0,
         "trainer.total_steps": 4, "trainer.save_every": 2, "trainer.keep_last": 5})
-    run(torchrun(args, root), root)
+    run_ranks("train", "vcppo", *args, cwd=root, env=ONE_THREAD)
     return args, records(root / "vcppo-seed0")
 
 
@@ -118,8 +120,8 @@ def test_a_killed_rollout_rank_ends_the_job_and_the_run_resumes_exactly(one_step
     # batches the rollout rank had sent ahead before it died, then failed at the final validation)
     assert not (tmp_path / "vcppo-seed0" / "final").exists()
 
-    res = run(torchrun(args, tmp_path), tmp_path)
-    assert "resuming from" in res.stderr
+    err = run_ranks("train", "vcppo", *args, cwd=tmp_path, env=ONE_THREAD)
+    assert "resuming from" in err
     assert_same(records(tmp_path / "vcppo-seed0"), full)
 
 

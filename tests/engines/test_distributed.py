@@ -1,5 +1,7 @@
-"""Actor + critic train_step with 2 ranks (deepspeed launcher, gloo) == 1 rank on the same global
-batch, and so are a reward model's scores; vLLM in the same 2-rank processes samples, takes the synced weights, and tears down cleanly."""
+"""Actor + critic train_step with 2 ranks (gloo) == 1 rank on the same global batch, and so are a
+reward model's scores; vLLM in the same 2-rank processes samples, takes the synced weights, and tears
+down cleanly. The first case runs under the deepspeed launcher; the others start their ranks by hand,
+as a launcher would (tests/conftest.py)."""
 import json
 import os
 import socket
@@ -8,6 +10,8 @@ import sys
 
 import pytest
 import torch
+
+from tests.conftest import ENV, run_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 
@@ -37,12 +41,17 @@ def _run(cmd, timeout=400):
     return p
 
 
+def _by_hand(model_dir, out, *extra, world_size=2):
+    """tests/engines/dist_worker.py on ranks started by hand (CPU, gloo, one thread each)."""
+    run_ranks("--model", model_dir, "--out", out, *extra, cwd=REPO, module="tests.engines.dist_worker",
+              world_size=world_size, env=dict(ENV, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1"), timeout=400)
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_rank(tiny_model_dir, tmp_path_factory):
     """The reference: the whole global batch on one rank, one sequence per micro-batch, padded."""
-    out = str(tmp_path_factory.mktemp("w1"))
-    _run([sys.executable, os.path.join(HERE, "dist_worker.py"), "--model", tiny_model_dir, "--out", out])
-    return out
+    return _by_hand(tiny_model_dir, str(tmp_path_factory.mktemp("w1")), world_size=1)
 
 
 def _two_ranks(model_dir, out, *extra):
@@ -93,7 +102,7 @@ def test_two_ranks_packed_under_a_token_budget_match_one_rank(tiny_model_dir, on
     # to 2.05e-5 (2% of lr; Adam's first update g/(|g|+eps) scales a near-zero gradient's noise up),
     # so weights get 5% of lr. Adam is blind to a constant factor on the gradient: the normaliser is
     # checked by the losses and grad norms above (rel 1e-5; a wrong one moves them by e.g. 2/3).
-    r2 = _assert_same_step(one_rank, _two_ranks(tiny_model_dir, str(tmp_path / "w2"), "--budget", "15", "--packed"),
+    r2 = _assert_same_step(one_rank, _by_hand(tiny_model_dir, str(tmp_path / "w2"), "--budget", "15", "--packed"),
                            weight_atol=5e-5)
     assert r2["micro_batches_per_rank"] == [2, 1]
 
@@ -101,9 +110,8 @@ def test_two_ranks_packed_under_a_token_budget_match_one_rank(tiny_model_dir, on
 def test_two_ranks_with_lora_match_one_rank(tiny_model_dir, tmp_path):
     """LoRA actor and critic under ZeRO-3 on 2 ranks: the same step as on one rank (losses, grad
     norms, adapters, merged weights, values), and vLLM on each rank samples the merged actor."""
-    one = str(tmp_path / "w1")
-    _run([sys.executable, os.path.join(HERE, "dist_worker.py"), "--model", tiny_model_dir, "--out", one, "--lora"])
-    r2 = _assert_same_step(one, _two_ranks(tiny_model_dir, str(tmp_path / "w2"), "--vllm", "--lora"))
+    one = _by_hand(tiny_model_dir, str(tmp_path / "w1"), "--lora", world_size=1)
+    r2 = _assert_same_step(one, _by_hand(tiny_model_dir, str(tmp_path / "w2"), "--vllm", "--lora"))
     assert max(r2["vllm_vs_actor_maxdiff_per_rank"]) < 1e-4
     w = torch.load(os.path.join(one, "weights.pt"))["actor"]
     adapters = [k for k in w if k.startswith("adapter:")]
