@@ -2,13 +2,10 @@
 (vcppo/driver/reshard.py), continues on 1 rank (and one written on 1 rank on 2) with the same next
 step as the writer's own continuation: weights, Adam's moments, the LR schedule and the step counter
 carried over."""
-import os
-import sys
-
 import pytest
 import torch
 
-from tests.engines.test_distributed import HERE, VENV_BIN, _free_port, _run
+from tests.conftest import ENV, REPO, run_ranks
 from vcppo.driver.reshard import convert_engine
 from vcppo.driver import manifest
 
@@ -16,12 +13,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow
 
 
 def _worker(model, out, mode, ranks):
-    script = [os.path.join(HERE, "reshard_worker.py"), "--model", model, "--out", str(out), "--mode", mode]
-    if ranks == 1:
-        _run([sys.executable, *script])
-    else:
-        _run([os.path.join(VENV_BIN, "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(_free_port()),
-              *script])
+    """tests/engines/reshard_worker.py on ``ranks`` ranks started by hand (tests/conftest.py)."""
+    run_ranks("--model", model, "--out", str(out), "--mode", mode, cwd=REPO, module="tests.engines.reshard_worker",
+              world_size=ranks, env=dict(ENV, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1"), timeout=400)
 
 
 def _convert(out):
