@@ -1,4 +1,4 @@
-"""Run by tests/engines/test_distributed.py: 1 rank (plain python) or 2 ranks (deepspeed launcher).
+"""Run by tests/engines/test_distributed.py: 1 rank, or 2 (under the deepspeed launcher, or started by hand).
 
 Every rank takes its contiguous share of one fixed GLOBAL batch, the loss functions normalise by
 the global token count, and one actor and one critic train_step run. Rank 0 writes the summed

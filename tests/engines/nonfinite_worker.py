@@ -1,4 +1,4 @@
-"""Run by tests/engines/test_nonfinite.py under the deepspeed launcher (2 ranks, gloo, ZeRO-3):
+"""Run by tests/engines/test_nonfinite.py on 2 ranks started by hand (tests/conftest.py; gloo, ZeRO-3):
 only rank 1's advantages are non-finite, yet both ranks must skip the step together (no deadlock,
 no update anywhere); a finite step afterwards is applied on both. Each rank writes its figures."""
 import argparse
