@@ -19,7 +19,7 @@ from vcppo.driver.context import init_run_distributed, load_prompt_set, make_sco
 from vcppo.driver.experience_maker import ExperienceMaker, sample_seed
 from vcppo.driver.plan import wants_sampler_logprobs
 from vcppo.driver.split_protocol import (PPO, BeginPhase, SampledBatch, Start, StepDone, Stop, Validate,
-                                         ValidationResult, lookahead, may_sample)
+                                         ValidationResult, handle_now, lookahead, may_sample)
 from vcppo.driver.timeline import Timeline
 from vcppo.driver.validation import evaluate
 from vcppo.engines import dist as D
@@ -114,11 +114,18 @@ class RolloutServer:
             self.bridge.send(ValidationResult(step=step, metrics=metrics))
 
     def serve(self) -> None:
+        """Until the trainer says stop: take the control messages as they arrive, and sample the
+        next batch whenever the staleness rule allows it, with the weights it belongs to (a PPO
+        step's new weights wait while the batch before them may still be sampled:
+        :func:`~vcppo.driver.split_protocol.handle_now`)."""
+        held = None  # a message received but not handled yet
         while not self.stopped:
-            if self.message_waiting() or not self.can_sample():
+            if held is None and (self.message_waiting() or not self.can_sample()):
                 with self.timeline.span("wait"):
-                    msg = self.bridge.receive_control()
-                self.handle(msg)
+                    held = self.bridge.receive_control()
+            if held is not None and handle_now(held, self.can_sample()):
+                self.handle(held)
+                held = None
             else:
                 self.sample_next()
         self.bridge.flush()

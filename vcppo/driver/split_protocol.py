@@ -7,11 +7,13 @@ Rollout rank 0 -> trainer 0 (data, in order): :class:`SampledBatch` per step, an
 :class:`ValidationResult` for each :class:`Validate`.
 
 The staleness rule. Batch ``j`` of a phase may be sampled once the trainer has finished step
-``j - 1 - lookahead``: with ``trainer.max_staleness = s`` the PPO lookahead is ``s``, so batch j is
-sampled with the weights of step ``j - 1 - s`` or later, at most ``s`` actor updates behind the
-weights that train on it (s = 0 is the synchronous order of a colocated run). In value
-pretraining the policy is frozen, so running ahead costs no off-policy error at all: the lookahead
-is at least 1 there.
+``j - 1 - lookahead``: with ``trainer.max_staleness = s`` the PPO lookahead is ``s``, and batch j is
+sampled with the weights of step ``max(0, j - 1 - s)`` exactly, ``s`` actor updates behind the
+weights that train on it (s = 0 is the synchronous order of a colocated run). Exactly, not "at
+most": a rollout rank that may still sample its next batch takes the trainer's newer weights only
+after sampling it (:func:`handle_now`), so which weights sample a batch never depends on which
+side ran faster, and a run repeats, and resumes, exactly. In value pretraining the policy is
+frozen, so running ahead costs no off-policy error at all: the lookahead is at least 1 there.
 """
 from __future__ import annotations
 
@@ -36,6 +38,20 @@ def lookahead(phase: str, max_staleness: int) -> int:
 def may_sample(step: int, trainer_done: int, ahead: int) -> bool:
     """Whether batch ``step`` may be sampled once the trainer finished step ``trainer_done``."""
     return step <= trainer_done + 1 + ahead
+
+
+def sampling_version(step: int, max_staleness: int) -> int:
+    """The PPO step whose weights sample PPO batch ``step`` (0: the initial policy)."""
+    return max(0, step - 1 - max_staleness)
+
+
+def handle_now(msg, can_sample: bool) -> bool:
+    """Whether a rollout rank handles the control message ``msg`` before sampling its next batch.
+    Every message but one is handled at once: a PPO :class:`StepDone` (newer weights) waits while
+    the next batch may still be sampled, because that batch belongs to the weights already loaded
+    (:func:`sampling_version`). Taking the newer ones first would make it fresher than the rule,
+    and only when the trainer happened to be ahead of the sampler: a run would not repeat."""
+    return not (can_sample and isinstance(msg, StepDone) and msg.phase == PPO)
 
 
 def held_after_checkpoint(phase: str, step: int, total: int, max_staleness: int) -> range:
