@@ -21,13 +21,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The longest test files (seconds each under `make test`'s two workers), collected first: pytest-xdist's
 # loadfile hands files out in collection order, and starting the longest first keeps one worker from
 # running a long file alone at the end (longest-first scheduling).
-LONGEST_FIRST = ("tests/test_demo.py", "tests/driver/test_bpe_e2e.py", "tests/driver/test_multirank_faults_e2e.py",
-                 "tests/driver/test_dead_rank_e2e.py",
-                 "tests/driver/test_exact_resume_e2e.py",
-                 "tests/driver/test_split_e2e.py", "tests/driver/test_train_e2e.py", "tests/bench/test_bench.py",
-                 "tests/engines/test_nonfinite.py", "tests/launch/test_launch.py", "tests/engines/test_distributed.py",
-                 "tests/driver/test_guards_e2e.py", "tests/driver/test_resume_integrity_e2e.py", "tests/test_sweep.py",
-                 "tests/driver/test_lora_e2e.py", "tests/engines/test_universal_checkpoint.py")
+LONGEST_FIRST = ("tests/bench/test_bench.py", "tests/test_demo.py", "tests/launch/test_launch.py",
+                 "tests/driver/test_train_e2e.py", "tests/engines/test_distributed.py", "tests/driver/test_split_e2e.py",
+                 "tests/driver/test_multirank_faults_e2e.py", "tests/driver/test_bpe_e2e.py",
+                 "tests/engines/test_engines.py", "tests/test_sweep.py", "tests/driver/test_exact_resume_e2e.py",
+                 "tests/test_packaging.py", "tests/driver/test_guards_e2e.py", "tests/driver/test_lora_e2e.py",
+                 "tests/engines/test_nonfinite.py", "tests/driver/test_dead_rank_e2e.py",
+                 "tests/driver/test_checkpoint_integrity.py", "tests/engines/test_think_tokens.py",
+                 "tests/driver/test_resume_integrity_e2e.py")
 
 
 def _longest_first(items) -> None:

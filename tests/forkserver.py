@@ -143,7 +143,9 @@ class ForkedProcess:
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             reply = self.server.request({"op": "wait", "pid": self.pid, "timeout": timeout})
-            if reply is None or "status" not in reply:
+            if reply is None:
+                raise RuntimeError(f"the fork server ended while {self.args} ran (its log: {self.server.log_path})")
+            if "status" not in reply:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             self.returncode = reply["status"]
         return self.returncode
@@ -171,9 +173,11 @@ class ForkServer:
         self.proc: subprocess.Popen | None = None
         self.usable = True
         self._pending = b""
+        self.log_path: Path | None = None
 
     def _start(self) -> None:
-        log = open(Path(tempfile.gettempdir()) / f"vcppo-forkserver-{os.getpid()}.log", "w")
+        self.log_path = Path(tempfile.gettempdir()) / f"vcppo-forkserver-{os.getpid()}.log"
+        log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.forkserver"], cwd=Path(__file__).parent.parent,
                                      env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         ready = self._reply(timeout=300)
