@@ -110,22 +110,19 @@ def start_ranks(*args, cwd, world_size=2, module="vcppo.cli", env=None, err=lamb
     """The ranks of one job started by hand, as a launcher would (RANK, LOCAL_RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT; one node), each by :func:`start_process`; ``err(rank)``: where that
     rank's stderr goes. No launcher watches them: whatever ends the job is our own code."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    from vcppo.engines.dist import free_port
     job = dict(ENV if env is None else env, WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     return [start_process(*args, cwd=cwd, module=module, env=dict(job, RANK=str(r), LOCAL_RANK=str(r)), err=err(r))
             for r in range(world_size)]
 
 
-def run_ranks(*args, cwd, timeout=900, **kw) -> str:
+def run_ranks(*args, cwd, world_size=2, timeout=900, **kw) -> str:
     """:func:`start_ranks`, waited for; every rank must exit 0. Returns rank 0's stderr."""
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        errs = [os.path.join(tmp, f"rank{r}.err") for r in range(kw.get("world_size", 2))]
-        procs = start_ranks(*args, cwd=cwd, err=errs.__getitem__, **kw)
+        errs = [os.path.join(tmp, f"rank{r}.err") for r in range(world_size)]
+        procs = start_ranks(*args, cwd=cwd, world_size=world_size, err=errs.__getitem__, **kw)
         try:
             codes = [p.wait(timeout=timeout) for p in procs]
         finally:

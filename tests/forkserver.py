@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -160,7 +161,7 @@ class ForkedProcess:
         """SIGKILL the command's process group (the command and whatever it started)."""
         if self.returncode is None:
             try:
-                os.killpg(self.pid, 9)
+                os.killpg(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 

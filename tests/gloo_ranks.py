@@ -5,19 +5,12 @@ between ``init_process_group`` and ``destroy_process_group`` and writes its resu
 (a shared dict), which :func:`run_on_two_ranks` returns.
 """
 import os
-import socket
 
 import torch
 import torch.distributed as tdist
 import torch.multiprocessing as mp
 
-from vcppo.engines.dist import DistInfo
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from vcppo.engines.dist import DistInfo, free_port
 
 
 def cpu_info(rank: int, world_size: int = 2) -> DistInfo:
@@ -37,5 +30,5 @@ def _entry(rank, port, out, worker, args):
 
 def run_on_two_ranks(worker, *args) -> dict:
     out = mp.Manager().dict()
-    mp.start_processes(_entry, args=(_free_port(), out, worker, args), nprocs=2, start_method="spawn", join=True)
+    mp.start_processes(_entry, args=(free_port(), out, worker, args), nprocs=2, start_method="spawn", join=True)
     return dict(out)

@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import ENV, start_ranks
 from tests.driver.test_exact_resume_e2e import assert_same, records
 from tests.driver.test_train_e2e import base_overrides
-from tests.gloo_ranks import _free_port
+from vcppo.engines.dist import free_port
 from vcppo.driver import manifest
 from vcppo.driver.checkpoint import checkpoint_root, list_complete, peek_state
 
@@ -121,7 +121,7 @@ def launcher_command(launcher: str, port: str) -> list[str]:
 def test_each_launcher_ends_the_job_when_a_rank_dies(launcher, tiny_artifacts, tmp_path):
     """The same kill (rank 1, PPO step 2's actor update) under torchrun and the deepspeed launcher:
     the launcher exits non-zero soon after, with step 1's checkpoint the last and intact."""
-    cmd = [*launcher_command(launcher, str(_free_port())), "tests.kill_at", "1", "update", str(KILLED_STEP), "--",
+    cmd = [*launcher_command(launcher, str(free_port())), "tests.kill_at", "1", "update", str(KILLED_STEP), "--",
            "train", "vcppo", *args_for("vcppo", tiny_artifacts, tmp_path)]
     env = dict(ENV, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)

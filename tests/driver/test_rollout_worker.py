@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from vcppo.driver.rollout_worker import RolloutServer
-from vcppo.driver.split_protocol import PPO, Start, StepDone, Stop, sampling_version
+from vcppo.driver.split_protocol import PPO, Start, StepDone, Stop
 from vcppo.driver.timeline import Timeline
 
 
@@ -65,4 +65,5 @@ def test_each_batch_is_sampled_with_the_weights_the_staleness_rule_names(stalene
     run = SimulatedRun(staleness, total_steps=6, trainer_ahead=trainer_ahead)
     run.serve()
     assert run.stopped and run.trained == 6
-    assert run.sampled == [(j, sampling_version(j, staleness)) for j in range(1, 7)]
+    # the staleness rule: batch j belongs to the weights of step max(0, j - 1 - s)
+    assert run.sampled == [(j, max(0, j - 1 - staleness)) for j in range(1, 7)]

@@ -21,7 +21,7 @@ import torch
 from tests.conftest import ENV, run_ranks
 from tests.driver.test_exact_resume_e2e import assert_same, records
 from tests.driver.test_train_e2e import base_overrides
-from tests.gloo_ranks import _free_port
+from vcppo.engines.dist import free_port
 from vcppo.driver.checkpoint import checkpoint_root, list_complete
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
@@ -35,7 +35,7 @@ def overrides(art, out, **extra):
 
 
 def torchrun(args, cwd, **kw):
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
             "-m", "vcppo.cli", "train", "vcppo", *args]
 
 
@@ -133,7 +133,7 @@ def test_a_killed_training_rank_ends_the_job_and_the_run_resumes_exactly(one_ste
     from tests.driver.test_multirank_faults_e2e import REPO, launcher_command
     args, full = one_step_ahead
     args = [a if not a.startswith("trainer.output_root=") else f"trainer.output_root={tmp_path}" for a in args]
-    cmd = [*launcher_command("torchrun", str(_free_port())), "tests.kill_at", "0", "update", "3", "--",
+    cmd = [*launcher_command("torchrun", str(free_port())), "tests.kill_at", "0", "update", "3", "--",
            "train", "vcppo", *args]
     res = subprocess.run(cmd, cwd=tmp_path, env=dict(ONE_THREAD, PYTHONPATH=str(REPO)), capture_output=True,
                          text=True, timeout=900)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.gloo_ranks import _free_port
+from vcppo.engines.dist import free_port
 from vcppo.engines.bridge import Roles, pack_weights, unpack_weights
 
 
@@ -87,7 +87,7 @@ def _bridge_member(rank, port, out):
 @pytest.mark.distributed
 def test_bridge_carries_control_weights_and_data_between_role_worlds():
     out = mp.Manager().dict()
-    mp.start_processes(_bridge_member, args=(_free_port(), out), nprocs=3, start_method="spawn", join=True)
+    mp.start_processes(_bridge_member, args=(free_port(), out), nprocs=3, start_method="spawn", join=True)
     assert out["role_sum0"] == 1.0 and out["role_sum1"] == out["role_sum2"] == 2.0 + 3.0
     assert out["env0"] == ("0", "1", "train") and out["env2"] == ("1", "2", "rollout")
     for r in (1, 2):

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from tests.gloo_ranks import _free_port
+from vcppo.engines.dist import free_port
 
 pytestmark = [pytest.mark.distributed]
 
@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_a_hung_peer_fails_the_waiting_rank_after_the_collective_timeout():
-    env = dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    env = dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     try:

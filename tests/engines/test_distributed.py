@@ -4,7 +4,6 @@ down cleanly. The first case runs under the deepspeed launcher; the others start
 as a launcher would (tests/conftest.py)."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,18 +11,13 @@ import pytest
 import torch
 
 from tests.conftest import ENV, run_ranks
+from vcppo.engines.dist import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 VENV_BIN = os.path.dirname(sys.executable)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env():
@@ -41,10 +35,16 @@ def _run(cmd, timeout=400):
     return p
 
 
+def cpu_worker(module, *args, world_size=2):
+    """One of the engine tests' workers (tests/engines/*_worker.py) on ranks started by hand: CPU,
+    gloo, one thread each."""
+    run_ranks(*args, cwd=REPO, module=module, world_size=world_size,
+              env=dict(ENV, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1"), timeout=400)
+
+
 def _by_hand(model_dir, out, *extra, world_size=2):
-    """tests/engines/dist_worker.py on ranks started by hand (CPU, gloo, one thread each)."""
-    run_ranks("--model", model_dir, "--out", out, *extra, cwd=REPO, module="tests.engines.dist_worker",
-              world_size=world_size, env=dict(ENV, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1"), timeout=400)
+    """tests/engines/dist_worker.py on ranks started by hand."""
+    cpu_worker("tests.engines.dist_worker", "--model", model_dir, "--out", out, *extra, world_size=world_size)
     return out
 
 
@@ -56,7 +56,7 @@ def one_rank(tiny_model_dir, tmp_path_factory):
 
 def _two_ranks(model_dir, out, *extra):
     deepspeed = os.path.join(VENV_BIN, "deepspeed")
-    _run([deepspeed, "--num_gpus", "2", "--master_port", str(_free_port()), os.path.join(HERE, "dist_worker.py"),
+    _run([deepspeed, "--num_gpus", "2", "--master_port", str(free_port()), os.path.join(HERE, "dist_worker.py"),
           "--model", model_dir, "--out", out, *extra])
     return out
 

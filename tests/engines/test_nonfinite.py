@@ -83,8 +83,7 @@ def test_nonfinite_weights_are_never_written(zero_stage, info, tiny_model_dir, t
 def test_two_ranks_skip_together_when_one_rank_is_nonfinite(tiny_model_dir, tmp_path):
     import json
 
-    from tests.conftest import ENV, REPO, run_ranks
-    run_ranks("--model", tiny_model_dir, "--out", str(tmp_path), cwd=REPO, module="tests.engines.nonfinite_worker",
-              env=dict(ENV, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1"), timeout=400)
+    from tests.engines.test_distributed import cpu_worker
+    cpu_worker("tests.engines.nonfinite_worker", "--model", tiny_model_dir, "--out", str(tmp_path))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks == [{"bad": 1.0, "unchanged": True, "good": 0.0, "moved": True}] * 2

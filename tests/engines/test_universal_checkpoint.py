@@ -5,7 +5,7 @@ carried over."""
 import pytest
 import torch
 
-from tests.conftest import ENV, REPO, run_ranks
+from tests.engines.test_distributed import cpu_worker
 from vcppo.driver.reshard import convert_engine
 from vcppo.driver import manifest
 
@@ -14,8 +14,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow
 
 def _worker(model, out, mode, ranks):
     """tests/engines/reshard_worker.py on ``ranks`` ranks started by hand (tests/conftest.py)."""
-    run_ranks("--model", model, "--out", str(out), "--mode", mode, cwd=REPO, module="tests.engines.reshard_worker",
-              world_size=ranks, env=dict(ENV, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1"), timeout=400)
+    cpu_worker("tests.engines.reshard_worker", "--model", model, "--out", str(out), "--mode", mode, world_size=ranks)
 
 
 def _convert(out):

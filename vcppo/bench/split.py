@@ -30,12 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from vcppo.driver.timeline import busy_seconds, clip, read_timelines
+from vcppo.engines.dist import free_port
 
 MODES = {"colocated": ["placement.mode=colocated"],
          "split0": ["placement.mode=split", "trainer.max_staleness=0"],
@@ -65,12 +65,6 @@ def _parse(argv) -> argparse.Namespace:
     return args
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def prepare(workdir: Path, size: str, seed: int) -> None:
     """The model and the prompts, as `vcppo model make` / `vcppo data make` write them."""
     cli = [sys.executable, "-m", "vcppo.cli"]
@@ -93,7 +87,7 @@ def run_command(args, mode: str, out: Path) -> list[str]:
                  *_pretrain_overrides(args.pretrain_steps), "trainer.save_every=0", "trainer.val_every=0",
                  "algorithm.rollout_is_cap=2.0", "logging.timeline=true", "logging.wandb=false",
                  "logging.progress_bar=false", *MODES[mode]]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.ranks}", f"--master_port={_free_port()}", "-m", "vcppo.cli",
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.ranks}", f"--master_port={free_port()}", "-m", "vcppo.cli",
             "train", "vcppo", *overrides]
 
 

@@ -40,16 +40,11 @@ def may_sample(step: int, trainer_done: int, ahead: int) -> bool:
     return step <= trainer_done + 1 + ahead
 
 
-def sampling_version(step: int, max_staleness: int) -> int:
-    """The PPO step whose weights sample PPO batch ``step`` (0: the initial policy)."""
-    return max(0, step - 1 - max_staleness)
-
-
 def handle_now(msg, can_sample: bool) -> bool:
     """Whether a rollout rank handles the control message ``msg`` before sampling its next batch.
     Every message but one is handled at once: a PPO :class:`StepDone` (newer weights) waits while
     the next batch may still be sampled, because that batch belongs to the weights already loaded
-    (:func:`sampling_version`). Taking the newer ones first would make it fresher than the rule,
+    (those of step ``max(0, j - 1 - s)`` for batch j). Taking the newer ones first would make it fresher than the rule,
     and only when the trainer happened to be ahead of the sampler: a run would not repeat."""
     return not (can_sample and isinstance(msg, StepDone) and msg.phase == PPO)
 

@@ -40,7 +40,8 @@ _CLOSERS: list[Callable[[], None]] = []
 _EVER_INITIALISED = False  # a process group was set up in this process (exit_process)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (a rendezvous for ranks started here)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -167,7 +168,7 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     if "MASTER_PORT" not in os.environ:
         if world > 1:
             raise RuntimeError("WORLD_SIZE > 1 but MASTER_PORT is unset: use the deepspeed launcher or torchrun")
-        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_PORT"] = str(free_port())
     backend = "nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(local_rank)
