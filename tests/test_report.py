@@ -41,3 +41,10 @@ def test_report_of_one_run_writes_its_plots_and_table(tmp_path, capsys):
 def test_report_of_a_directory_without_metrics_is_one_line_exit_2(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "has no metrics.jsonl" in capsys.readouterr().out
+
+
+def test_the_wallclock_starts_when_the_first_step_or_validation_began():
+    from vcppo.report import _began
+    assert _began({"time": 10.0, "time/step_s": 2.5}) == 7.5  # a step's record is written as it ends
+    assert _began({"time": 10.0, "time/val_s": 4.0}) == 6.0   # so is a validation's
+    assert _began({"time": 10.0}) == 10.0                     # records from before time/val_s was logged

@@ -80,9 +80,17 @@ def _line_plot(plt, out_dir: Path, data: dict, fname: str, phase: str, keys: lis
     return (fname, title) if drew else None
 
 
+def _began(record: dict) -> float:
+    """When the work a record reports began: its time less its step's or its validation's seconds.
+    A split run logs a validation when it arrives, possibly after a later step's record, so the
+    first record's own time would start the clock at different points in the two placements."""
+    return record["time"] - (record.get("time/step_s") or record.get("time/val_s") or 0.0)
+
+
 def _wallclock_plot(plt, out_dir: Path, data: dict) -> tuple[str, str] | None:
-    """Validation pass@1 (greedy and sampled) against minutes since the run's first record: what a
-    faster schedule (split placement) buys at equal steps shows as the same curve, further left."""
+    """Validation pass@1 (greedy and sampled) against minutes since the run's first step (or
+    validation) began: what a faster schedule (split placement) buys at equal steps shows as the
+    same curve, further left."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     drew = False
     for ax, (key, label) in zip(axes, (("val/pass@1_greedy", "val greedy pass@1"), ("val/pass@1", "val sampled pass@1"))):
@@ -90,7 +98,7 @@ def _wallclock_plot(plt, out_dir: Path, data: dict) -> tuple[str, str] | None:
             records = d["value_pretrain"] + d["ppo"] + d["val"]
             points = [(r["time"], r[key]) for r in d["val"] if r.get(key) is not None and "time" in r]
             if points and records:
-                start = min(r["time"] for r in records if "time" in r)
+                start = min(_began(r) for r in records if "time" in r)
                 ax.plot([(t - start) / 60 for t, _ in points], [v for _, v in points], label=name,
                         color=f"C{i % 10}", marker=".")
                 drew = True

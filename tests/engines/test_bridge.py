@@ -1,6 +1,7 @@
 """Split placement's transport (vcppo.engines.bridge): roles from ranks, weight packing, and the
 bridge groups on three real gloo processes (1 training rank + 2 rollout ranks)."""
 import os
+import time
 
 import pytest
 import torch
@@ -66,7 +67,10 @@ def _bridge_member(rank, port, out):
     if rank == 0:
         layout, flat = pack_weights([("w", torch.arange(6.0).view(2, 3)), ("h", torch.ones(4, dtype=torch.float64))],
                                     bucket_bytes=1024)
+        out["ready_before"] = bridge.data_ready()  # rollout rank 0 sends only after "hello"
         bridge.broadcast_control({"hello": 1, "layout": layout}, flat)
+        while not bridge.data_ready():  # a poll never blocks, and a later receive finishes its header
+            time.sleep(0.005)
         # rollout rank 0 sent both before it blocked on the next control message: its sends must
         # be delivered while it waits (a send that needs its sender to wait would deadlock here)
         out["from1"] = [bridge.receive(), bridge.receive()]
@@ -93,4 +97,5 @@ def test_bridge_carries_control_weights_and_data_between_role_worlds():
     for r in (1, 2):
         assert out[f"got{r}"] == (1, [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], True)
         assert out[f"second{r}"] == "second"
+    assert out["ready_before"] is False
     assert out["from1"][0] == {"rank": 1} and torch.equal(out["from1"][1], torch.arange(50_000))

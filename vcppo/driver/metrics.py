@@ -13,7 +13,7 @@ from vcppo.algos import stats
 from vcppo.algos.kl import kl_estimate, sequence_mean_kl
 from vcppo.algos.mismatch import mismatch_stats, tis_weights
 from vcppo.driver.context import RunContext
-from vcppo.engines.dist import gather_cat, global_sum
+from vcppo.engines.dist import gather_cat
 from vcppo.driver.plan import Source, StepPlan
 from vcppo.driver.timeline import Timeline
 from vcppo.experience import Advantages, BeforeUpdate, Rollout
@@ -129,14 +129,23 @@ def kl_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Before
     return m
 
 
-def log_validation(ctx: RunContext, source, step: int, final: bool = False) -> dict:
-    """Greedy pass@1 and sampled unbiased pass@k on the validation prompts (``source.validate``), logged."""
-    metrics = source.validate(step)
-    if not metrics:
-        return {}
-    ctx.log.log(metrics, step=step, phase="val")
-    ctx.log.info(f"val step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()
-                                                  if k.startswith("val/")))
-    if final:
-        ctx.write_final_metrics(metrics)
-    return metrics
+def validate(ctx: RunContext, source, step: int, final: bool = False) -> None:
+    """Greedy pass@1 and sampled unbiased pass@k on the validation prompts, with the weights of
+    ``step`` (``source.validate``). Colocated, it is done and logged here; in a split run the
+    rollout ranks validate while training goes on, and :func:`log_validations` logs the result
+    when it has arrived. ``final``: wait for it (and every earlier one) and write final_metrics.json."""
+    source.validate(step)
+    log_validations(ctx, source, wait=final, final_step=step if final else None)
+
+
+def log_validations(ctx: RunContext, source, wait: bool = False, final_step: int | None = None) -> None:
+    """Log the validations that have finished, in step order (``wait``: every one asked for, as a
+    checkpoint must hold every record up to its step)."""
+    for step, metrics in source.finished_validations(wait):
+        if not metrics:
+            continue
+        ctx.log.log(metrics, step=step, phase="val")
+        ctx.log.info(f"val step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()
+                                                      if k.startswith("val/")))
+        if step == final_step:
+            ctx.write_final_metrics(metrics)

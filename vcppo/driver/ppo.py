@@ -15,7 +15,7 @@ from vcppo.config import load_command_config
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.context import RunContext, init_run_distributed
 from vcppo.driver.guards import update_streaks
-from vcppo.driver.metrics import log_validation
+from vcppo.driver.metrics import log_validations, validate
 from vcppo.driver.plan import StepPlan, ppo_plan, pretrain_plan
 from vcppo.driver.resume import resume_or_start, save_checkpoint
 from vcppo.driver.rollout_worker import serve_rollouts
@@ -69,18 +69,20 @@ def ppo_loop(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: R
     cfg = ctx.cfg
     total = cfg.trainer.total_steps
     if state.step == 0:
-        log_validation(ctx, source, step=0)
+        validate(ctx, source, step=0)
     ctx.log.start_phase("ppo", total=total, initial=state.step)
     while state.step < total:
         step = state.step + 1
         metrics = rl_step(ctx, source, plan, state, step)
         state.step = step
         ctx.log.log(metrics, step=step, phase="ppo")
+        log_validations(ctx, source)  # split: those the rollout ranks finished during the step
         update_streaks(state, metrics, cfg.trainer, f"PPO step {step}", ctx.log.info)  # may abort, before any save
         if cfg.trainer.val_every and step % cfg.trainer.val_every == 0 and step != total:
-            log_validation(ctx, source, step=step)
+            validate(ctx, source, step=step)
         if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == total:
+            log_validations(ctx, source, wait=True)  # a resumed run cuts metrics.jsonl back to its checkpoint
             save_checkpoint(ctx, state, source)
     if state.step == total:
-        log_validation(ctx, source, step=total, final=True)
+        validate(ctx, source, step=total, final=True)
         ctx.export_final()

@@ -2,7 +2,8 @@
 
 Trainer 0 talks to the rollout ranks (:mod:`vcppo.driver.split_protocol`) and hands each step's
 whole batch to the other training ranks, which keep their share of it exactly as colocated ranks
-do after balancing. In-flight batches: a checkpoint at PPO step k with ``trainer.max_staleness = s``
+do after balancing. A validation is asked for, not waited for: its result is logged once it has
+arrived, and a checkpoint first waits for every one asked for, so its metrics hold them all. In-flight batches: a checkpoint at PPO step k with ``trainer.max_staleness = s``
 first receives batches k+1..k+s (sampled with weights older than the checkpoint's, which a resumed
 run could not sample again) and saves them with the checkpoint (``inflight.pt``); a resumed run
 trains on them first and the rollout ranks go on from batch k+s+1, so the run continues exactly
@@ -50,17 +51,22 @@ class RemoteSource:
         self.mailbox: dict[tuple, SampledBatch | ValidationResult] = {}
         self.phase = PPO
         self.consumed_state: dict | None = None  # the prompt position after the last batch trained on
+        self.asked: list[int] = []  # main rank: the steps whose validation has not been logged yet
 
     # --- trainer 0's mailbox ---------------------------------------------------------------------
+    def _receive_one(self) -> None:
+        """The next message from the rollout ranks into the mailbox; batches of a phase that ended
+        (sampled ahead of value pretraining's end) are dropped."""
+        msg = self.bridge.receive()
+        if isinstance(msg, ValidationResult):
+            self.mailbox[("val", msg.step)] = msg
+        elif msg.phase == self.phase:
+            self.mailbox[("batch", msg.phase, msg.step)] = msg
+
     def _fetch(self, key: tuple) -> SampledBatch | ValidationResult:
-        """(Left in the mailbox.) Receive until ``key`` (("batch", phase, step) or ("val", step)) is in; batches of a phase
-        that ended (sampled ahead of value pretraining's end) are dropped."""
+        """(Left in the mailbox.) Receive until ``key`` (("batch", phase, step) or ("val", step)) is in."""
         while key not in self.mailbox:
-            msg = self.bridge.receive()
-            if isinstance(msg, ValidationResult):
-                self.mailbox[("val", msg.step)] = msg
-            elif msg.phase == self.phase:
-                self.mailbox[("batch", msg.phase, msg.step)] = msg
+            self._receive_one()
         return self.mailbox[key]
 
     def _take(self, key: tuple) -> SampledBatch | ValidationResult:
@@ -115,13 +121,26 @@ class RemoteSource:
             self.mailbox = {k: m for k, m in self.mailbox.items() if k[0] == "val"}
             self._send(BeginPhase(phase=phase, prompt_state=self.consumed_state))
 
-    def validate(self, step: int) -> dict:
-        """Asked of the rollout ranks, which validate with the weights of ``step`` (main rank: the
-        metrics; the others: {})."""
-        if not self.cfg.data.val_files or not self.dist.is_main:
-            return {}
-        self._send(Validate(step=step))
-        return self._take(("val", step)).metrics
+    def validate(self, step: int) -> None:
+        """Asked of the rollout ranks, which validate with the weights of ``step`` while this rank
+        trains on (:func:`~vcppo.driver.split_protocol.handle_now`)."""
+        if self.cfg.data.val_files and self.dist.is_main:
+            self._send(Validate(step=step))
+            self.asked.append(step)
+
+    def finished_validations(self, wait: bool) -> list[tuple[int, dict]]:
+        """Main rank: the results that have arrived (``wait``: every one asked for); others: []."""
+        if not self.asked:
+            return []
+        while self.bridge.data_ready():
+            self._receive_one()
+        if wait:
+            with self.ctx.timeline.span("wait_validation"):
+                for step in self.asked:
+                    self._fetch(("val", step))
+        done = [step for step in self.asked if ("val", step) in self.mailbox]
+        self.asked = [step for step in self.asked if step not in done]
+        return [(step, self.mailbox.pop(("val", step)).metrics) for step in done]
 
     def checkpoint(self, stage: Path, state: RunState) -> dict:
         """Main rank: the in-flight batches saved with the checkpoint; the prompt position after them."""

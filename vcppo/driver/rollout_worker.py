@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 from vcppo.driver.context import init_run_distributed, load_prompt_set, make_scorer, pad_token_id
-from vcppo.driver.experience_maker import ExperienceMaker, sample_seed
+from vcppo.driver.experience_maker import ExperienceMaker
 from vcppo.driver.plan import wants_sampler_logprobs
 from vcppo.driver.split_protocol import (PPO, BeginPhase, SampledBatch, Start, StepDone, Stop, Validate,
                                          ValidationResult, handle_now, lookahead, may_sample)
 from vcppo.driver.timeline import Timeline
-from vcppo.driver.validation import evaluate
+from vcppo.driver.validation import validate_run
 from vcppo.engines import dist as D
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import concat_batches
@@ -104,12 +104,10 @@ class RolloutServer:
         self.next_step += 1
 
     def validate(self, step: int) -> None:
-        cfg, metrics = self.cfg, {}
+        metrics = {}
         with self.timeline.span("validate"):
             if self.val_rows:
-                metrics = evaluate(self.engine, self.val_rows, self.scorer, dist=self.dist, sampling=cfg.rollout,
-                                   n_samples=cfg.trainer.val_n_samples, ks=cfg.trainer.val_k,
-                                   seed=sample_seed(cfg.trainer.seed, "val", step, self.engine.replica))
+                metrics = validate_run(self.cfg, self.engine, self.val_rows, self.scorer, self.dist, step)
         if self.dist.rank == 0:
             self.bridge.send(ValidationResult(step=step, metrics=metrics))
 

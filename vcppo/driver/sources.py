@@ -5,7 +5,8 @@ ranks (split placement). The driver sees one interface, :class:`ExperienceSource
     make(phase, step)          the step's scored batch on this rank, and its sampling metrics
     step_done(phase, step, ..) after the updates: the new weights to the sampler
     begin_phase(phase)         value pretraining ended
-    validate(step)             greedy pass@1 and pass@k on the validation prompts
+    validate(step)             ask for greedy pass@1 and pass@k with the weights of ``step``
+    finished_validations(wait) the validations done since the last call: [(step, metrics)]
     checkpoint(stage, state)   the data position a checkpoint records (main rank)
     close()                    the run ended cleanly
 
@@ -18,9 +19,9 @@ from typing import Protocol
 
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.context import RunContext
-from vcppo.driver.experience_maker import ExperienceMaker, sample_seed
+from vcppo.driver.experience_maker import ExperienceMaker
 from vcppo.driver.plan import StepPlan
-from vcppo.driver.validation import evaluate
+from vcppo.driver.validation import validate_run
 from vcppo.engines.actor import ActorEngine
 from vcppo.experience import Rollout
 
@@ -30,7 +31,8 @@ class ExperienceSource(Protocol):
     def make(self, phase: str, step: int) -> tuple[Rollout, dict]: ...
     def step_done(self, phase: str, step: int, actor: ActorEngine | None) -> None: ...
     def begin_phase(self, phase: str) -> None: ...
-    def validate(self, step: int) -> dict: ...
+    def validate(self, step: int) -> None: ...
+    def finished_validations(self, wait: bool) -> list[tuple[int, dict]]: ...
     def checkpoint(self, stage: Path, state: RunState) -> dict: ...
     def close(self) -> None: ...
 
@@ -40,6 +42,7 @@ class ColocatedSource:
 
     def __init__(self, ctx: RunContext, maker: ExperienceMaker):
         self.ctx, self.maker = ctx, maker
+        self.finished: list[tuple[int, dict]] = []  # validations not yet logged
 
     @classmethod
     def for_run(cls, ctx: RunContext, plan: StepPlan) -> "ColocatedSource":
@@ -65,13 +68,15 @@ class ColocatedSource:
     def begin_phase(self, phase: str) -> None:
         pass  # the prompt stream already stands after the last batch trained on
 
-    def validate(self, step: int) -> dict:
-        ctx, cfg = self.ctx, self.ctx.cfg
-        if not ctx.val_rows:
-            return {}
-        return evaluate(ctx.rollout, ctx.val_rows, ctx.scorer, dist=ctx.dist, sampling=cfg.rollout,
-                        n_samples=cfg.trainer.val_n_samples, ks=cfg.trainer.val_k,
-                        seed=sample_seed(cfg.trainer.seed, "val", step, ctx.rollout.replica))
+    def validate(self, step: int) -> None:
+        """Done at once: these ranks sample and train in turn."""
+        ctx = self.ctx
+        if ctx.val_rows:
+            self.finished.append((step, validate_run(ctx.cfg, ctx.rollout, ctx.val_rows, ctx.scorer, ctx.dist, step)))
+
+    def finished_validations(self, wait: bool) -> list[tuple[int, dict]]:
+        finished, self.finished = self.finished, []
+        return finished
 
     def checkpoint(self, stage: Path, state: RunState) -> dict:
         return self.ctx.prompts.state_dict()

@@ -4,7 +4,8 @@ Trainer 0 -> rollout ranks (control, in order): :class:`Start` once, then per st
 :class:`StepDone` (with the new weights when the actor trained), :class:`BeginPhase` when
 value pretraining ends, :class:`Validate` where the run validates, :class:`Stop` at the end.
 Rollout rank 0 -> trainer 0 (data, in order): :class:`SampledBatch` per step, and
-:class:`ValidationResult` for each :class:`Validate`.
+:class:`ValidationResult` for each :class:`Validate`, which trainer 0 does not wait for: it trains
+on while the rollout ranks validate, and logs the result when it arrives.
 
 The staleness rule. Batch ``j`` of a phase may be sampled once the trainer has finished step
 ``j - 1 - lookahead``: with ``trainer.max_staleness = s`` the PPO lookahead is ``s``, and batch j is
@@ -42,11 +43,18 @@ def may_sample(step: int, trainer_done: int, ahead: int) -> bool:
 
 def handle_now(msg, can_sample: bool) -> bool:
     """Whether a rollout rank handles the control message ``msg`` before sampling its next batch.
-    Every message but one is handled at once: a PPO :class:`StepDone` (newer weights) waits while
-    the next batch may still be sampled, because that batch belongs to the weights already loaded
-    (those of step ``max(0, j - 1 - s)`` for batch j). Taking the newer ones first would make it fresher than the rule,
-    and only when the trainer happened to be ahead of the sampler: a run would not repeat."""
-    return not (can_sample and isinstance(msg, StepDone) and msg.phase == PPO)
+    Two messages wait while the next batch may still be sampled, since that batch belongs to the
+    weights already loaded (those of step ``max(0, j - 1 - s)`` for batch j):
+
+    * a PPO :class:`StepDone` (newer weights): taking them first would make the batch fresher than
+      the rule, and only when the trainer happened to be ahead of the sampler: a run would not repeat;
+    * a :class:`Validate` (of the loaded weights, which the batch uses too): the trainer needs the
+      batch before the validation's result, so it trains on that batch while the rollout ranks
+      validate. No newer weights can arrive in between: they are queued behind the Validate.
+    """
+    if not can_sample:
+        return True
+    return not (isinstance(msg, Validate) or (isinstance(msg, StepDone) and msg.phase == PPO))
 
 
 def held_after_checkpoint(phase: str, step: int, total: int, max_staleness: int) -> range:

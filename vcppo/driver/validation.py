@@ -2,15 +2,18 @@
 validation inside training, the SFT command's stopping rule, and `vcppo eval`."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from vcppo.algos.stats import pass_at_k
+from vcppo.driver.experience_maker import sample_seed
 from vcppo.driver.sampling import rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.schema import RolloutConfig
+from vcppo.schema import Config, RolloutConfig
 
 
 def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sampling: RolloutConfig,
@@ -71,6 +74,17 @@ def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, 
         picked = {k: [v for v, r in zip(merged[k], merged[_ROWS[k]]) if r in mine] for k in _ROWS}
         res.update(_summary(picked, len(mine), n_samples, ks, greedy, f"val/{label}/"))
     return res
+
+
+def validate_run(cfg: Config, rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, dist: DistInfo,
+                 step: int) -> dict:
+    """A training run's validation with the weights of ``step`` (``trainer.val_*``, seeded per step
+    and rollout engine): :func:`evaluate`'s metrics and ``time/val_s``, its wall-clock seconds."""
+    start = time.perf_counter()
+    metrics = evaluate(rollout, rows, scorer, dist=dist, sampling=cfg.rollout, n_samples=cfg.trainer.val_n_samples,
+                       ks=cfg.trainer.val_k, seed=sample_seed(cfg.trainer.seed, "val", step, rollout.replica))
+    metrics["time/val_s"] = time.perf_counter() - start
+    return metrics
 
 
 # the per-row list that says which row each entry of a merged list belongs to

@@ -145,6 +145,31 @@ def unpack_weights(layout: WeightsLayout, flat: list[torch.Tensor]) -> list[tupl
     return [(s.name, flat[s.bucket][s.offset:s.offset + s.numel].view(s.shape)) for s in layout.slots]
 
 
+class _Inbox:
+    """The receiving end of pickled objects that ``root`` broadcasts in ``group`` (a size header,
+    then the payload). :meth:`ready` posts the header's receive and asks whether it completed, so a
+    member can poll without blocking; :meth:`receive` then finishes that same receive."""
+
+    def __init__(self, group, root: int):
+        self.group, self.root = group, root
+        self._header: tuple | None = None  # a posted header receive: (work, tensor)
+
+    def ready(self) -> bool:
+        if self._header is None:
+            size = torch.zeros(1, dtype=torch.int64)
+            self._header = (self.group.broadcast(size, self.root), size)
+        return self._header[0].is_completed()
+
+    def receive(self):
+        self.ready()
+        work, size = self._header
+        self._header = None
+        work.wait()
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        self.group.broadcast(payload, self.root).wait()
+        return _from_bytes(payload)
+
+
 class Bridge:
     """The three bridge groups of one member (trainer 0 or a rollout rank)."""
 
@@ -159,7 +184,9 @@ class Bridge:
         self.data = _group(store, "data", self.rank, 2, "gloo", timeout) if self.rank <= 1 else None
         self.weights = _group(store, "weights", self.rank, self.size, weights_backend, timeout)
         self._pending: list[tuple[object, object]] = []  # (work, the buffers it reads)
-        self._header: tuple | None = None  # a posted control-header receive: (work, tensor)
+        # what a member receives: control from trainer 0 (rollout ranks), data from rollout rank 0 (trainer 0)
+        self._control_in = _Inbox(self.control, 0)
+        self._data_in = _Inbox(self.data, 1) if self.data is not None else None
 
     # --- trainer 0 -> every rollout rank -------------------------------------------------------
     def broadcast_control(self, obj, weights: list[torch.Tensor] = ()) -> None:
@@ -173,21 +200,12 @@ class Bridge:
             self._pending.append((self.weights.broadcast([bucket]), bucket))
 
     def control_ready(self) -> bool:
-        """Member: a control message has arrived (posts the receive of its header if needed)."""
-        if self._header is None:
-            size = torch.zeros(1, dtype=torch.int64)
-            self._header = (self.control.broadcast([size]), size)
-        return self._header[0].is_completed()
+        """Member: a control message has arrived (never blocks)."""
+        return self._control_in.ready()
 
     def receive_control(self):
         """Member: the next control message (blocking)."""
-        self.control_ready()
-        work, size = self._header
-        self._header = None
-        work.wait()
-        payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        self.control.broadcast([payload]).wait()
-        return _from_bytes(payload)
+        return self._control_in.receive()
 
     def receive_weights(self, layout: WeightsLayout) -> list[tuple[str, torch.Tensor]]:
         """Member: the weight buckets announced by the last control message, unpacked."""
@@ -208,13 +226,13 @@ class Bridge:
         self._pending.append((self.data.broadcast(size, 1), size))
         self._pending.append((self.data.broadcast(payload, 1), payload))
 
+    def data_ready(self) -> bool:
+        """Trainer 0: an object from rollout rank 0 has arrived (never blocks)."""
+        return self._data_in.ready()
+
     def receive(self):
         """Trainer 0: the next object rollout rank 0 sent (blocking)."""
-        size = torch.zeros(1, dtype=torch.int64)
-        self.data.broadcast(size, 1).wait()
-        payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        self.data.broadcast(payload, 1).wait()
-        return _from_bytes(payload)
+        return self._data_in.receive()
 
     # --- both ------------------------------------------------------------------------------------
     def reap(self) -> None:
