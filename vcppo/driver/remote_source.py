@@ -3,11 +3,12 @@
 Trainer 0 talks to the rollout ranks (:mod:`vcppo.driver.split_protocol`) and hands each step's
 whole batch to the other training ranks, which keep their share of it exactly as colocated ranks
 do after balancing. A validation is asked for, not waited for: its result is logged once it has
-arrived, and a checkpoint first waits for every one asked for, so its metrics hold them all. In-flight batches: a checkpoint at PPO step k with ``trainer.max_staleness = s``
-first receives batches k+1..k+s (sampled with weights older than the checkpoint's, which a resumed
-run could not sample again) and saves them with the checkpoint (``inflight.pt``); a resumed run
-trains on them first and the rollout ranks go on from batch k+s+1, so the run continues exactly
-as if it had not stopped. Later batches, and every value-pretraining batch (frozen policy), are
+arrived, and a checkpoint first waits for every one asked for, so its metrics hold them all.
+In-flight batches: a checkpoint at PPO step k with ``trainer.max_staleness = s`` first receives
+batches k+1..k+s (sampled with weights older than the checkpoint's, which a resumed run could not
+sample again) and saves them with the checkpoint (``inflight.pt``); a resumed run trains on them
+first and the rollout ranks go on from batch k+s+1, so the run continues exactly as if it had not
+stopped. Later batches, and every value-pretraining batch (frozen policy), are
 sampled again from their seeds.
 """
 from __future__ import annotations
