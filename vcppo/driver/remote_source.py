@@ -8,8 +8,8 @@ In-flight batches: a checkpoint at PPO step k with ``trainer.max_staleness = s``
 batches k+1..k+s (sampled with weights older than the checkpoint's, which a resumed run could not
 sample again) and saves them with the checkpoint (``inflight.pt``); a resumed run trains on them
 first and the rollout ranks go on from batch k+s+1, so the run continues exactly as if it had not
-stopped. Later batches, and every value-pretraining batch (frozen policy), are
-sampled again from their seeds.
+stopped. Later batches, and every value-pretraining batch (frozen policy), are sampled again from
+their seeds.
 """
 from __future__ import annotations
 

@@ -114,8 +114,8 @@ class RolloutServer:
     def serve(self) -> None:
         """Until the trainer says stop: take the control messages as they arrive, and sample the
         next batch whenever the staleness rule allows it, with the weights it belongs to (a PPO
-        step's new weights wait while the batch before them may still be sampled:
-        :func:`~vcppo.driver.split_protocol.handle_now`)."""
+        step's new weights, and a validation, wait while the batch before them may still be
+        sampled: :func:`~vcppo.driver.split_protocol.handle_now`)."""
         held = None  # a message received but not handled yet
         while not self.stopped:
             if held is None and (self.message_waiting() or not self.can_sample()):

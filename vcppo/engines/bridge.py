@@ -184,9 +184,9 @@ class Bridge:
         self.data = _group(store, "data", self.rank, 2, "gloo", timeout) if self.rank <= 1 else None
         self.weights = _group(store, "weights", self.rank, self.size, weights_backend, timeout)
         self._pending: list[tuple[object, object]] = []  # (work, the buffers it reads)
-        # what a member receives: control from trainer 0 (rollout ranks), data from rollout rank 0 (trainer 0)
-        self._control_in = _Inbox(self.control, 0)
-        self._data_in = _Inbox(self.data, 1) if self.data is not None else None
+        # what a member receives: the rollout ranks control from trainer 0, trainer 0 data from rollout rank 0
+        self._control_in = _Inbox(self.control, 0) if self.rank > 0 else None
+        self._data_in = _Inbox(self.data, 1) if self.rank == 0 else None
 
     # --- trainer 0 -> every rollout rank -------------------------------------------------------
     def broadcast_control(self, obj, weights: list[torch.Tensor] = ()) -> None:
