@@ -224,6 +224,9 @@ def test_top_p_below_one_with_a_reader_of_the_sampler_logprobs_names_both_keys(r
       "rollout.sampler_logprobs=false"], "rollout.sampler_logprobs"),
     (["placement.mode=split", "rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size"),
     (["placement.mode=spilt"], "placement.mode"),
+    (["placement.critic_ranks=1"], "placement.critic_ranks"),  # colocated ranks hold the critic
+    (["placement.mode=split", "placement.critic_ranks=1", "algorithm.advantage_estimator=grpo"],
+     "placement.critic_ranks"),  # no critic to place
 ])
 def test_split_placement_settings_that_cannot_work_name_their_key(overrides, key):
     with pytest.raises(ConfigError, match=re.escape(f"'{key}'")):

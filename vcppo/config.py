@@ -372,6 +372,12 @@ def _check_placement(cfg: Config) -> None:
         raise ConfigError(f"config key 'rollout.tensor_parallel_size' ({cfg.rollout.tensor_parallel_size}) must be 1 "
                           "with placement.mode=split: tensor-parallel rollout groups are not built on rollout ranks "
                           "yet (each rollout rank runs one whole engine)")
+    critics = cfg.placement.critic_ranks
+    if critics and cfg.placement.mode != "split":
+        raise ConfigError(f"config key 'placement.critic_ranks' ({critics}) needs placement.mode=split")
+    if critics and cfg.algorithm.advantage_estimator != "gae":
+        raise ConfigError(f"config key 'placement.critic_ranks' ({critics}) needs a critic, and "
+                          f"algorithm.advantage_estimator={cfg.algorithm.advantage_estimator!r} has none")
     if staleness and cfg.placement.mode != "split":
         raise ConfigError(f"config key 'trainer.max_staleness' ({staleness}) needs placement.mode=split: "
                           "colocated ranks sample and train in turn, so a batch is never stale")

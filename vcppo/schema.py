@@ -320,6 +320,9 @@ class PlacementConfig:
                    "themselves), and weights and samples cross between them (docs/launching.md).",
                    choices=("colocated", "split"))
     rollout_ranks: int = _f(1, "Split placement: how many ranks (the last ones) run vLLM only.", low=1)
+    critic_ranks: int = _f(0, "Split placement: ranks that hold the critic only (after the actor's ranks, "
+                           "as many as they), so the critic's values pass and update run while the actor "
+                           "trains; 0: the critic trains on the actor's ranks.", low=0)
 
 
 @dataclass

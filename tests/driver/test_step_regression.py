@@ -65,7 +65,7 @@ def one_step(info, model_dir) -> dict:
     out = {}
     for step in (1, 2):  # the second step sees a critic whose head the first one moved
         returns = returns_to_go(r.token_rewards, r.response_mask, alg.gamma)
-        critic = update_critic(ctx, PLAN, CriticBatch(**vars(r), returns=returns), step)
+        critic = update_critic(ctx.cfg, ctx.critic, PLAN, CriticBatch(**vars(r), returns=returns), step)
         adv = estimate(r, r.token_rewards, critic.values, alg, 1.0)
         actor = update_actor(ctx, PLAN, ActorBatch(**vars(r), advantages=adv.advantages), step)
         for k in ("critic/value_loss", "critic/grad_norm"):

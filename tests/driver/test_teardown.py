@@ -16,7 +16,7 @@ def _ctx(calls, failing="logger"):
                 raise PermissionError(f"[Errno 13] Permission denied: 'run/wandb/debug.log' ({name})")
         return SimpleNamespace(close=close)
     return SimpleNamespace(log=part("logger"), scorer=part("scorer"), timeline=part("timeline"),
-                           rollout=part("rollout"), run_lock=None)
+                           rollout=part("rollout"), critic=None, run_lock=None)
 
 
 @pytest.fixture(autouse=True)

@@ -99,3 +99,51 @@ def test_bridge_carries_control_weights_and_data_between_role_worlds():
         assert out[f"second{r}"] == "second"
     assert out["ready_before"] is False
     assert out["from1"][0] == {"rank": 1} and torch.equal(out["from1"][1], torch.arange(50_000))
+
+
+def test_roles_with_critic_ranks_put_them_between_the_actor_and_rollout_ranks():
+    roles = Roles(world_size=5, rollout_ranks=1, critic_ranks=2)
+    assert [roles.role_of(r) for r in range(5)] == ["train", "train", "critic", "critic", "rollout"]
+    assert [roles.role_rank(r) for r in range(5)] == [0, 1, 0, 1, 0]
+    assert [roles.role_size(r) for r in range(5)] == [2, 2, 2, 2, 1]
+    assert [roles.bridge_rank(r) for r in range(5)] == [0, None, None, None, 1]
+    assert [roles.critic_partner(r) for r in range(5)] == [2, 3, 0, 1, None]
+    assert Roles(world_size=4, rollout_ranks=1).critic_partner(0) is None
+
+
+@pytest.mark.parametrize("world, rollout, critic", [(4, 1, 2), (4, 1, 1), (3, 2, 1)])
+def test_critic_ranks_must_match_the_actor_ranks(world, rollout, critic):
+    with pytest.raises(ValueError, match="placement"):
+        Roles(world_size=world, rollout_ranks=rollout, critic_ranks=critic)
+
+
+def _link_member(rank, port, out):
+    from datetime import timedelta
+
+    import torch.distributed as tdist
+
+    from vcppo.engines.bridge import CriticLink, init_role_world
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="3")
+    roles, timeout = Roles(world_size=3, rollout_ranks=1, critic_ranks=1), timedelta(seconds=60)
+    store = init_role_world(roles, rank, "gloo", timeout)
+    if rank < 2:
+        link = CriticLink(store, roles, rank, timeout)
+        # both send before either receives: each direction has its own group, so nothing waits
+        for i in range(3):
+            link.send({"from": rank, "i": i, "payload": torch.full((1000,), float(rank))})
+        out[f"got{rank}"] = [(m["from"], m["i"], float(m["payload"].sum())) for m in (link.receive() for _ in range(3))]
+        link.flush()
+    else:
+        with pytest.raises(ValueError, match="no critic partner"):
+            CriticLink(store, roles, rank, timeout)
+        out["rollout"] = True
+    tdist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_critic_link_carries_objects_both_ways_between_an_actor_and_its_critic_rank():
+    out = mp.Manager().dict()
+    mp.start_processes(_link_member, args=(free_port(), out), nprocs=3, start_method="spawn", join=True)
+    assert out["got0"] == [(1, i, 1000.0) for i in range(3)]
+    assert out["got1"] == [(0, i, 0.0) for i in range(3)]
+    assert out["rollout"]

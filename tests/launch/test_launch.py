@@ -88,7 +88,7 @@ def test_chain_ablation_dry_run_lists_every_run_and_builds_nothing(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_split_chain_script_overrides_load_for_both_modes():
+def test_split_chain_script_overrides_load_for_every_mode():
     """launch/split_chain.sh: its shared overrides, with each mode's placement, are a valid config."""
     import re
 
@@ -96,11 +96,12 @@ def test_split_chain_script_overrides_load_for_both_modes():
     text = (REPO / "launch/split_chain.sh").read_text()
     common = re.search(r"COMMON=\((.*?)\)", text, re.S).group(1).split()
     modes = [m.split() for m in re.findall(r"placement=\((.*?)\)", text)]
-    assert len(modes) == 2
-    for placement in modes:
+    critic_rank = re.findall(r"placement\+=\((.*?)\)", text)
+    assert len(modes) == 2 and critic_rank == ["placement.critic_ranks=1"]
+    for placement in [*modes, modes[1] + critic_rank]:
         cfg = load_config("vcppo", [*common, *placement, "trainer.seed=1"])
         assert cfg.algorithm.lambda_actor == 0.8 and cfg.trainer.total_steps == 50
-    assert cfg.placement.mode == "split" and cfg.trainer.max_staleness == 1
+    assert cfg.placement.mode == "split" and cfg.trainer.max_staleness == 1 and cfg.placement.critic_ranks == 1
 
 
 FAKE_SRUN = r'''#!/usr/bin/env bash

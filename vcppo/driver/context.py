@@ -24,6 +24,7 @@ from vcppo.driver import reshard
 from vcppo.driver.checkpoint import find_resume_point, peek_state, rewind_metrics
 from vcppo.driver.engines import build_engines
 from vcppo.driver.model_reward import ModelReward
+from vcppo.driver.remote_critic import RemoteCritic
 from vcppo.driver.teardown import close_parts
 from vcppo.driver.timeline import Timeline
 from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
@@ -84,22 +85,33 @@ def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resum
                          resume=resume, use_tensorboard=lg.tensorboard, already_sent=already_sent)
 
 
+def check_split_sizes(cfg: Config, world: int) -> None:
+    """Split placement's rank counts against the launched ranks (a ConfigError naming the key)."""
+    pl, prompts = cfg.placement, cfg.trainer.prompts_per_step
+    actor_ranks = world - pl.rollout_ranks - pl.critic_ranks
+    if actor_ranks < 1:
+        raise ConfigError(f"config keys 'placement.rollout_ranks' ({pl.rollout_ranks}) and 'placement.critic_ranks' "
+                          f"({pl.critic_ranks}) must leave at least one actor rank among the {world} launched ranks")
+    if pl.critic_ranks and pl.critic_ranks != actor_ranks:
+        raise ConfigError(f"config key 'placement.critic_ranks' ({pl.critic_ranks}) must equal the number of actor "
+                          f"ranks ({actor_ranks} = {world} launched - {pl.rollout_ranks} rollout - "
+                          f"{pl.critic_ranks} critic): critic rank i serves actor rank i")
+    for key, ranks in (("placement.rollout_ranks", pl.rollout_ranks), ("training ranks", actor_ranks)):
+        if prompts % ranks:
+            raise ConfigError(f"config key 'trainer.prompts_per_step' ({prompts}) must be "
+                              f"divisible by the {key} ({ranks}) in placement.mode=split")
+
+
 def init_run_distributed(cfg: Config) -> DistInfo:
     """The run's process groups: one world, or (placement.mode=split) this rank's role world and the
     bridge (:mod:`vcppo.engines.bridge`). Split sizes are checked on every rank before anything starts."""
     timeout_s = cfg.trainer.collective_timeout_s
     if cfg.placement.mode != "split":
         return D.init_distributed(cfg.trainer.device, timeout_s=timeout_s)
-    world, rollout_ranks = D.launched_world_size(), cfg.placement.rollout_ranks
     if D.get_info() is None:
-        if rollout_ranks >= world:
-            raise ConfigError(f"config key 'placement.rollout_ranks' ({rollout_ranks}) must be below the number of "
-                              f"launched ranks ({world}): placement.mode=split needs at least one training rank")
-        for key, ranks in (("placement.rollout_ranks", rollout_ranks), ("training ranks", world - rollout_ranks)):
-            if cfg.trainer.prompts_per_step % ranks:
-                raise ConfigError(f"config key 'trainer.prompts_per_step' ({cfg.trainer.prompts_per_step}) must be "
-                                  f"divisible by the {key} ({ranks}) in placement.mode=split")
-    return D.init_distributed(cfg.trainer.device, split_rollout_ranks=rollout_ranks, timeout_s=timeout_s)
+        check_split_sizes(cfg, D.launched_world_size())
+    return D.init_distributed(cfg.trainer.device, split_rollout_ranks=cfg.placement.rollout_ranks, timeout_s=timeout_s,
+                              split_critic_ranks=cfg.placement.critic_ranks)
 
 
 @dataclass
@@ -113,7 +125,7 @@ class RunContext:
     scorer: RewardScorer
     rollout: RolloutEngine | None  # None on the training ranks of a split run
     actor: ActorEngine
-    critic: CriticEngine | None
+    critic: CriticEngine | RemoteCritic | None  # RemoteCritic: on its own ranks (placement.critic_ranks)
     reference: ReferenceEngine | AdapterFreeReference | None
     log: MetricsLogger
     critic_from_cache: Path | None = None
@@ -215,6 +227,8 @@ class RunContext:
         """Tear the engines down (:func:`~vcppo.driver.teardown.close_parts`); ``clean``: the run
         ended without an error, so ranks meet first."""
         parts = [("logger", self.log.close), ("reward scorer", self.scorer.close), ("timeline", self.timeline.close)]
+        if clean and isinstance(self.critic, RemoteCritic):  # after an error they stop as this rank exits
+            parts.insert(0, ("critic ranks", self.critic.close))
         if self.rollout is not None:
             parts.append(("vLLM engine", lambda: self.rollout.close(final=True)))
         try:

@@ -10,6 +10,9 @@ from pathlib import Path
 
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.critic_cache import cached_critic, critic_source
+from vcppo.driver.plan import critic_on_own_ranks
+from vcppo.driver.remote_critic import RemoteCritic
+from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.critic import CriticEngine
 from vcppo.engines.deepspeed_engine import checkpoint_zero_stage, resolve_zero_stage
@@ -29,7 +32,7 @@ def optimizer_steps_per_rl_step(optim) -> int:
 class Engines:
     rollout: RolloutEngine | None
     actor: ActorEngine
-    critic: CriticEngine | None
+    critic: CriticEngine | RemoteCritic | None
     reference: ReferenceEngine | AdapterFreeReference | None
     critic_from_cache: Path | None   # a reused value-pretrained critic
 
@@ -73,11 +76,34 @@ def with_zero_stage(engine_cfg, dist: DistInfo, log: MetricsLogger, role: str, c
     return dataclasses.replace(engine_cfg, zero_stage=stage)
 
 
+def build_critic(cfg: Config, dist: DistInfo, log, resumed: RunState | None,
+                 resume_point: Path | None) -> tuple[CriticEngine, Path | None]:
+    """The critic engine (on the training ranks, or on the critic's own ranks) and the cached
+    value-pretrained critic it starts from (None: not reused)."""
+    vp = cfg.value_pretrain
+    init, path = critic_source(cfg)
+    from_cache = None
+    # a run resumed from its own pretraining continues it, even once the cache holds the
+    # critic it published before it was killed: the rerun then finishes as an uninterrupted one
+    if vp.enabled and vp.reuse and not pretrained_itself(resumed):
+        from_cache = cached_critic(cfg)
+        if from_cache is not None:
+            init, path = "checkpoint", str(from_cache)
+    pre_steps = critic_pretrain_steps(cfg, resumed, from_cache)
+    log.info(f"starting critic engine (init: {init} from {path})")
+    critic_steps = (pre_steps + cfg.trainer.total_steps) * optimizer_steps_per_rl_step(cfg.critic)
+    checkpoint = resume_point / "critic" if resume_point is not None else None
+    critic_cfg = with_zero_stage(cfg.critic, dist, log, "critic", checkpoint)
+    critic = CriticEngine(init, path, critic_cfg, dist, total_optimizer_steps=max(1, critic_steps),
+                          dtype=cfg.model.dtype)
+    return critic, from_cache
+
+
 def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunState | None = None,
                   resume_point: Path | None = None) -> Engines:
     """vLLM first (its start-up module scan must precede any numba / llvmlite import), then the DeepSpeed engines. ``resumed``:
     the state of the checkpoint the run resumes from, in ``resume_point`` (None: a fresh start)."""
-    alg, vp, temperature = cfg.algorithm, cfg.value_pretrain, cfg.rollout.temperature
+    alg, temperature = cfg.algorithm, cfg.rollout.temperature
     ckpt = (lambda role: resume_point / role) if resume_point is not None else (lambda role: None)
     rollout = None  # split placement: the rollout ranks sample (driver/rollout_worker.py)
     if dist.role != "train":
@@ -85,25 +111,19 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
         rollout = RolloutEngine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
                                 max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
                                 dtype=cfg.model.dtype, lora_rank=adapter_sync_rank(cfg))
+    remote = None
+    if alg.advantage_estimator == "gae" and critic_on_own_ranks(cfg):  # they start while the actor does here
+        remote = RemoteCritic(D.get_critic_link())
+        remote.start(resume_point)
     actor_steps = cfg.trainer.total_steps * optimizer_steps_per_rl_step(cfg.actor)
     actor_cfg = with_zero_stage(cfg.actor, dist, log, "actor", ckpt("actor"))
     actor = ActorEngine(cfg.model.policy_path, actor_cfg, dist, total_optimizer_steps=max(1, actor_steps),
                         dtype=cfg.model.dtype, temperature=temperature)
     critic, from_cache = None, None
-    if alg.advantage_estimator == "gae":
-        init, path = critic_source(cfg)
-        # a run resumed from its own pretraining continues it, even once the cache holds the
-        # critic it published before it was killed: the rerun then finishes as an uninterrupted one
-        if vp.enabled and vp.reuse and not pretrained_itself(resumed):
-            from_cache = cached_critic(cfg)
-            if from_cache is not None:
-                init, path = "checkpoint", str(from_cache)
-        pre_steps = critic_pretrain_steps(cfg, resumed, from_cache)
-        log.info(f"starting critic engine (init: {init} from {path})")
-        critic_steps = (pre_steps + cfg.trainer.total_steps) * optimizer_steps_per_rl_step(cfg.critic)
-        critic_cfg = with_zero_stage(cfg.critic, dist, log, "critic", ckpt("critic"))
-        critic = CriticEngine(init, path, critic_cfg, dist, total_optimizer_steps=max(1, critic_steps),
-                              dtype=cfg.model.dtype)
+    if remote is not None:
+        critic, from_cache = remote, remote.ready()
+    elif alg.advantage_estimator == "gae":
+        critic, from_cache = build_critic(cfg, dist, log, resumed, resume_point)
     reference = None
     if alg.kl_coef > 0 and lora_enabled(cfg.actor.lora):
         log.info("reference policy: the actor with its LoRA adapters off (no second copy of the model)")

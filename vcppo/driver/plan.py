@@ -16,6 +16,10 @@ that forward runs on the weights of before the step, so its detached outputs ARE
 
 Value pretraining (VC-PPO sec. 4.1) is the same step with the actor frozen: no pi_old, no actor
 update, no weight sync, and its own lambda_critic (``value_pretrain.lambda_critic``).
+
+With the critic on ranks of its own (``placement.critic_ranks``) the PPO step takes V_old from a
+values pass on those ranks even where the update's forward would do: the actor's advantages then
+wait only for that pass, not for the critic's whole update, which runs while the actor trains.
 """
 from __future__ import annotations
 
@@ -49,6 +53,8 @@ class StepPlan:
     are then only the position-profile diagnostic, at the plain ``lambda_actor``, not whitened).
     ``lambda_critic``: the lambda of the critic's targets.
     ``sampler_logprobs``: the rollout asks vLLM for the sampled tokens' logprobs.
+    ``critic_remote``: the critic's passes and update run on its own ranks
+    (:mod:`vcppo.driver.critic_worker`), V_old comes back from there.
     """
     phase: str
     pi_old: Source
@@ -60,12 +66,15 @@ class StepPlan:
     actor_trains: bool
     lambda_critic: float
     sampler_logprobs: bool
+    critic_remote: bool = False
 
     def describe(self) -> str:
         """One line for the run's log."""
         order = "critic update, then advantages" if self.critic_first else "advantages, then critic update"
         if self.v_old is Source.NONE:
             order = "no critic"
+        elif self.critic_remote:
+            order += " on the critic's own ranks"
         return (f"{self.phase} step plan: pi_old from {self.pi_old.value}; V_old from {self.v_old.value}; "
                 f"entropy from {self.entropy.value}; {order}; KL to the reference: {self.kl_where}; actor trains: {'yes' if self.actor_trains else 'no'}; "
                 f"lambda_critic {self.lambda_critic}; sampler logprobs: {'yes' if self.sampler_logprobs else 'no'}")
@@ -86,6 +95,10 @@ def one_optimizer_step(optim: UpdateConfig) -> bool:
     return optim.ppo_epochs == 1 and optim.ppo_mini_batches == 1
 
 
+def critic_on_own_ranks(cfg: Config) -> bool:
+    return cfg.placement.mode == "split" and cfg.placement.critic_ranks > 0
+
+
 def wants_sampler_logprobs(cfg: Config, device: torch.device) -> bool:
     """Whether a training step asks vLLM for the sampled tokens' logprobs (``rollout.sampler_logprobs``).
     null (auto): when a config key uses them, or when the sampler runs in bf16 / fp16
@@ -99,10 +112,11 @@ def wants_sampler_logprobs(cfg: Config, device: torch.device) -> bool:
     return bool(logprob_users(cfg)) or resolve_dtype(cfg.model.dtype, device) != torch.float32
 
 
-def _v_old(cfg: Config, lambda_critic: float) -> Source:
+def _v_old(cfg: Config, lambda_critic: float, overlap: bool = False) -> Source:
+    """``overlap``: the critic's update should run beside the actor's (critic ranks)."""
     if cfg.algorithm.advantage_estimator != "gae":
         return Source.NONE  # GRPO: no critic
-    if one_optimizer_step(cfg.critic) and lambda_critic == 1.0:
+    if one_optimizer_step(cfg.critic) and lambda_critic == 1.0 and not overlap:
         return Source.UPDATE
     return Source.PASS
 
@@ -122,12 +136,13 @@ def ppo_plan(cfg: Config, device: torch.device) -> StepPlan:
         entropy = Source.PASS
     else:
         entropy = Source.UPDATE if one_step else Source.NONE
-    v_old = _v_old(cfg, cfg.algorithm.lambda_critic)
+    remote = critic_on_own_ranks(cfg)
+    v_old = _v_old(cfg, cfg.algorithm.lambda_critic, overlap=remote)
     return StepPlan(phase="ppo", pi_old=pi_old, v_old=v_old, entropy=entropy,
                     critic_first=v_old is Source.UPDATE, kl_in_reward=kl_in_reward,
                     kl_in_loss=kl_on and cfg.algorithm.kl_in == "loss", actor_trains=True,
                     lambda_critic=cfg.algorithm.lambda_critic,
-                    sampler_logprobs=wants_sampler_logprobs(cfg, device))
+                    sampler_logprobs=wants_sampler_logprobs(cfg, device), critic_remote=remote)
 
 
 def pretrain_plan(cfg: Config, device: torch.device) -> StepPlan:
@@ -136,5 +151,5 @@ def pretrain_plan(cfg: Config, device: torch.device) -> StepPlan:
     v_old = _v_old(cfg, lam)
     return StepPlan(phase="pretrain", pi_old=Source.NONE, v_old=v_old, entropy=Source.NONE,
                     critic_first=v_old is Source.UPDATE, kl_in_reward=False, kl_in_loss=False,
-                    actor_trains=False,
-                    lambda_critic=lam, sampler_logprobs=wants_sampler_logprobs(cfg, device))
+                    actor_trains=False, lambda_critic=lam, sampler_logprobs=wants_sampler_logprobs(cfg, device),
+                    critic_remote=critic_on_own_ranks(cfg))

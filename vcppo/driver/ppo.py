@@ -14,6 +14,7 @@ from pathlib import Path
 from vcppo.config import load_command_config
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.context import RunContext, init_run_distributed
+from vcppo.driver.critic_worker import serve_critic
 from vcppo.driver.guards import update_streaks
 from vcppo.driver.metrics import log_validations, validate
 from vcppo.driver.plan import StepPlan, ppo_plan, pretrain_plan
@@ -38,9 +39,11 @@ def run_dir_of(cfg: Config) -> Path:
 
 
 def train(cfg: Config) -> Path:
-    """Both phases; returns the run directory. The rollout ranks of a split run serve batches instead."""
-    if init_run_distributed(cfg).role == "rollout":
-        serve_rollouts(cfg, run_dir_of(cfg))
+    """Both phases; returns the run directory. The rollout ranks of a split run serve batches
+    instead, and its critic ranks (``placement.critic_ranks``) the critic's steps."""
+    role = init_run_distributed(cfg).role
+    if role in ("rollout", "critic"):
+        (serve_rollouts if role == "rollout" else serve_critic)(cfg, run_dir_of(cfg))
         return run_dir_of(cfg)
     ctx = RunContext.create(cfg, run_dir_of(cfg))
     finished = False

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 from vcppo.driver import checkpoint as ckpt
 from vcppo.driver import manifest, reshard
 from vcppo.driver.context import RunContext
+from vcppo.driver.remote_critic import RemoteCritic
 from vcppo.driver.sources import ExperienceSource
 from vcppo.engines import dist as D
+from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
 from vcppo.engines.safe_checkpoint import use_weights_only_loading
 
 
@@ -43,6 +46,17 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSou
     ctx.barrier()
 
 
+def restore_engine(engine: DeepSpeedModelEngine, directory: Path, universal: bool = False) -> None:
+    """``engine``'s states from its checkpoint ``directory`` (``universal``: DeepSpeed's universal
+    format, written for another number of ranks), reading tensors and plain values only."""
+    use_weights_only_loading(engine.engine)  # nothing in a checkpoint directory may run code
+    if universal:
+        with reshard.weights_only_loading():  # DeepSpeed's universal reader calls torch.load itself
+            engine.load_checkpoint(str(directory), universal=True)
+    else:
+        engine.load_checkpoint(str(directory))
+
+
 def resume_or_start(ctx: RunContext) -> ckpt.RunState:
     """The state to continue from: the resume point's (engines restored; the data position and
     the sampler's weights are the experience source's, :meth:`ExperienceSource.start`), or a fresh
@@ -69,11 +83,10 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
         engine = getattr(ctx, role)
         if engine is None or not (point / role).exists():
             continue
-        use_weights_only_loading(engine.engine)  # nothing in a checkpoint directory may run code
-        if role in universal:
-            with reshard.weights_only_loading():  # DeepSpeed's universal reader calls torch.load itself
-                engine.load_checkpoint(str(universal[role]), universal=True)
+        directory = universal.get(role, point / role)
+        if isinstance(engine, RemoteCritic):  # restored on the critic's own ranks
+            engine.load_checkpoint(str(directory), universal=role in universal)
         else:
-            engine.load_checkpoint(str(point / role))
+            restore_engine(engine, directory, universal=role in universal)
     ctx.log.info(f"restored the engines' states in {time.perf_counter() - started:.1f} s")
     return state

@@ -18,10 +18,15 @@
 
 The :class:`~vcppo.driver.plan.StepPlan` decides, once per run, which passes run and in which
 order; value pretraining (VC-PPO sec. 4.1) is this step with the actor frozen (steps 7-8 skipped).
+With the critic on ranks of its own (``plan.critic_remote``), steps 4 and 6 run there: the share
+goes to the critic rank as soon as its rewards are known, V_old comes back for step 5, and the
+critic's update runs while this rank's actor trains; its metrics are collected before step 9.
 """
 from __future__ import annotations
 
 import dataclasses
+
+import torch
 
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
 from vcppo.driver.advantages import estimate, returns_to_go
@@ -56,10 +61,30 @@ def current_models(ctx: RunContext, plan: StepPlan, rollout: Rollout, timer: Pha
             out.ref_logprobs, _ = ctx.reference.forward_logprobs(rollout)
     if plan.kl_in_reward:
         out.kl = kl_estimate(out.old_logprobs, out.ref_logprobs, ctx.cfg.algorithm.kl_estimator) * rollout.response_mask
-    if plan.v_old is Source.PASS:
+    if plan.v_old is Source.PASS and not plan.critic_remote:
         with timer("values"):
             out.old_values = ctx.critic.forward_values(rollout)
     return out
+
+
+def critic_before_advantages(ctx: RunContext, plan: StepPlan, rollout: Rollout, rewards: torch.Tensor,
+                             models: BeforeUpdate, step: int, timer: PhaseTimer) -> tuple[torch.Tensor | None, dict]:
+    """Step 4: ``models.old_values`` set where V_old comes from the critic's ranks or its update;
+    returns the value targets (B, R) when the critic trains first (Monte-Carlo returns: GAE
+    telescopes at lambda = 1, so they need no values; else None), and that update's metrics."""
+    returns, metrics = None, {}
+    if plan.critic_remote:
+        if plan.kl_in_reward:  # the rewards needed the actor's pi_old and the reference first
+            ctx.critic.begin_step(plan.phase, step, rollout, rewards)
+        with timer("wait_critic_values"):
+            models.old_values = ctx.critic.values(ctx.dist.device)
+    if plan.critic_first:
+        returns = returns_to_go(rewards, rollout.response_mask, ctx.cfg.algorithm.gamma)
+        if not plan.critic_remote:
+            with timer("critic_update"):
+                critic = update_critic(ctx.cfg, ctx.critic, plan, CriticBatch(**vars(rollout), returns=returns), step)
+            models.old_values, metrics = critic.values, dict(critic.metrics)
+    return returns, metrics
 
 
 def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: RunState, step: int) -> dict:
@@ -73,29 +98,25 @@ def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: Ru
         with timer("reward_model"):
             rollout, rm_metrics = ctx.reward_model.rescore(rollout, state)
         sample_metrics.update(rm_metrics)
+    if plan.critic_remote and not plan.kl_in_reward:  # the critic ranks start now
+        ctx.critic.begin_step(plan.phase, step, rollout, rollout.token_rewards)
     # 2. The current models.
     models = current_models(ctx, plan, rollout, timer)
     # 3. Rewards: the KL penalty folded into the per-token reward (PPO-RLHF; the paper uses kl_coef 0).
     kl_coef = kl_coef_now(state, alg)
     rewards = rollout.token_rewards - kl_coef * models.kl if plan.kl_in_reward else rollout.token_rewards
-    update_metrics: dict = {}
-    # 4. Critic first: Monte-Carlo targets (GAE telescopes at lambda = 1) need no values.
-    if plan.critic_first:
-        returns = returns_to_go(rewards, rollout.response_mask, alg.gamma)
-        with timer("critic_update"):
-            critic = update_critic(ctx, plan, CriticBatch(**vars(rollout), returns=returns), step)
-        models.old_values = critic.values
-        update_metrics.update(critic.metrics)
+    # 4. The critic's V_old (from its ranks), or its update first.
+    returns, update_metrics = critic_before_advantages(ctx, plan, rollout, rewards, models, step, timer)
     # 5. Advantages (the actor's; in value pretraining only the diagnostic).
     with timer("advantages"):
         adv = estimate(rollout, rewards, models.old_values, alg, plan.lambda_critic, for_update=plan.actor_trains)
         if plan.critic_first:
             adv = dataclasses.replace(adv, returns=returns)  # what the critic trained on
     # 6. Critic update (when it did not train first).
-    if plan.v_old is Source.PASS:
+    if plan.v_old is Source.PASS and not plan.critic_remote:
         with timer("critic_update"):
             batch = CriticBatch(**vars(rollout), returns=adv.returns, old_values=models.old_values)
-            update_metrics.update(update_critic(ctx, plan, batch, step).metrics)
+            update_metrics.update(update_critic(ctx.cfg, ctx.critic, plan, batch, step).metrics)
     # 7. Actor update.
     if plan.actor_trains:
         with timer("actor_update"):
@@ -113,6 +134,9 @@ def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: Ru
             source.step_done(plan.phase, step, ctx.actor)
     else:
         source.step_done(plan.phase, step, None)
+    if plan.critic_remote:
+        with timer("wait_critic_update"):
+            update_metrics.update(ctx.critic.finish_step())
     # 9. Metrics.
     metrics = step_metrics(ctx, plan, rollout, models, adv, timer)
     metrics.update(update_metrics)

@@ -17,7 +17,7 @@ from vcppo.driver.plan import Source, StepPlan, one_optimizer_step
 from vcppo.engines.deepspeed_engine import (RESPONSE, DeepSpeedModelEngine, EngineLoss, GlobalCounts,
                                             ModelOutputs, response_counts, stitch_rows)
 from vcppo.experience import ActorBatch, CriticBatch, UpdateResult
-from vcppo.schema import AlgorithmConfig, CriticConfig, UpdateConfig
+from vcppo.schema import AlgorithmConfig, Config, CriticConfig, UpdateConfig
 
 POSITIVE = "positive"  # VAPO's positive-example NLL averages over correct samples only
 
@@ -156,15 +156,16 @@ def _check_one_step(source: Source, optim: UpdateConfig, role: str) -> None:
                          f"step (ppo_epochs = ppo_mini_batches = 1), got {optim.ppo_epochs} x {optim.ppo_mini_batches}")
 
 
-def update_critic(ctx: RunContext, plan: StepPlan, batch: CriticBatch, step: int) -> UpdateResult:
+def update_critic(cfg: Config, critic: DeepSpeedModelEngine, plan: StepPlan, batch: CriticBatch,
+                  step: int) -> UpdateResult:
     """The critic's update; with ``plan.v_old`` UPDATE its own detached values are V_old, returned."""
-    _check_one_step(plan.v_old, ctx.cfg.critic, "critic")
+    _check_one_step(plan.v_old, cfg.critic, "critic")
     from_update = plan.v_old is Source.UPDATE
-    loss = ValueLoss(ctx.cfg.critic, ctx.cfg.algorithm.loss_agg, old_from_update=from_update)
-    metrics = run_update(ctx.critic, loss, ctx.cfg.critic, batch, ctx.cfg.trainer.seed, step, "critic")
+    loss = ValueLoss(cfg.critic, cfg.algorithm.loss_agg, old_from_update=from_update)
+    metrics = run_update(critic, loss, cfg.critic, batch, cfg.trainer.seed, step, "critic")
     if not from_update:
         return UpdateResult(metrics)
-    values, = kept_outputs(ctx.critic, batch, loss.kept)
+    values, = kept_outputs(critic, batch, loss.kept)
     return UpdateResult(metrics, values=values)
 
 

@@ -32,40 +32,59 @@ from datetime import timedelta
 import torch
 import torch.distributed as tdist
 
-TRAIN, ROLLOUT = "train", "rollout"
+TRAIN, CRITIC, ROLLOUT = "train", "critic", "rollout"
 
 
 @dataclass(frozen=True)
 class Roles:
-    """W launcher ranks: the first ``world_size - rollout_ranks`` train, the last ``rollout_ranks``
-    sample (so on a multi-node launch the rollout ranks fill the last node(s))."""
+    """W launcher ranks: the first ``world_size - critic_ranks - rollout_ranks`` train (the actor,
+    and the critic unless it has ranks of its own), the next ``critic_ranks`` hold the critic only,
+    the last ``rollout_ranks`` sample (so on a multi-node launch the rollout ranks fill the last
+    node(s)). Critic rank i serves training rank i, so there are as many of each."""
     world_size: int
     rollout_ranks: int
+    critic_ranks: int = 0
 
     def __post_init__(self):
-        if not 1 <= self.rollout_ranks < self.world_size:
+        if not 1 <= self.rollout_ranks < self.world_size - self.critic_ranks:
             raise ValueError(f"placement.rollout_ranks ({self.rollout_ranks}) must leave at least one training "
                              f"rank among the {self.world_size} launched ranks (placement.mode=split needs >= 2)")
+        if self.critic_ranks and self.critic_ranks != self.train_ranks:
+            raise ValueError(f"placement.critic_ranks ({self.critic_ranks}) must equal the number of actor ranks "
+                             f"({self.train_ranks} of the {self.world_size} launched ranks): critic rank i serves "
+                             "actor rank i")
 
     @property
     def train_ranks(self) -> int:
-        return self.world_size - self.rollout_ranks
+        """The actor's ranks (and the critic's, without ranks of its own)."""
+        return self.world_size - self.rollout_ranks - self.critic_ranks
 
     def role_of(self, rank: int) -> str:
-        return TRAIN if rank < self.train_ranks else ROLLOUT
+        if rank < self.train_ranks:
+            return TRAIN
+        return CRITIC if rank < self.train_ranks + self.critic_ranks else ROLLOUT
+
+    def _first(self, role: str) -> int:
+        return {TRAIN: 0, CRITIC: self.train_ranks, ROLLOUT: self.train_ranks + self.critic_ranks}[role]
 
     def role_rank(self, rank: int) -> int:
         """The rank within its role world."""
-        return rank if rank < self.train_ranks else rank - self.train_ranks
+        return rank - self._first(self.role_of(rank))
 
     def role_size(self, rank: int) -> int:
-        return self.train_ranks if rank < self.train_ranks else self.rollout_ranks
+        return {TRAIN: self.train_ranks, CRITIC: self.critic_ranks, ROLLOUT: self.rollout_ranks}[self.role_of(rank)]
 
     def bridge_rank(self, rank: int) -> int | None:
-        """0 for training rank 0, 1..R for the rollout ranks, None for the other training ranks."""
+        """0 for training rank 0, 1..R for the rollout ranks, None for the other ranks."""
         if rank == 0:
             return 0
-        return None if rank < self.train_ranks else rank - self.train_ranks + 1
+        return rank - self._first(ROLLOUT) + 1 if self.role_of(rank) == ROLLOUT else None
+
+    def critic_partner(self, rank: int) -> int | None:
+        """The training rank's critic rank, or the critic rank's training rank (None: no partner)."""
+        if not self.critic_ranks or self.role_of(rank) == ROLLOUT:
+            return None
+        return rank + self.train_ranks if rank < self.train_ranks else rank - self.train_ranks
 
 
 def _rendezvous_store(rank: int, world_size: int, timeout: timedelta):
@@ -145,6 +164,14 @@ def unpack_weights(layout: WeightsLayout, flat: list[torch.Tensor]) -> list[tupl
     return [(s.name, flat[s.bucket][s.offset:s.offset + s.numel].view(s.shape)) for s in layout.slots]
 
 
+def _post(group, root: int, obj) -> list[tuple[object, torch.Tensor]]:
+    """Broadcast the pickled ``obj`` from ``root`` (a size header, then the payload), asynchronously:
+    the works and the buffers they read, to be kept until they complete."""
+    payload = _to_bytes(obj)
+    size = torch.tensor([payload.numel()], dtype=torch.int64)
+    return [(group.broadcast(size, root), size), (group.broadcast(payload, root), payload)]
+
+
 class _Inbox:
     """The receiving end of pickled objects that ``root`` broadcasts in ``group`` (a size header,
     then the payload). :meth:`ready` posts the header's receive and asks whether it completed, so a
@@ -221,10 +248,7 @@ class Bridge:
         A broadcast from bridge rank 1 in the two-member data group, not a gloo ``send``: gloo's
         point-to-point send only makes progress while the sender waits on it, a collective runs
         on the group's own threads, so the rollout rank goes on sampling while it is delivered."""
-        payload = _to_bytes(obj)
-        size = torch.tensor([payload.numel()], dtype=torch.int64)
-        self._pending.append((self.data.broadcast(size, 1), size))
-        self._pending.append((self.data.broadcast(payload, 1), payload))
+        self._pending += _post(self.data, 1, obj)
 
     def data_ready(self) -> bool:
         """Trainer 0: an object from rollout rank 0 has arrived (never blocks)."""
@@ -241,6 +265,38 @@ class Bridge:
 
     def flush(self) -> None:
         """Wait for every asynchronous send of this member."""
+        for work, _ in self._pending:
+            work.wait()
+        self._pending.clear()
+
+
+class CriticLink:
+    """A training rank and its critic rank (``placement.critic_ranks``): two gloo groups of two, one
+    per direction (a group's broadcasts are matched in issue order, so each has one sender).
+    Objects are pickled and sent asynchronously, as on the bridge."""
+
+    def __init__(self, store, roles: Roles, rank: int, timeout: timedelta):
+        partner = roles.critic_partner(rank)
+        if partner is None:
+            raise ValueError(f"rank {rank} has no critic partner (placement.critic_ranks = {roles.critic_ranks})")
+        pair = min(rank, partner)  # the training rank's index names the pair
+        self.me = 0 if rank < partner else 1  # 0: the training rank, 1: the critic rank
+        # in each group the sender is rank 0; both members build "down" first (building is collective)
+        down = _group(store, f"critic{pair}/down", self.me, 2, "gloo", timeout)
+        up = _group(store, f"critic{pair}/up", 1 - self.me, 2, "gloo", timeout)
+        self._out, inbound = (down, up) if self.me == 0 else (up, down)
+        self._in = _Inbox(inbound, 0)
+        self._pending: list[tuple[object, object]] = []
+
+    def send(self, obj) -> None:
+        self._pending = [(w, b) for w, b in self._pending if not w.is_completed()]
+        self._pending += _post(self._out, 0, obj)
+
+    def receive(self):
+        """The partner's next object (blocking)."""
+        return self._in.receive()
+
+    def flush(self) -> None:
         for work, _ in self._pending:
             work.wait()
         self._pending.clear()

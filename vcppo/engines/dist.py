@@ -31,11 +31,12 @@ class DistInfo:
     device: torch.device
     backend: str
     is_main: bool
-    role: str = "both"   # placement.mode=split: "train" or "rollout" (engines.bridge); else "both"
+    role: str = "both"   # placement.mode=split: "train", "critic" or "rollout" (engines.bridge); else "both"
 
 
 _INFO: DistInfo | None = None
 _BRIDGE = None  # split placement: this rank's engines.bridge.Bridge (trainer 0 and rollout ranks)
+_CRITIC_LINK = None  # split placement with critic ranks: this training / critic rank's engines.bridge.CriticLink
 _CLOSERS: list[Callable[[], None]] = []
 _EVER_INITIALISED = False  # a process group was set up in this process (exit_process)
 
@@ -145,11 +146,12 @@ def build_cpu_collective() -> str:
 
 
 def init_distributed(device: str = "auto", split_rollout_ranks: int | None = None,
-                     timeout_s: float = 1800.0) -> DistInfo:
+                     timeout_s: float = 1800.0, split_critic_ranks: int = 0) -> DistInfo:
     """Initialise (once) the default process group and return this rank's :class:`DistInfo`.
 
-    ``split_rollout_ranks``: split placement with that many rollout ranks: the default group is
-    then this rank's role world and the bridge is built (:mod:`vcppo.engines.bridge`)."""
+    ``split_rollout_ranks``: split placement with that many rollout ranks (and ``split_critic_ranks``
+    critic ranks): the default group is then this rank's role world and the bridge (and the
+    critic links) are built (:mod:`vcppo.engines.bridge`)."""
     global _INFO, _EVER_INITIALISED
     if _INFO is not None:
         return _INFO
@@ -183,7 +185,7 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     warnings.filterwarnings("ignore", message=r".*reduce_scatter_tensor.*is deprecated", category=FutureWarning)
 
     if split_rollout_ranks is not None:
-        return _init_split(split_rollout_ranks, rank, world, local_rank, dev, backend, timeout_s)
+        return _init_split(split_rollout_ranks, split_critic_ranks, rank, world, local_rank, dev, backend, timeout_s)
     if not cuda and world == 1:
         _skip_shm_collective()
     if not torch.distributed.is_initialized():
@@ -195,16 +197,17 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     return _INFO
 
 
-def _init_split(rollout_ranks: int, rank: int, world: int, local_rank: int, dev: torch.device, backend: str,
-                timeout_s: float) -> DistInfo:
-    """Split placement: this rank's role world as the default group, then the bridge."""
-    global _INFO, _BRIDGE
+def _init_split(rollout_ranks: int, critic_ranks: int, rank: int, world: int, local_rank: int, dev: torch.device,
+                backend: str, timeout_s: float) -> DistInfo:
+    """Split placement: this rank's role world as the default group, then the bridge and the critic
+    links. A critic world's rank 0 is its main rank (it writes the critic's exports)."""
+    global _INFO, _BRIDGE, _CRITIC_LINK
     from datetime import timedelta
 
     import deepspeed
 
-    from vcppo.engines.bridge import Bridge, Roles, init_role_world
-    roles, timeout = Roles(world, rollout_ranks), timedelta(seconds=timeout_s)
+    from vcppo.engines.bridge import CRITIC, Bridge, CriticLink, Roles, init_role_world
+    roles, timeout = Roles(world, rollout_ranks, critic_ranks), timedelta(seconds=timeout_s)
     if dev.type == "cpu":
         # DeepSpeed's CPU shm all-reduce sizes itself by the node's launcher ranks, which now
         # include the rollout ranks: plain gloo collectives within the training world instead.
@@ -214,14 +217,22 @@ def _init_split(rollout_ranks: int, rank: int, world: int, local_rank: int, dev:
     role = roles.role_of(rank)
     if roles.bridge_rank(rank) is not None:
         _BRIDGE = Bridge(store, roles, rank, backend, dev, timeout)
+    if roles.critic_partner(rank) is not None:
+        _CRITIC_LINK = CriticLink(store, roles, rank, timeout)
+    main = rank == 0 or (role == CRITIC and roles.role_rank(rank) == 0)
     _INFO = DistInfo(rank=roles.role_rank(rank), world_size=roles.role_size(rank), local_rank=local_rank,
-                     device=dev, backend=backend, is_main=(rank == 0), role=role)
+                     device=dev, backend=backend, is_main=main, role=role)
     return _INFO
 
 
 def get_bridge():
     """This rank's bridge (split placement, trainer 0 and the rollout ranks), else None."""
     return _BRIDGE
+
+
+def get_critic_link():
+    """This training or critic rank's link to its partner (split placement with critic ranks), else None."""
+    return _CRITIC_LINK
 
 
 def exit_process(code: int) -> None:
@@ -293,7 +304,7 @@ def shutdown(wait_for_peers: bool = False) -> None:
     no rank tears its sockets down while a peer is still in its last collective (the suspect of a
     2-rank gloo abort at exit seen once in CI). Only on a clean end: a rank unwinding an error
     must not wait at a barrier its peers never reach."""
-    global _INFO, _BRIDGE
+    global _INFO, _BRIDGE, _CRITIC_LINK
     while _CLOSERS:
         _CLOSERS.pop()()
     try:  # vLLM's TP/PP/world group wrappers (only present if an LLM was built)
@@ -323,6 +334,7 @@ def shutdown(wait_for_peers: bool = False) -> None:
     _forget_deepspeed_groups()
     _INFO = None
     _BRIDGE = None
+    _CRITIC_LINK = None
 
 
 def _forget_deepspeed_groups() -> None:

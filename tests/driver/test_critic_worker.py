@@ -1,0 +1,129 @@
+"""The critic on its own ranks, one process: the driver's step (:func:`vcppo.driver.step.rl_step`)
+with a :class:`~vcppo.driver.remote_critic.RemoteCritic` whose critic rank is a
+:class:`~vcppo.driver.critic_worker.CriticServer` answering over a loopback link, against the same
+step with the critic on the training rank. Fake engines, milliseconds; the three real processes
+are tests/driver/test_critic_ranks_e2e.py."""
+import dataclasses
+import json
+from collections import deque
+
+import pytest
+import torch
+
+from tests.fakes import FakeEngine, FakeRun, scored, scripted_source
+from vcppo.driver.checkpoint import RunState
+from vcppo.driver.critic_protocol import Command, Failed
+from vcppo.driver.critic_worker import CriticServer
+from vcppo.driver.plan import Source, ppo_plan, pretrain_plan
+from vcppo.driver.remote_critic import RemoteCritic
+from vcppo.driver.step import rl_step
+from vcppo.driver.timeline import Timeline
+
+CPU = torch.device("cpu")
+ROLLOUT = [[1, -1], [1, 1], [-1, 1], [-1, -1]]
+SPLIT = {"placement.mode": "split", "placement.critic_ranks": 1}
+
+
+class Loopback:
+    """Both ends of a critic link in one process: what the actor side sends is answered at once."""
+
+    def __init__(self):
+        self.to_actor: deque = deque()
+        self.server = None
+
+    def actor_end(self):
+        loop = self
+
+        class End:
+            def send(self, msg):
+                loop.server.answer(msg)
+
+            def receive(self):
+                return loop.to_actor.popleft()
+
+            def flush(self):
+                pass
+        return End()
+
+    def critic_end(self):
+        loop = self
+
+        class End:
+            def send(self, msg):
+                loop.to_actor.append(msg)
+        return End()
+
+
+def remote_run(**overrides):
+    """A fake run whose critic is served by a CriticServer (on the run's own fake critic engine)."""
+    run = FakeRun(**SPLIT, **overrides)
+    loop = Loopback()
+    loop.server = CriticServer(run.cfg, run.dist, loop.critic_end(), Timeline(None, "critic"))
+    loop.server.critic = run.critic
+    run.critic = RemoteCritic(loop.actor_end())
+    return run, loop.server
+
+
+def step_metrics(run, plan, phase="ppo"):
+    source = scripted_source(run, [scored(ROLLOUT)], logprobs=plan.sampler_logprobs)
+    return rl_step(run, source, plan, RunState(phase=phase), step=1)
+
+
+def without_times(m) -> str:
+    """The metrics but timings, comparable with ``==`` (NaN included: JSON writes it as NaN)."""
+    return json.dumps({k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))}, sort_keys=True)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"algorithm.kl_coef": 0.1}, {"algorithm.lambda_critic": 0.95}])
+def test_a_remote_critic_step_gives_what_the_same_plan_gives_on_the_training_rank(overrides):
+    run, server = remote_run(**overrides)
+    plan = ppo_plan(run.cfg, CPU)
+    assert plan.critic_remote and plan.v_old is Source.PASS and not plan.critic_first
+    remote = step_metrics(run, plan)
+    local_run = FakeRun(**SPLIT, **overrides)
+    local = step_metrics(local_run, dataclasses.replace(plan, critic_remote=False))
+    assert without_times(remote) == without_times(local)
+    assert run.calls == local_run.calls  # the critic's pass and update ran, in the same order
+    assert remote["time/critic_rank_values_s"] >= 0 and "time/wait_critic_update_s" in remote
+    assert server.critic.offset == 0.25  # its one optimizer step
+
+
+def test_value_pretraining_on_critic_ranks_trains_the_critic_first_as_the_training_ranks_would():
+    run, server = remote_run()
+    plan = pretrain_plan(run.cfg, CPU)
+    assert plan.critic_remote and plan.critic_first and plan.v_old is Source.UPDATE
+    remote = step_metrics(run, plan, phase="value_pretrain")
+    local_run = FakeRun(**SPLIT)
+    local = step_metrics(local_run, dataclasses.replace(plan, critic_remote=False), phase="value_pretrain")
+    assert without_times(remote) == without_times(local)
+    assert remote["time/critic_rank_values_s"] == 0.0  # V_old was the update's own forward
+    assert "actor:train_step" not in run.calls
+
+
+def test_an_error_on_the_critic_rank_is_raised_on_the_actor_rank():
+    run, _ = remote_run()
+    with pytest.raises(AttributeError, match="export"):  # the fake engine cannot export
+        run.critic.export("/nowhere")
+    with pytest.raises(ValueError, match="unknown critic command 'reboot'"):
+        run.critic._call("reboot")
+
+
+def test_an_error_that_does_not_pickle_crosses_as_its_text():
+    class Odd(Exception):
+        def __reduce__(self):
+            raise TypeError("no")
+    failed = Failed.of(Odd("the reason"))
+    assert isinstance(failed.error, RuntimeError) and "Odd: the reason" in str(failed.error)
+    assert Failed.of(ValueError("plain")).error.args == ("plain",)
+
+
+def test_commands_reach_the_critic_engine():
+    run, server = remote_run()
+    seen = []
+    server.critic = FakeEngine("critic", [])
+    server.critic.save_checkpoint = lambda d: seen.append(("save", d))
+    server.critic.check_finite_weights = lambda what: seen.append(("finite", what))
+    run.critic.save_checkpoint("/ckpt/critic")
+    run.critic.check_finite_weights("the final critic export")
+    assert seen == [("save", "/ckpt/critic"), ("finite", "the final critic export")]
+    assert Command("export").kwargs == {}

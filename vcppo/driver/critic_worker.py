@@ -1,0 +1,129 @@
+"""The critic ranks of split placement (``placement.critic_ranks``): the critic's passes and
+update, beside the actor's.
+
+Critic rank i serves actor rank i (:mod:`vcppo.driver.critic_protocol`): it builds the critic as
+the training ranks would (from the policy, a reward model, a checkpoint or the value-pretraining
+cache; restored where the run resumes), then per step takes rank i's share of the batch and its
+rewards, sends V_old back at once (a values pass; in value pretraining, where the actor does not
+train, the update's own forward as on the training ranks), computes the value targets with
+``lambda_critic`` from the same rewards and values, updates, and sends the update's metrics. The
+critic ranks' ZeRO-3 collectives run among themselves, while the actor ranks train.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from vcppo.driver.advantages import estimate, returns_to_go
+from vcppo.driver.checkpoint import peek_state
+from vcppo.driver.context import init_run_distributed
+from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Ready, Start, Stop, UpdateDone,
+                                          Values)
+from vcppo.driver.engines import build_critic
+from vcppo.driver.plan import ppo_plan, pretrain_plan
+from vcppo.driver.resume import restore_engine
+from vcppo.driver.timeline import Timeline
+from vcppo.driver.update import update_critic
+from vcppo.engines import dist as D
+from vcppo.engines.dist import DistInfo
+from vcppo.experience import CriticBatch
+from vcppo.schema import Config
+
+
+class _Log:
+    """The critic ranks' start-up lines (the actor ranks hold the run's logger), from critic rank 0."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def info(self, line: str) -> None:
+        if self.enabled:
+            print(f"[vcppo critic ranks] {line}", flush=True)
+
+
+class CriticServer:
+    """One critic rank: its engine, the two phases' plans, and the link to its actor rank."""
+
+    def __init__(self, cfg: Config, dist: DistInfo, link, timeline: Timeline):
+        self.cfg, self.dist, self.link, self.timeline = cfg, dist, link, timeline
+        self.plans = {"pretrain": pretrain_plan(cfg, dist.device), "ppo": ppo_plan(cfg, dist.device)}
+        self.critic = None  # built at Start
+
+    def start(self, msg: Start) -> None:
+        point = Path(msg.resume_point) if msg.resume_point is not None else None
+        resumed = peek_state(point) if point is not None else None
+        self.critic, from_cache = build_critic(self.cfg, self.dist, _Log(self.dist.is_main), resumed, point)
+        self.link.send(Ready(str(from_cache) if from_cache is not None else None))
+
+    def step(self, msg: CriticStep) -> None:
+        plan, device = self.plans[msg.phase], self.dist.device
+        rollout, rewards = msg.rollout.to(device), msg.rewards.to(device)
+        began = time.perf_counter()
+        if plan.critic_first:  # Monte-Carlo targets need no values; V_old is the update's forward
+            returns = returns_to_go(rewards, rollout.response_mask, self.cfg.algorithm.gamma)
+            with self.timeline.span("critic_update"):
+                result = update_critic(self.cfg, self.critic, plan, CriticBatch(**vars(rollout), returns=returns),
+                                       msg.step)
+            self.link.send(Values(result.values.cpu()))
+            values_s, update_s = 0.0, time.perf_counter() - began
+        else:
+            with self.timeline.span("values"):
+                values = self.critic.forward_values(rollout)
+            self.link.send(Values(values.cpu()))
+            values_s = time.perf_counter() - began
+            # the targets the training ranks' own step would compute from these values (whitening
+            # touches only the actor's advantages)
+            returns = estimate(rollout, rewards, values, self.cfg.algorithm, plan.lambda_critic,
+                               for_update=False).returns
+            with self.timeline.span("critic_update"):
+                batch = CriticBatch(**vars(rollout), returns=returns, old_values=values)
+                result = update_critic(self.cfg, self.critic, plan, batch, msg.step)
+            update_s = time.perf_counter() - began - values_s
+        metrics = dict(result.metrics)
+        metrics.update({"time/critic_rank_values_s": values_s, "time/critic_rank_update_s": update_s})
+        self.link.send(UpdateDone(metrics))
+
+    def command(self, msg: Command) -> None:
+        with self.timeline.span(msg.name):
+            if msg.name == "load_checkpoint":
+                restore_engine(self.critic, Path(msg.args[0]), **msg.kwargs)
+            elif msg.name in ("save_checkpoint", "export", "check_finite_weights"):
+                getattr(self.critic, msg.name)(*msg.args, **msg.kwargs)
+            else:
+                raise ValueError(f"unknown critic command {msg.name!r}")
+        self.link.send(Done())
+
+    def answer(self, msg) -> Exception | None:
+        """Handle ``msg``; an error is sent to the actor rank (which raises it) and returned."""
+        try:
+            if isinstance(msg, Start):
+                self.start(msg)
+            elif isinstance(msg, CriticStep):
+                self.step(msg)
+            else:
+                self.command(msg)
+        except Exception as e:  # noqa: BLE001 -- the actor rank raises it; then so does this rank
+            self.link.send(Failed.of(e))
+            return e
+        return None
+
+    def serve(self) -> None:
+        """Until the actor rank says stop."""
+        while not isinstance(msg := self.link.receive(), Stop):
+            if (error := self.answer(msg)) is not None:
+                self.link.flush()
+                raise error
+        self.link.flush()
+
+
+def serve_critic(cfg: Config, run_dir: Path) -> None:
+    """A critic rank's whole life in a split run; returns when its actor rank says stop."""
+    dist = init_run_distributed(cfg)
+    server = CriticServer(cfg, dist, D.get_critic_link(), Timeline(run_dir if cfg.logging.timeline else None, "critic"))
+    clean = False
+    try:
+        server.serve()
+        clean = True
+    finally:
+        server.timeline.close()
+        D.shutdown(wait_for_peers=clean)
