@@ -317,7 +317,8 @@ class TrainerConfig:
 class PlacementConfig:
     mode: str = _f("colocated", "'colocated': every rank runs vLLM and the models in turn; 'split': the last "
                    "placement.rollout_ranks ranks only sample (vLLM), the others only train (ZeRO-3 among "
-                   "themselves), and weights and samples cross between them (docs/launching.md).",
+                   "themselves; the critic on ranks of its own with placement.critic_ranks), and weights and "
+                   "samples cross between them (docs/launching.md).",
                    choices=("colocated", "split"))
     rollout_ranks: int = _f(1, "Split placement: how many ranks (the last ones) run vLLM only.", low=1)
     critic_ranks: int = _f(0, "Split placement: ranks that hold the critic only (after the actor's ranks, "

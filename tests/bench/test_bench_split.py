@@ -64,10 +64,12 @@ def test_every_mode_runs_a_config_that_loads(tmp_path):
     args = split._parse(["--workdir", str(tmp_path), "--pretrain-steps", "3"])
     for mode in split.MODES:
         cmd = split.run_command(args, mode, tmp_path / mode)
-        assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc_per_node=2"]
+        processes = 3 if mode == "split1c" else 2  # a critic rank beside the training rank
+        assert cmd[1:4] == ["-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
         train = cmd.index("train")
         cfg = load_config(cmd[train + 1], cmd[train + 2:])
         assert cfg.value_pretrain.steps == 3 and cfg.logging.timeline
         assert cfg.placement.mode == ("colocated" if mode == "colocated" else "split")
+        assert cfg.placement.critic_ranks == (1 if mode == "split1c" else 0)
     with pytest.raises(SystemExit):
         split._parse(["--modes", "colocated,split9"])

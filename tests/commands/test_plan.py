@@ -234,3 +234,21 @@ def test_lora_keeps_weights_and_drops_optimizer_states_and_the_reference():
         assert a.optimizer_bytes == pytest.approx(12 * trained / 8)  # bf16: fp32 master + 2 moments, 8 ranks
         assert a.optimizer_bytes < f.optimizer_bytes / 50  # rank 64 on every linear layer: 1.6% of 32B
     assert adapted.time.training_s < full.time.training_s
+
+
+def test_critic_ranks_hold_the_critic_apart_and_its_update_overlaps_the_actors():
+    """3 actor + 3 critic + 2 rollout GPUs: each side's ranks hold only their engines, and training
+    takes the slower side's time: below both updates on 3 GPUs, never below both on 6 (the same
+    FLOPs on the same GPUs: side by side is no faster by this arithmetic)."""
+    split = LONG_COT + ["placement.mode=split", "trainer.max_staleness=1", "algorithm.rollout_is_cap=2"]
+    cfg, shapes, cluster = _plan("vcppo", split + ["placement.rollout_ranks=2", "placement.critic_ranks=3"],
+                                 "qwen2.5-7b", "h200")
+    plan = plan_run(cfg, shapes, cluster)
+    assert [c.phase for c in plan.checks] == ["actor ranks: states + working set", "critic ranks: states + working set",
+                                              "rollout ranks: vLLM"]
+    on_three = plan_run(load_config("vcppo", split + ["placement.rollout_ranks=5"]), shapes, cluster)
+    on_six = plan_run(load_config("vcppo", split + ["placement.rollout_ranks=2"]), shapes, cluster)
+    assert plan.time.training_gpus == on_three.time.training_gpus == 3
+    assert on_six.time.training_s <= plan.time.training_s < on_three.time.training_s
+    with pytest.raises(Exception, match="placement.critic_ranks"):
+        plan_run(load_config("vcppo", split + ["placement.critic_ranks=2"]), shapes, cluster)

@@ -108,22 +108,32 @@ def test_an_error_on_the_critic_rank_is_raised_on_the_actor_rank():
         run.critic._call("reboot")
 
 
-def test_an_error_that_does_not_pickle_crosses_as_its_text():
-    class Odd(Exception):
-        def __reduce__(self):
-            raise TypeError("no")
-    failed = Failed.of(Odd("the reason"))
-    assert isinstance(failed.error, RuntimeError) and "Odd: the reason" in str(failed.error)
+class NeedsTwo(Exception):
+    """Pickles, but does not unpickle (its one stored argument is not the two it takes)."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a} and {b}")
+
+
+def test_an_error_that_does_not_cross_whole_crosses_as_its_text():
+    failed = Failed.of(NeedsTwo("the", "reason"))
+    assert isinstance(failed.error, RuntimeError) and "NeedsTwo: the and reason" in str(failed.error)
     assert Failed.of(ValueError("plain")).error.args == ("plain",)
 
 
-def test_commands_reach_the_critic_engine():
+def test_commands_reach_the_critic_engine_and_a_checkpoint_holds_its_rng(tmp_path, monkeypatch):
     run, server = remote_run()
     seen = []
     server.critic = FakeEngine("critic", [])
     server.critic.save_checkpoint = lambda d: seen.append(("save", d))
+    monkeypatch.setattr("vcppo.driver.critic_worker.restore_engine",
+                        lambda engine, d, universal=False: seen.append(("load", str(d), universal)))
     server.critic.check_finite_weights = lambda what: seen.append(("finite", what))
-    run.critic.save_checkpoint("/ckpt/critic")
+    run.critic.save_checkpoint(str(tmp_path / "critic"))
+    drawn = torch.rand(3)  # the critic rank's stream after the checkpoint
     run.critic.check_finite_weights("the final critic export")
-    assert seen == [("save", "/ckpt/critic"), ("finite", "the final critic export")]
-    assert Command("export").kwargs == {}
+    run.critic.load_checkpoint(str(tmp_path / "critic"))
+    assert torch.equal(torch.rand(3), drawn)  # restored to where the checkpoint left it
+    assert seen == [("save", str(tmp_path / "critic")), ("finite", "the final critic export"),
+                    ("load", str(tmp_path / "critic"), False)]
+    assert (tmp_path / "rng_critic0.json").exists() and Command("export").kwargs == {}

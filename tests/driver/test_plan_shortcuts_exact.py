@@ -117,12 +117,14 @@ def test_v_old_from_the_critic_update_changes_no_loss_gradient_weight_or_advanta
         warm, warm_rewards = _rollout(seed=1)
         warm_values = critic.forward_values(warm)
         warm_adv = estimate(warm, warm_rewards, warm_values, alg, 1.0)
-        update_critic(ctx.cfg, ctx.critic, PASSES, CriticBatch(**vars(warm), returns=warm_adv.returns, old_values=warm_values), step=1)
+        update_critic(ctx.cfg, ctx.critic, PASSES,
+                      CriticBatch(**vars(warm), returns=warm_adv.returns, old_values=warm_values), step=1)
         r, rewards = _rollout()
         if plan.v_old is Source.PASS:
             values = critic.forward_values(r)
             adv = estimate(r, rewards, values, alg, 1.0)
-            out = update_critic(ctx.cfg, ctx.critic, plan, CriticBatch(**vars(r), returns=adv.returns, old_values=values), step=2)
+            out = update_critic(ctx.cfg, ctx.critic, plan,
+                                CriticBatch(**vars(r), returns=adv.returns, old_values=values), step=2)
         else:
             returns = returns_to_go(rewards, r.response_mask, alg.gamma)
             out = update_critic(ctx.cfg, ctx.critic, plan, CriticBatch(**vars(r), returns=returns), step=2)

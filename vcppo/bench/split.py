@@ -9,7 +9,9 @@ each, so the modes share the same cores the same way):
 * ``colocated``: every rank samples its share with vLLM, then trains (ZeRO-3 over all ranks);
 * ``split0``: the last rank only samples, the others only train, synchronously
   (``placement.mode=split trainer.max_staleness=0``: the colocated run's samples, in another place);
-* ``split1``: the same with ``trainer.max_staleness=1``: batch k+1 is sampled while batch k trains.
+* ``split1``: the same with ``trainer.max_staleness=1``: batch k+1 is sampled while batch k trains;
+* ``split1c``: ``split1`` with the critic on ranks of its own (``placement.critic_ranks``): one
+  critic process beside each training process, so ``--ranks 2`` runs 3 processes on the same cores.
 
 The workload: the factory's ``small`` model (the demo's size, random weights) with vcppo's
 char tokenizer on the ``add`` prompts, sampled at temperature 1. A random model stops where it
@@ -39,7 +41,8 @@ from vcppo.engines.dist import free_port
 
 MODES = {"colocated": ["placement.mode=colocated"],
          "split0": ["placement.mode=split", "trainer.max_staleness=0"],
-         "split1": ["placement.mode=split", "trainer.max_staleness=1"]}
+         "split1": ["placement.mode=split", "trainer.max_staleness=1"],
+         "split1c": ["placement.mode=split", "trainer.max_staleness=1"]}  # + critic ranks (run_command)
 WORKLOADS = {"tail": 1024, "demo": 128}  # max response tokens
 
 
@@ -47,7 +50,8 @@ def _parse(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="vcppo bench split", description=__doc__.split("\n")[0])
     ap.add_argument("--workload", default="tail", choices=sorted(WORKLOADS))
     ap.add_argument("--modes", default="colocated,split0,split1", help=f"a comma list of {', '.join(MODES)}")
-    ap.add_argument("--ranks", type=int, default=2, help="processes per run (split: the last one samples)")
+    ap.add_argument("--ranks", type=int, default=2, help="processes per run (split: the last one samples; "
+                    "split1c adds a critic process per training process)")
     ap.add_argument("--steps", type=int, default=5, help="PPO steps per run; the figures skip step 1")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per step")
     ap.add_argument("--n", type=int, default=4, help="samples per prompt")
@@ -76,6 +80,11 @@ def prepare(workdir: Path, size: str, seed: int) -> None:
                         "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
 
 
+def processes(ranks: int, mode: str) -> int:
+    """Processes of one mode's run: ``ranks``, plus a critic rank per training rank in ``split1c``."""
+    return 2 * ranks - 1 if mode == "split1c" else ranks
+
+
 def run_command(args, mode: str, out: Path) -> list[str]:
     """The torchrun command line of one mode's run."""
     w = Path(args.workdir)
@@ -87,8 +96,10 @@ def run_command(args, mode: str, out: Path) -> list[str]:
                  *_pretrain_overrides(args.pretrain_steps), "trainer.save_every=0", "trainer.val_every=0",
                  "algorithm.rollout_is_cap=2.0", "logging.timeline=true", "logging.wandb=false",
                  "logging.progress_bar=false", *MODES[mode]]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.ranks}", f"--master_port={free_port()}", "-m", "vcppo.cli",
-            "train", "vcppo", *overrides]
+    if mode == "split1c":
+        overrides.append(f"placement.critic_ranks={args.ranks - 1}")
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes(args.ranks, mode)}",
+            f"--master_port={free_port()}", "-m", "vcppo.cli", "train", "vcppo", *overrides]
 
 
 def _pretrain_overrides(steps: int) -> list[str]:
@@ -156,7 +167,7 @@ def draw(runs: dict[str, Path], windows: dict[str, list], path: Path) -> None:
 
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.6 + 1.1 * len(runs) * 2), squeeze=False)
     colours: dict[str, str] = {}
-    palette = plt.get_cmap("tab10").colors
+    palette = plt.get_cmap("tab20").colors  # up to 20 phase names (a critic rank adds its own)
     for ax, (mode, run_dir) in zip(axes[:, 0], runs.items()):
         t0, t1 = windows[mode]
         rows = clip(read_timelines(run_dir), t0, t1)

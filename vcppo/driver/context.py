@@ -47,6 +47,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def seed_process(cfg: Config) -> None:
+    """Every rank that builds a model: the run's seed, and ``trainer.deterministic``."""
+    seed_everything(cfg.trainer.seed)
+    if cfg.trainer.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def pad_token_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -144,9 +151,7 @@ class RunContext:
         if cfg.trainer.prompts_per_step % dist.world_size:
             raise ConfigError(f"config key 'trainer.prompts_per_step' ({cfg.trainer.prompts_per_step}) "
                               f"must be divisible by the number of ranks ({dist.world_size})")
-        seed_everything(cfg.trainer.seed)
-        if cfg.trainer.deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
+        seed_process(cfg)
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path)
         max_tokens = cfg.data.max_prompt_tokens
@@ -179,7 +184,8 @@ class RunContext:
                 save_config(cfg, run_dir)
             prompts = (f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
                        f"{len(val_rows)} val prompts") if sampler else \
-                f"split placement: {cfg.placement.rollout_ranks} rollout rank(s) sample"
+                f"split placement: {cfg.placement.rollout_ranks} rollout rank(s) sample" + \
+                (f", {cfg.placement.critic_ranks} critic rank(s) hold the critic" if cfg.placement.critic_ranks else "")
             log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | {prompts}")
             scorer = make_scorer(cfg)
             engines = build_engines(cfg, dist, log, resumed, resume_point=point)

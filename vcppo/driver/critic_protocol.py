@@ -69,9 +69,10 @@ class Failed:
 
     @classmethod
     def of(cls, error: BaseException) -> "Failed":
-        """``error`` as it will cross (one that does not pickle becomes a RuntimeError naming it)."""
+        """``error`` as it will cross (one that does not pickle and unpickle becomes a RuntimeError
+        naming it)."""
         try:
-            pickle.dumps(error)
+            pickle.loads(pickle.dumps(error))
             return cls(error)
         except Exception:  # noqa: BLE001 -- any pickling failure: send its text instead
             return cls(RuntimeError(f"on the critic rank: {type(error).__name__}: {error}"))

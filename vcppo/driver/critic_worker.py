@@ -5,18 +5,22 @@ Critic rank i serves actor rank i (:mod:`vcppo.driver.critic_protocol`): it buil
 the training ranks would (from the policy, a reward model, a checkpoint or the value-pretraining
 cache; restored where the run resumes), then per step takes rank i's share of the batch and its
 rewards, sends V_old back at once (a values pass; in value pretraining, where the actor does not
-train, the update's own forward as on the training ranks), computes the value targets with
+train, the step plan decides as on the training ranks: with Monte-Carlo targets and one optimizer
+step the critic trains first and V_old is its update's own forward), computes the value targets with
 ``lambda_critic`` from the same rewards and values, updates, and sends the update's metrics. The
-critic ranks' ZeRO-3 collectives run among themselves, while the actor ranks train.
+critic ranks' ZeRO-3 collectives run among themselves, while the actor ranks train. A checkpoint
+also holds each critic rank's RNG states (``rng_critic{r}.json``: a critic with dropout, e.g.
+LoRA's, resumes exactly), restored unless the run resumes on another number of ranks.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from vcppo.driver.advantages import estimate, returns_to_go
-from vcppo.driver.checkpoint import peek_state
-from vcppo.driver.context import init_run_distributed
+from vcppo.driver.checkpoint import peek_state, rng_state, set_rng_state
+from vcppo.driver.context import init_run_distributed, seed_process
 from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Ready, Start, Stop, UpdateDone,
                                           Values)
 from vcppo.driver.engines import build_critic
@@ -86,8 +90,15 @@ class CriticServer:
     def command(self, msg: Command) -> None:
         with self.timeline.span(msg.name):
             if msg.name == "load_checkpoint":
-                restore_engine(self.critic, Path(msg.args[0]), **msg.kwargs)
-            elif msg.name in ("save_checkpoint", "export", "check_finite_weights"):
+                directory, universal = Path(msg.args[0]), msg.kwargs.get("universal", False)
+                restore_engine(self.critic, directory, universal=universal)
+                rng = directory.parent / f"rng_critic{self.dist.rank}.json"
+                if not universal and rng.exists():  # on another number of ranks the streams do not carry over
+                    set_rng_state(json.loads(rng.read_text()))
+            elif msg.name == "save_checkpoint":
+                self.critic.save_checkpoint(*msg.args)
+                (Path(msg.args[0]).parent / f"rng_critic{self.dist.rank}.json").write_text(json.dumps(rng_state()))
+            elif msg.name in ("export", "check_finite_weights"):
                 getattr(self.critic, msg.name)(*msg.args, **msg.kwargs)
             else:
                 raise ValueError(f"unknown critic command {msg.name!r}")
@@ -111,7 +122,10 @@ class CriticServer:
         """Until the actor rank says stop."""
         while not isinstance(msg := self.link.receive(), Stop):
             if (error := self.answer(msg)) is not None:
-                self.link.flush()
+                try:
+                    self.link.flush()  # the actor rank raises the error sent; it may have exited already
+                except Exception:  # noqa: BLE001 -- this rank's own error is the one to raise
+                    pass
                 raise error
         self.link.flush()
 
@@ -119,6 +133,7 @@ class CriticServer:
 def serve_critic(cfg: Config, run_dir: Path) -> None:
     """A critic rank's whole life in a split run; returns when its actor rank says stop."""
     dist = init_run_distributed(cfg)
+    seed_process(cfg)
     server = CriticServer(cfg, dist, D.get_critic_link(), Timeline(run_dir if cfg.logging.timeline else None, "critic"))
     clean = False
     try:

@@ -18,9 +18,10 @@
 
 The :class:`~vcppo.driver.plan.StepPlan` decides, once per run, which passes run and in which
 order; value pretraining (VC-PPO sec. 4.1) is this step with the actor frozen (steps 7-8 skipped).
-With the critic on ranks of its own (``plan.critic_remote``), steps 4 and 6 run there: the share
-goes to the critic rank as soon as its rewards are known, V_old comes back for step 5, and the
-critic's update runs while this rank's actor trains; its metrics are collected before step 9.
+With the critic on ranks of its own (``plan.critic_remote``), its part of steps 2, 4 and 6 runs
+there: the share goes to the critic rank as soon as its rewards are known, V_old comes back
+before step 5, and the critic's update runs while this rank's actor trains; its metrics are
+collected before step 9.
 """
 from __future__ import annotations
 

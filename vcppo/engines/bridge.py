@@ -21,6 +21,10 @@ collectives can interleave with them:
 
 Sends and broadcasts from trainer 0 are asynchronous (the trainer goes on training while a
 rollout rank is still sampling); their buffers are kept until they complete.
+
+With ``placement.critic_ranks`` = C the middle C ranks hold the critic only (a third role world),
+and each training rank i and critic rank i share a :class:`CriticLink`: two gloo groups of two,
+one per direction, carrying pickled objects (the step's share, V_old, metrics, commands).
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ class Roles:
     def __post_init__(self):
         if not 1 <= self.rollout_ranks < self.world_size - self.critic_ranks:
             raise ValueError(f"placement.rollout_ranks ({self.rollout_ranks}) must leave at least one training "
-                             f"rank among the {self.world_size} launched ranks (placement.mode=split needs >= 2)")
+                             f"rank among the {self.world_size} launched ranks, after {self.critic_ranks} critic rank(s)")
         if self.critic_ranks and self.critic_ranks != self.train_ranks:
             raise ValueError(f"placement.critic_ranks ({self.critic_ranks}) must equal the number of actor ranks "
                              f"({self.train_ranks} of the {self.world_size} launched ranks): critic rank i serves "

@@ -98,14 +98,17 @@ class Plan:
 
 
 def ranks(cfg: Config, cluster: Cluster) -> tuple[int, int]:
-    """(training ranks, rollout ranks) of the run."""
+    """(training ranks, rollout ranks) of the run; with ``placement.critic_ranks`` the training
+    ranks are the actor's (the critic has as many of its own)."""
     if cfg.placement.mode != "split":
         return cluster.world, cluster.world
-    rollout = cfg.placement.rollout_ranks
-    if rollout >= cluster.world:
-        raise ConfigError(f"config key 'placement.rollout_ranks' ({rollout}) leaves no training rank of "
-                          f"{cluster.world} GPUs ({cluster.gpus_per_node} per node x {cluster.nodes} nodes)")
-    return cluster.world - rollout, rollout
+    rollout, critic = cfg.placement.rollout_ranks, cfg.placement.critic_ranks
+    train = cluster.world - rollout - critic
+    if train < 1 or (critic and critic != train):
+        raise ConfigError(f"config keys 'placement.rollout_ranks' ({rollout}) and 'placement.critic_ranks' ({critic}) "
+                          f"must leave actor ranks (as many as critic ranks, if any) among {cluster.world} GPUs "
+                          f"({cluster.gpus_per_node} per node x {cluster.nodes} nodes)")
+    return train, rollout
 
 
 def micro_batch_tokens(engine_cfg, max_sequence: int) -> int:
@@ -187,8 +190,14 @@ def phase_checks(cfg: Config, cluster: Cluster, engines: list[EngineMemory], vll
     working = max(e.working_bytes for e in engines)
     kv_sequences = vllm.max_length_sequences
     if cfg.placement.mode == "split":
-        return [Check("training ranks: states + working set", "train", resident + working, usable),
-                Check("rollout ranks: vLLM", "rollout", vllm.budget_bytes, usable, kv_sequences)]
+        vllm_check = Check("rollout ranks: vLLM", "rollout", vllm.budget_bytes, usable, kv_sequences)
+        if not cfg.placement.critic_ranks:
+            return [Check("training ranks: states + working set", "train", resident + working, usable), vllm_check]
+        actor = [e for e in engines if e.role != "critic"]
+        critic = [e for e in engines if e.role == "critic"]
+        return [Check(f"{name} ranks: states + working set", "train",
+                      sum(e.states.resident_bytes for e in part) + max(e.working_bytes for e in part), usable)
+                for name, part in (("actor", actor), ("critic", critic))] + [vllm_check]
     asleep = cfg.rollout.free_memory_during_training and not cluster.hardware.is_cpu
     during_training = resident + working + (0.0 if asleep else vllm.budget_bytes)
     return [Check("training (vLLM asleep)" if asleep else "training (vLLM awake)", "train", during_training, usable),
@@ -228,7 +237,11 @@ def step_time(cfg: Config, shapes: Shapes, cluster: Cluster, engines: list[Engin
                              frozen_weights=e.role in sections and sections[e.role].lora.rank > 0)
               for e in engines]
     tokens = responses * (prompt + response / 2)
-    training_s = T.training_seconds(models, tokens, cluster.hardware, d, train_gpus, mfu)
+    if cfg.placement.mode == "split" and cfg.placement.critic_ranks:  # the two updates side by side
+        sides = ([m for m in models if m.role != "critic"], [m for m in models if m.role == "critic"])
+        training_s = max(T.training_seconds(side, tokens, cluster.hardware, d, train_gpus, mfu) for side in sides)
+    else:
+        training_s = T.training_seconds(models, tokens, cluster.hardware, d, train_gpus, mfu)
     overlapped = cfg.placement.mode == "split" and cfg.trainer.max_staleness > 0
     step_s = max(rollout_s, training_s) if overlapped else rollout_s + training_s
     return StepTime(rollout_s, training_s, step_s, responses, tokens, rollout_gpus, train_gpus)
