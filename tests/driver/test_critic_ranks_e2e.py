@@ -7,7 +7,8 @@ one rank logs, to float tolerance, and exports the same actor and critic. The st
 (V_old from a values pass on the critic rank rather than the critic update's own forward, which
 the colocated run takes at lambda_critic = 1), not its arithmetic: same weights, same inputs.
 Then it checkpoints, and a second command resumes it from the checkpoint on the critic rank too.
-One step ahead, a SIGKILLed critic rank ends the job, and the same command resumes it exactly.
+One step ahead, a SIGKILLed critic rank ends the job, and the same command resumes it exactly; and
+(``make test-faults``) two critic ranks serve two actor ranks, each its own.
 """
 import json
 import os
@@ -111,3 +112,20 @@ def test_a_killed_critic_rank_ends_the_job_and_the_run_resumes_exactly(tiny_arti
     err = run_ranks("train", "vcppo", *args(cut), cwd=tmp_path, world_size=3, env=ONE_THREAD)
     assert "resuming from" in err
     assert_same(in_step_order(records(cut / "vcppo-seed0")), want)
+
+
+@pytest.mark.faults
+def test_two_critic_ranks_serve_two_actor_ranks(tiny_artifacts, tmp_path):
+    """5 processes (2 actor, 2 critic, 1 rollout), one step ahead: each actor rank's share goes to its own
+    critic rank, and the run logs what split over the same 2 training ranks logs, to float tolerance."""
+    base = {"placement.mode": "split", "trainer.max_staleness": 1, "algorithm.rollout_is_cap": 2.0,
+            "trainer.total_steps": 3}
+    run_ranks("train", "vcppo", *overrides(tiny_artifacts, tmp_path / "two", **base), cwd=tmp_path, world_size=3,
+              env=ONE_THREAD)
+    err = run_ranks("train", "vcppo", *overrides(tiny_artifacts, tmp_path / "pairs", **base,
+                                                 **{"placement.critic_ranks": 2}),
+                    cwd=tmp_path, world_size=5, env=ONE_THREAD)
+    assert "2 critic rank(s) hold the critic" in err
+    want = [{k: v for k, v in r.items() if not k.startswith(SPLIT_ONLY)}
+            for r in in_step_order(records(tmp_path / "two" / "vcppo-seed0"))]
+    assert_same(comparable(records(tmp_path / "pairs" / "vcppo-seed0")), want)
