@@ -39,6 +39,7 @@ _BRIDGE = None  # split placement: this rank's engines.bridge.Bridge (trainer 0 
 _CRITIC_LINK = None  # split placement with critic ranks: this training / critic rank's engines.bridge.CriticLink
 _CLOSERS: list[Callable[[], None]] = []
 _EVER_INITIALISED = False  # a process group was set up in this process (exit_process)
+_SHM_SEGMENT: Path | None = None  # DeepSpeed's CPU all-reduce segment of this rank (unlinked at shutdown)
 
 
 def free_port() -> int:
@@ -192,9 +193,32 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
         from datetime import timedelta
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, rank=rank, world_size=world,
                                    init_method="env://", timeout=timedelta(seconds=timeout_s))
+    if not cuda and world > 1:
+        global _SHM_SEGMENT
+        _SHM_SEGMENT = shm_segment(rank)
     _INFO = DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
                      backend=backend, is_main=(rank == 0))
     return _INFO
+
+
+def shm_segment(rank: int, root: Path = Path("/dev/shm")) -> Path:
+    """Where DeepSpeed's CPU shm all-reduce keeps ``rank``'s buffer (~66 MiB): named by user, MASTER_ADDR
+    and MASTER_PORT (deepspeed/ops/csrc/cpu/comm/shm.cpp). The op runs where every rank is local
+    (LOCAL_SIZE, which the deepspeed launcher sets). DeepSpeed unlinks the buffer only in a teardown
+    that our ranks' ``os._exit`` skips, so without :func:`unlink_shm_segment` each such run left one
+    per rank in /dev/shm, RAM held until reboot."""
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    return root / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
+
+
+def unlink_shm_segment(segment: Path | None) -> None:
+    """Remove this rank's segment name (after a clean run's last barrier); peers that still map it keep
+    their mapping until they exit."""
+    if segment is not None:
+        try:
+            segment.unlink()
+        except OSError:  # never created (the op fell back to gloo), or already gone
+            pass
 
 
 def _init_split(rollout_ranks: int, critic_ranks: int, rank: int, world: int, local_rank: int, dev: torch.device,
@@ -304,7 +328,7 @@ def shutdown(wait_for_peers: bool = False) -> None:
     no rank tears its sockets down while a peer is still in its last collective (the suspect of a
     2-rank gloo abort at exit seen once in CI). Only on a clean end: a rank unwinding an error
     must not wait at a barrier its peers never reach."""
-    global _INFO, _BRIDGE, _CRITIC_LINK
+    global _INFO, _BRIDGE, _CRITIC_LINK, _SHM_SEGMENT
     while _CLOSERS:
         _CLOSERS.pop()()
     try:  # vLLM's TP/PP/world group wrappers (only present if an LLM was built)
@@ -332,6 +356,11 @@ def shutdown(wait_for_peers: bool = False) -> None:
             if not _is_invalid_pg(e):
                 raise
     _forget_deepspeed_groups()
+    if wait_for_peers:
+        # every peer met the barrier above, so it mapped this segment long ago; after an error one still
+        # starting up would wait for the name forever, so the segment stays there
+        unlink_shm_segment(_SHM_SEGMENT)
+    _SHM_SEGMENT = None
     _INFO = None
     _BRIDGE = None
     _CRITIC_LINK = None
