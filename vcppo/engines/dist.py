@@ -205,8 +205,8 @@ def shm_segment(rank: int, root: Path = Path("/dev/shm")) -> Path:
     """Where DeepSpeed's CPU shm all-reduce keeps ``rank``'s buffer (~66 MiB): named by user, MASTER_ADDR
     and MASTER_PORT (deepspeed/ops/csrc/cpu/comm/shm.cpp). The op runs where every rank is local
     (LOCAL_SIZE, which the deepspeed launcher sets). DeepSpeed unlinks the buffer only in a teardown
-    that our ranks' ``os._exit`` skips, so without :func:`unlink_shm_segment` each such run left one
-    per rank in /dev/shm, RAM held until reboot."""
+    that our ranks' ``os._exit`` skips: :func:`unlink_shm_segment` removes it, or it stays in /dev/shm,
+    RAM held until reboot."""
     addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     return root / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
 
