@@ -116,7 +116,7 @@ def main(argv):
         with open(os.path.join(args.out, "result.json"), "w") as f:
             json.dump(result, f)
     dist.barrier()
-    dist.shutdown()
+    dist.shutdown(wait_for_peers=True)  # as a clean run ends (it also frees DeepSpeed's shm buffer)
     return 0
 
 

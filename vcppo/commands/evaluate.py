@@ -194,12 +194,14 @@ def evaluate_policy(cfg: Config) -> dict | None:
     dist = D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s)
     rollout = RolloutEngine(e.model_path, cfg.rollout, dist, seed=cfg.trainer.seed,
                             max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
+    clean = False
     try:
         metrics = evaluate(rollout, rows, make_scorer(cfg), dist=dist, sampling=cfg.rollout, n_samples=e.n_samples,
                            ks=e.k, seed=cfg.trainer.seed, groups=groups)
+        clean = True
     finally:
         rollout.close(final=True)
-        D.shutdown()
+        D.shutdown(wait_for_peers=clean)  # a clean end meets the peers first (and frees DeepSpeed's shm buffer)
     return metrics if dist.is_main else None
 
 
