@@ -1,6 +1,7 @@
 """Fast tests of the driver's own logic (no engines): checkpoints, stopping rule, experience
 layout, whitening, metrics files. The real-engine runs are in test_train_e2e.py."""
 import json
+import re
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -197,3 +198,18 @@ def test_sft_that_stops_below_its_target_is_named_with_the_reason():
     assert target_shortfall(short, 0.0) is None  # no target asked
     assert target_shortfall({"steps": 8}, 0.4) is None  # no val split: nothing to judge
     assert "step 600 with" in target_shortfall({"steps": 600, "val/pass@1_greedy": 0.1}, 0.4)  # older summary
+
+
+@pytest.mark.parametrize("world, overrides, key", [
+    (2, ["placement.rollout_ranks=2"], "'placement.rollout_ranks' (2) must leave at least one training rank"),
+    (4, ["placement.critic_ranks=1"], "'placement.critic_ranks' (1) must equal the number of actor ranks (2"),
+    (3, ["placement.critic_ranks=2"], "'placement.rollout_ranks' (1) must leave at least one training rank"),
+    (3, ["trainer.prompts_per_step=3"], "'trainer.prompts_per_step' (3) must be divisible by the training ranks (2)"),
+])
+def test_split_rank_counts_that_cannot_work_name_their_key(world, overrides, key):
+    from vcppo.driver.context import check_split_sizes
+    from vcppo.schema import ConfigError
+    cfg = load_config("vcppo", ["placement.mode=split", *overrides])
+    with pytest.raises(ConfigError, match=re.escape(f"config key {key}")):
+        check_split_sizes(cfg, world)
+    check_split_sizes(load_config("vcppo", ["placement.mode=split", "placement.critic_ranks=1"]), 3)  # 1 + 1 + 1

@@ -30,6 +30,7 @@ from vcppo.driver.timeline import Timeline
 from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
+from vcppo.engines.bridge import Roles
 from vcppo.engines.critic import CriticEngine
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.lora import enabled as lora_enabled
@@ -93,17 +94,14 @@ def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resum
 
 
 def check_split_sizes(cfg: Config, world: int) -> None:
-    """Split placement's rank counts against the launched ranks (a ConfigError naming the key)."""
+    """Split placement's rank counts against the launched ranks (:class:`~vcppo.engines.bridge.Roles`'
+    rules, and the prompts' shares), as a ConfigError naming the key."""
     pl, prompts = cfg.placement, cfg.trainer.prompts_per_step
-    actor_ranks = world - pl.rollout_ranks - pl.critic_ranks
-    if actor_ranks < 1:
-        raise ConfigError(f"config keys 'placement.rollout_ranks' ({pl.rollout_ranks}) and 'placement.critic_ranks' "
-                          f"({pl.critic_ranks}) must leave at least one actor rank among the {world} launched ranks")
-    if pl.critic_ranks and pl.critic_ranks != actor_ranks:
-        raise ConfigError(f"config key 'placement.critic_ranks' ({pl.critic_ranks}) must equal the number of actor "
-                          f"ranks ({actor_ranks} = {world} launched - {pl.rollout_ranks} rollout - "
-                          f"{pl.critic_ranks} critic): critic rank i serves actor rank i")
-    for key, ranks in (("placement.rollout_ranks", pl.rollout_ranks), ("training ranks", actor_ranks)):
+    try:
+        roles = Roles(world, pl.rollout_ranks, pl.critic_ranks)
+    except ValueError as e:
+        raise ConfigError(f"config key {e}") from None
+    for key, ranks in (("placement.rollout_ranks", pl.rollout_ranks), ("training ranks", roles.train_ranks)):
         if prompts % ranks:
             raise ConfigError(f"config key 'trainer.prompts_per_step' ({prompts}) must be "
                               f"divisible by the {key} ({ranks}) in placement.mode=split")

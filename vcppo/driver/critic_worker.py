@@ -15,6 +15,7 @@ LoRA's, resumes exactly), restored unless the run resumes on another number of r
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from vcppo.driver.context import init_run_distributed, seed_process
 from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Ready, Start, Stop, UpdateDone,
                                           Values)
 from vcppo.driver.engines import build_critic
+from vcppo.driver.metrics import PhaseTimer
 from vcppo.driver.plan import ppo_plan, pretrain_plan
 from vcppo.driver.resume import restore_engine
 from vcppo.driver.timeline import Timeline
@@ -35,14 +37,15 @@ from vcppo.schema import Config
 
 
 class _Log:
-    """The critic ranks' start-up lines (the actor ranks hold the run's logger), from critic rank 0."""
+    """The critic ranks' start-up lines, from critic rank 0, in the run logger's console format (the
+    actor ranks hold the run's logger and its files)."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
 
     def info(self, line: str) -> None:
         if self.enabled:
-            print(f"[vcppo critic ranks] {line}", flush=True)
+            print(f"[vcppo {time.strftime('%H:%M:%S')}] critic ranks: {line}", file=sys.stderr, flush=True)
 
 
 class CriticServer:
@@ -62,29 +65,27 @@ class CriticServer:
     def step(self, msg: CriticStep) -> None:
         plan, device = self.plans[msg.phase], self.dist.device
         rollout, rewards = msg.rollout.to(device), msg.rewards.to(device)
-        began = time.perf_counter()
+        timer = PhaseTimer(timeline=self.timeline)
         if plan.critic_first:  # Monte-Carlo targets need no values; V_old is the update's forward
             returns = returns_to_go(rewards, rollout.response_mask, self.cfg.algorithm.gamma)
-            with self.timeline.span("critic_update"):
+            with timer("critic_update"):
                 result = update_critic(self.cfg, self.critic, plan, CriticBatch(**vars(rollout), returns=returns),
                                        msg.step)
             self.link.send(Values(result.values.cpu()))
-            values_s, update_s = 0.0, time.perf_counter() - began
         else:
-            with self.timeline.span("values"):
+            with timer("values"):
                 values = self.critic.forward_values(rollout)
             self.link.send(Values(values.cpu()))
-            values_s = time.perf_counter() - began
             # the targets the training ranks' own step would compute from these values (whitening
             # touches only the actor's advantages)
             returns = estimate(rollout, rewards, values, self.cfg.algorithm, plan.lambda_critic,
                                for_update=False).returns
-            with self.timeline.span("critic_update"):
+            with timer("critic_update"):
                 batch = CriticBatch(**vars(rollout), returns=returns, old_values=values)
                 result = update_critic(self.cfg, self.critic, plan, batch, msg.step)
-            update_s = time.perf_counter() - began - values_s
         metrics = dict(result.metrics)
-        metrics.update({"time/critic_rank_values_s": values_s, "time/critic_rank_update_s": update_s})
+        metrics.update({"time/critic_rank_values_s": timer.seconds.get("values", 0.0),
+                        "time/critic_rank_update_s": timer.seconds["critic_update"]})
         self.link.send(UpdateDone(metrics))
 
     def command(self, msg: Command) -> None:

@@ -51,10 +51,10 @@ class Roles:
 
     def __post_init__(self):
         if not 1 <= self.rollout_ranks < self.world_size - self.critic_ranks:
-            raise ValueError(f"placement.rollout_ranks ({self.rollout_ranks}) must leave at least one training "
+            raise ValueError(f"'placement.rollout_ranks' ({self.rollout_ranks}) must leave at least one training "
                              f"rank among the {self.world_size} launched ranks, after {self.critic_ranks} critic rank(s)")
         if self.critic_ranks and self.critic_ranks != self.train_ranks:
-            raise ValueError(f"placement.critic_ranks ({self.critic_ranks}) must equal the number of actor ranks "
+            raise ValueError(f"'placement.critic_ranks' ({self.critic_ranks}) must equal the number of actor ranks "
                              f"({self.train_ranks} of the {self.world_size} launched ranks): critic rank i serves "
                              "actor rank i")
 
@@ -176,6 +176,26 @@ def _post(group, root: int, obj) -> list[tuple[object, torch.Tensor]]:
     return [(group.broadcast(size, root), size), (group.broadcast(payload, root), payload)]
 
 
+class _Sends:
+    """Asynchronous sends and the buffers they read, kept until the sends complete."""
+
+    def __init__(self):
+        self.pending: list[tuple[object, torch.Tensor]] = []
+
+    def add(self, sends: list[tuple[object, torch.Tensor]]) -> None:
+        self.pending += sends
+
+    def reap(self) -> None:
+        """Drop the buffers of completed sends."""
+        self.pending = [(w, b) for w, b in self.pending if not w.is_completed()]
+
+    def flush(self) -> None:
+        """Wait for every send."""
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()
+
+
 class _Inbox:
     """The receiving end of pickled objects that ``root`` broadcasts in ``group`` (a size header,
     then the payload). :meth:`ready` posts the header's receive and asks whether it completed, so a
@@ -214,7 +234,7 @@ class Bridge:
         # trainer 0 and rollout rank 0 only: the rollout ranks gather a batch on their rank 0 first
         self.data = _group(store, "data", self.rank, 2, "gloo", timeout) if self.rank <= 1 else None
         self.weights = _group(store, "weights", self.rank, self.size, weights_backend, timeout)
-        self._pending: list[tuple[object, object]] = []  # (work, the buffers it reads)
+        self._sends = _Sends()
         # what a member receives: the rollout ranks control from trainer 0, trainer 0 data from rollout rank 0
         self._control_in = _Inbox(self.control, 0) if self.rank > 0 else None
         self._data_in = _Inbox(self.data, 1) if self.rank == 0 else None
@@ -222,13 +242,10 @@ class Bridge:
     # --- trainer 0 -> every rollout rank -------------------------------------------------------
     def broadcast_control(self, obj, weights: list[torch.Tensor] = ()) -> None:
         """Root: ``obj`` (and then the weight buckets), asynchronously."""
-        payload = _to_bytes(obj)
-        size = torch.tensor([payload.numel()], dtype=torch.int64)
-        self._pending.append((self.control.broadcast([size]), size))
-        self._pending.append((self.control.broadcast([payload]), payload))
+        self._sends.add(_post(self.control, 0, obj))
         for bucket in weights:
             bucket = bucket.to(self.device)
-            self._pending.append((self.weights.broadcast([bucket]), bucket))
+            self._sends.add([(self.weights.broadcast([bucket]), bucket)])
 
     def control_ready(self) -> bool:
         """Member: a control message has arrived (never blocks)."""
@@ -252,7 +269,7 @@ class Bridge:
         A broadcast from bridge rank 1 in the two-member data group, not a gloo ``send``: gloo's
         point-to-point send only makes progress while the sender waits on it, a collective runs
         on the group's own threads, so the rollout rank goes on sampling while it is delivered."""
-        self._pending += _post(self.data, 1, obj)
+        self._sends.add(_post(self.data, 1, obj))
 
     def data_ready(self) -> bool:
         """Trainer 0: an object from rollout rank 0 has arrived (never blocks)."""
@@ -265,13 +282,11 @@ class Bridge:
     # --- both ------------------------------------------------------------------------------------
     def reap(self) -> None:
         """Drop the buffers of completed asynchronous sends."""
-        self._pending = [(w, b) for w, b in self._pending if not w.is_completed()]
+        self._sends.reap()
 
     def flush(self) -> None:
         """Wait for every asynchronous send of this member."""
-        for work, _ in self._pending:
-            work.wait()
-        self._pending.clear()
+        self._sends.flush()
 
 
 class CriticLink:
@@ -290,17 +305,15 @@ class CriticLink:
         up = _group(store, f"critic{pair}/up", 1 - self.me, 2, "gloo", timeout)
         self._out, inbound = (down, up) if self.me == 0 else (up, down)
         self._in = _Inbox(inbound, 0)
-        self._pending: list[tuple[object, object]] = []
+        self._sends = _Sends()
 
     def send(self, obj) -> None:
-        self._pending = [(w, b) for w, b in self._pending if not w.is_completed()]
-        self._pending += _post(self._out, 0, obj)
+        self._sends.reap()
+        self._sends.add(_post(self._out, 0, obj))
 
     def receive(self):
         """The partner's next object (blocking)."""
         return self._in.receive()
 
     def flush(self) -> None:
-        for work, _ in self._pending:
-            work.wait()
-        self._pending.clear()
+        self._sends.flush()
