@@ -2,7 +2,8 @@
 
 Layering, lowest to highest priority:
   1. the dataclass defaults of :mod:`vcppo.schema` (one doc line per field),
-  2. YAML preset files (a file may name its parent with ``extends: base.yaml``),
+  2. YAML preset files (a file may name its parent with ``extends:``: a shipped preset's name, a
+     path relative to the file, or an absolute path; :mod:`vcppo.config_extends`),
   3. ``key=value`` overrides from the command line (``actor.lr=1e-6``).
 
 OmegaConf does the merging, the type coercion (``1e-6`` is a float, ``2.5`` is not an int) and
@@ -25,6 +26,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from vcppo.config_extends import read_yaml_chain
 from vcppo.schema import Config, ConfigError
 
 # Presets ship inside the package (vcppo/configs/*.yaml), so an installed wheel has them too.
@@ -152,22 +154,6 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     return resolve_named_file(name_or_path, CONFIG_DIR, "preset")
 
 
-def _read_yaml_chain(path: Path, seen: tuple = ()) -> list[tuple[Path, DictConfig]]:
-    """The file and its ``extends:`` ancestors, root first."""
-    path = path.resolve()
-    if path in seen:
-        raise ConfigError(f"config 'extends' cycle: {' -> '.join(map(str, seen + (path,)))}")
-    try:
-        data = OmegaConf.load(path)
-    except Exception as e:  # noqa: BLE001 - yaml's and OmegaConf's parse errors alike
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-    if not isinstance(data, DictConfig):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    parent = data.pop("extends", None)
-    chain = _read_yaml_chain(path.parent / parent, seen + (path,)) if parent else []
-    return chain + [(path, data)]
-
-
 def parse_overrides(overrides: Sequence[str]) -> DictConfig:
     """``["actor.lr=1e-6", "rollout.stop=[a,b]"]`` -> a DictConfig (values parsed as YAML)."""
     items = []
@@ -190,7 +176,7 @@ def load_config(config: str | Path | None = None, overrides: Sequence[str] = ())
     preset = None
     if config:
         path = resolve_config_path(str(config))
-        for p, data in _read_yaml_chain(path):
+        for p, data in read_yaml_chain(path, CONFIG_DIR):
             merged = _merge(merged, data, where=str(p))
         preset = path.stem
     if overrides:
