@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from vcppo.config_extends import read_yaml_chain
+from vcppo.config_provenance import check_allow_list
 from vcppo.schema import Config, ConfigError
 
 # Presets ship inside the package (vcppo/configs/*.yaml), so an installed wheel has them too.
@@ -281,6 +282,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'rollout.sampler_logprobs' is false but {', '.join(users)} "
                           "need(s) the sampler's logprobs: set it to null (auto) or true")
     _check_truncated_sampling(cfg, users)
+    check_allow_list(cfg.trainer.resume_allow_changes)
     _check_lora_sync(cfg)
     _check_placement(cfg)
     _check_reward_sources(cfg)

@@ -1,7 +1,10 @@
 """The config schema of every vcppo command: one dataclass per section, one doc line per field.
 
-Each field carries ``metadata["doc"]`` (docs/config.md is generated from it) and, where it has
-one, its valid range or choices, checked by :func:`vcppo.config.validate`. Loading, merging and
+Each field carries ``metadata["doc"]`` (docs/config.md is generated from it), where it has one its
+valid range or choices, checked by :func:`vcppo.config.validate`, and ``metadata["resume"]``: what a
+change of it does when a run resumes (:data:`RESUME_CLASSES`, enforced by
+:mod:`vcppo.config_provenance`). A section's metadata may set ``resume`` for every key inside it (the
+sections that `vcppo train` does not read). Loading, merging and
 type coercion are OmegaConf's (:mod:`vcppo.config`); this module only declares.
 
 A default written as ``"${section.key}"`` is an OmegaConf interpolation: it follows that key
@@ -17,10 +20,26 @@ class ConfigError(ValueError):
     """A config problem the user must fix; the message names the key / file."""
 
 
-def _f(default: Any, doc: str, *, choices: tuple | None = None, low: float | None = None,
+# What a change of a key on resume does (vcppo.config_provenance); every field names one:
+RESUME_CLASSES = {
+    "math": "changes what the run computes (the algorithm, the batch, the data, the rewards): refused on "
+            "resume unless listed in trainer.resume_allow_changes",
+    "numerics": "the same computation with other float rounding or another layout (micro-batching, packing, "
+                "sharding, placement): accepted and recorded; the resumed run is no longer bit-exact",
+    "free": "does not touch what is computed (logging, checkpoint cadence, validation, limits, run length): "
+            "accepted and recorded",
+    "fixed": "the checkpoint's tensors have another shape: it cannot be loaded, so the change is refused "
+             "whatever trainer.resume_allow_changes says",
+}
+
+
+def _f(default: Any, doc: str, *, resume: str, choices: tuple | None = None, low: float | None = None,
        high: float | None = None, low_open: bool = False) -> Any:
-    """A schema field with its doc line and its valid range or choices."""
-    meta = {"doc": doc, "choices": choices, "low": low, "high": high, "low_open": low_open}
+    """A schema field with its doc line, its valid range or choices, and ``resume``: what changing it
+    on resume does (a key of :data:`RESUME_CLASSES`; required, so a new key must be classified)."""
+    if resume not in RESUME_CLASSES:
+        raise ValueError(f"resume={resume!r} is not one of {list(RESUME_CLASSES)}")
+    meta = {"doc": doc, "choices": choices, "low": low, "high": high, "low_open": low_open, "resume": resume}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -28,114 +47,129 @@ def _f(default: Any, doc: str, *, choices: tuple | None = None, low: float | Non
 
 @dataclass
 class ModelConfig:
-    policy_path: str = _f("", "Local HF directory of the initial policy (the SFT / cold-start model).")
-    tokenizer_path: Optional[str] = _f(None, "Local tokenizer directory; defaults to policy_path.")
+    policy_path: str = _f("", "Local HF directory of the initial policy (the SFT / cold-start model).", resume="math")
+    tokenizer_path: Optional[str] = _f(None, "Local tokenizer directory; defaults to policy_path.", resume="math")
     critic_init: str = _f("policy", "Critic initialisation: 'policy' (backbone of the policy + fresh "
                           "value head), 'reward_model' (an RM incl. its head; the paper's PPO "
                           "baseline), or 'checkpoint' (a pretrained critic).",
-                          choices=("policy", "reward_model", "checkpoint"))
+                          choices=("policy", "reward_model", "checkpoint"), resume="math")
     critic_path: Optional[str] = _f(None, "Directory of the RM or critic checkpoint when critic_init "
-                                    "is 'reward_model' or 'checkpoint'.")
+                                    "is 'reward_model' or 'checkpoint'.", resume="math")
     dtype: str = _f("auto", "Training dtype: 'auto' = bf16 on CUDA, fp32 on CPU.",
-                    choices=("auto", "float32", "bfloat16", "float16"))
+                    choices=("auto", "float32", "bfloat16", "float16"), resume="math")
 
 
 @dataclass
 class DataConfig:
-    train_files: str = _f("", "Training prompts: a .parquet / .jsonl file or a datasets save_to_disk dir.")
-    val_files: Optional[str] = _f(None, "Validation prompts (same formats); validation is off if unset.")
+    train_files: str = _f("", "Training prompts: a .parquet / .jsonl file or a datasets save_to_disk dir.",
+                          resume="math")
+    val_files: Optional[str] = _f(None, "Validation prompts (same formats); validation is off if unset.", resume="free")
     prompt_field: str = _f("prompt", "Column holding the prompt: text, or a list of chat messages "
-                           "{role, content} (verl's format; needs the chat template).")
+                           "{role, content} (verl's format; needs the chat template).", resume="math")
     answer_field: str = _f("answer", "Column holding the ground-truth answer, or a dotted path into nested "
-                           "fields (verl: reward_model.ground_truth).")
+                           "fields (verl: reward_model.ground_truth).", resume="math")
     reward_info_fields: Optional[List[str]] = _f(None, "Columns passed to the reward function as keyword "
                                                  "arguments; null = data_source and extra_info where the "
-                                                 "file has them.")
-    max_prompt_tokens: int = _f(256, "Prompts longer than this (in tokens) are dropped, and counted.", low=1)
+                                                 "file has them.", resume="math")
+    max_prompt_tokens: int = _f(256, "Prompts longer than this (in tokens) are dropped, and counted.", low=1,
+                                resume="math")
     use_chat_template: Optional[bool] = _f(None, "Wrap prompts with the tokenizer's chat template: true / "
-                                           "false; null (or auto) = when the tokenizer has one.")
+                                           "false; null (or auto) = when the tokenizer has one.", resume="math")
 
 
 @dataclass
 class RolloutConfig:
-    n_samples_per_prompt: int = _f(4, "Responses sampled per prompt (GRPO/VAPO group size).", low=1)
+    n_samples_per_prompt: int = _f(4, "Responses sampled per prompt (GRPO/VAPO group size).", low=1, resume="math")
     temperature: float = _f(1.0, "Sampling temperature of training and pass@k samples (> 0: the trainer "
                             "divides logits by it; greedy evaluation needs no setting).", low=0.0,
-                            low_open=True)
+                            low_open=True, resume="math")
     top_p: float = _f(1.0, "Nucleus sampling top-p. Below 1 the sampler's logprobs are the truncated "
                       "distribution's, so nothing may read them (TIS, pi_old from the sampler, confidence "
                       "features, staleness, mismatch/* metrics): a config error says which key does.",
-                      low=0.0, high=1.0, low_open=True)
-    max_response_tokens: int = _f(512, "Maximum generated tokens per response (the context budget).", low=1)
-    stop: List[str] = _f([], "Extra stop strings (the tokenizer's EOS always stops).")
+                      low=0.0, high=1.0, low_open=True, resume="math")
+    max_response_tokens: int = _f(512, "Maximum generated tokens per response (the context budget).", low=1,
+                                  resume="math")
+    stop: List[str] = _f([], "Extra stop strings (the tokenizer's EOS always stops).", resume="math")
     gpu_memory_utilization: Optional[float] = _f(None, "vLLM memory share; on CPU the share of host RAM "
                                                  "for its KV cache per rank. null = 0.4 on CUDA "
                                                  "(colocated with training), 0.05 on CPU.",
-                                                 low=0.0, high=1.0, low_open=True)
-    tensor_parallel_size: int = _f(1, "vLLM tensor parallel size (GPU only).", low=1)
-    enforce_eager: bool = _f(True, "Run vLLM eagerly: no CUDA graphs on GPU, no torch.compile of the model on CPU (faster start-up, slower decode; docs/performance.md).")
-    free_memory_during_training: bool = _f(True, "GPU: put vLLM to sleep while actor/critic train.")
+                                                 low=0.0, high=1.0, low_open=True, resume="numerics")
+    tensor_parallel_size: int = _f(1, "vLLM tensor parallel size (GPU only).", low=1, resume="numerics")
+    enforce_eager: bool = _f(True, "Run vLLM eagerly: no CUDA graphs on GPU, no torch.compile of the model on CPU (faster start-up, slower decode; docs/performance.md).",
+                             resume="numerics")
+    free_memory_during_training: bool = _f(True, "GPU: put vLLM to sleep while actor/critic train.", resume="free")
     lora_sync: str = _f("merged", "With actor.lora: how vLLM gets the actor after an update: 'merged' (base + "
                         "B A merged into full weights, loaded like a full update) or 'adapter' (vLLM's own LoRA: "
                         "only the adapters are sent; smaller transfer, slower decode; colocated placement only).",
-                        choices=("merged", "adapter"))
+                        choices=("merged", "adapter"), resume="numerics")
     sampler_logprobs: Optional[bool] = _f(None, "Return vLLM's logprob of each sampled token: true = always "
                                           "(mismatch/* metrics in fp32 too); false = never; null (or auto) = when the "
                                           "run uses them (algorithm.rollout_is_cap, "
                                           "algorithm.old_logprobs_from_sampler, critic.confidence_features) "
                                           "or samples in bf16 / fp16, where the mismatch/* metrics earn their "
-                                          "cost (docs/performance.md).")
+                                          "cost (docs/performance.md).", resume="free")
 
 
 @dataclass
 class EngineConfig:
     """What every DeepSpeed engine needs, trained or frozen (the reference policy)."""
     micro_batch_size: int = _f(8, "Sequences per forward/backward per rank (gradient accumulation "
-                               "makes up the mini-batch).", low=1)
+                               "makes up the mini-batch).", low=1, resume="numerics")
     zero_stage: Optional[int] = _f(None, "DeepSpeed ZeRO stage; null = auto: 3 with several ranks, 0 (no "
                                    "partitioning hooks, measured faster) on one rank, and on resume the "
-                                   "stage the checkpoint was written with.", choices=(None, 0, 1, 2, 3))
-    offload_params: bool = _f(False, "ZeRO-3: keep parameters in CPU memory.")
-    gradient_checkpointing: bool = _f(False, "Recompute activations in backward (saves memory).")
+                                   "stage the checkpoint was written with.", choices=(None, 0, 1, 2, 3),
+                                   resume="numerics")
+    offload_params: bool = _f(False, "ZeRO-3: keep parameters in CPU memory.", resume="numerics")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward (saves memory).", resume="numerics")
     packed: bool = _f(True, "Padding-free passes: a micro-batch's sequences concatenated into one row, "
                       "attention kept within each sequence; false: the padded (B, P+R) layout. Faster the "
-                      "more padding a batch has (docs/performance.md, 'How fast is a packed pass').")
+                      "more padding a batch has (docs/performance.md, 'How fast is a packed pass').", resume="numerics")
     max_tokens_per_micro_batch: int = _f(0, "Form micro-batches by a budget of real (prompt + response) "
                                          "tokens instead of micro_batch_size sequences (use with packed, for "
                                          "long-tailed lengths); 0: off. A longer "
-                                         "sequence gets a micro-batch of its own.", low=0)
+                                         "sequence gets a micro-batch of its own.", low=0, resume="numerics")
+    logprob_chunk_size: int = _f(1024, "Actor and reference: response logprobs and entropies are computed from the "
+                                 "last hidden states this many tokens at a time, so the (tokens x vocab) logits are "
+                                 "never held whole; the backward recomputes each chunk. 0: the full-logits path "
+                                 "(every response position's fp32 logits and log-softmax at once). No effect on "
+                                 "the critic and reward model (no vocabulary).", low=0, resume="numerics")
 
 
 @dataclass
 class OptimConfig(EngineConfig):
     """A trained engine: AdamW + learning-rate schedule (actor, critic, SFT, reward model)."""
-    lr: float = _f(1e-6, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0)
-    weight_decay: float = _f(0.0, "AdamW weight decay.", low=0.0)
-    betas: List[float] = _f([0.9, 0.95], "AdamW betas.")
-    warmup_steps: int = _f(0, "Linear learning-rate warm-up, in optimizer steps.", low=0)
-    lr_schedule: str = _f("constant", "Schedule after warm-up.", choices=("constant", "cosine", "linear"))
-    min_lr_ratio: float = _f(0.0, "Floor of cosine / linear decay, as a fraction of lr.", low=0.0, high=1.0)
-    grad_clip: float = _f(1.0, "Global gradient-norm clip (0 disables).", low=0.0)
-    offload_optimizer: bool = _f(False, "ZeRO-3: keep optimizer states in CPU memory.")
+    lr: float = _f(1e-6, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0,
+                   resume="math")
+    weight_decay: float = _f(0.0, "AdamW weight decay.", low=0.0, resume="math")
+    betas: List[float] = _f([0.9, 0.95], "AdamW betas.", resume="math")
+    warmup_steps: int = _f(0, "Linear learning-rate warm-up, in optimizer steps.", low=0, resume="math")
+    lr_schedule: str = _f("constant", "Schedule after warm-up.", choices=("constant", "cosine", "linear"),
+                          resume="math")
+    min_lr_ratio: float = _f(0.0, "Floor of cosine / linear decay, as a fraction of lr.", low=0.0, high=1.0,
+                             resume="math")
+    grad_clip: float = _f(1.0, "Global gradient-norm clip (0 disables).", low=0.0, resume="math")
+    offload_optimizer: bool = _f(False, "ZeRO-3: keep optimizer states in CPU memory.", resume="numerics")
 
 
 @dataclass
 class LoRAConfig:
     """Low-rank adapters (Hu et al. 2021, via peft): the base weights stay frozen, W + (alpha / rank) B A
     is what the model computes, and only A, B (and a critic's heads) carry gradients and optimizer states."""
-    rank: int = _f(0, "Adapter rank r; 0 = off (every weight trains).", low=0)
+    rank: int = _f(0, "Adapter rank r; 0 = off (every weight trains).", low=0, resume="fixed")
     alpha: float = _f(32.0, "Scaling numerator: the adapter's update is scaled by alpha / rank.", low=0.0,
-                      low_open=True)
-    dropout: float = _f(0.0, "Dropout on the adapters' input while training.", low=0.0, high=1.0)
+                      low_open=True, resume="math")
+    dropout: float = _f(0.0, "Dropout on the adapters' input while training.", low=0.0, high=1.0, resume="math")
     target_modules: List[str] = _f(["all-linear"], "Linear layers that get adapters, by the last part of their "
-                                   "name (e.g. [q_proj, v_proj]); [all-linear]: every linear layer but the LM head.")
+                                   "name (e.g. [q_proj, v_proj]); [all-linear]: every linear layer but the LM head.",
+                                   resume="fixed")
 
 
 @dataclass
 class UpdateConfig(OptimConfig):
     """An engine that PPO updates (actor, critic): epochs x mini-batches of optimizer steps."""
-    ppo_mini_batches: int = _f(1, "Optimizer steps per PPO epoch (the step's batch is split into this many).", low=1)
-    ppo_epochs: int = _f(1, "Passes over each step's batch.", low=1)
+    ppo_mini_batches: int = _f(1, "Optimizer steps per PPO epoch (the step's batch is split into this many).", low=1,
+                               resume="math")
+    ppo_epochs: int = _f(1, "Passes over each step's batch.", low=1, resume="math")
     lora: LoRAConfig = field(default_factory=LoRAConfig, metadata={"doc": "LoRA adapters (off by default)."})
 
 
@@ -146,171 +180,192 @@ class ActorConfig(UpdateConfig):
 
 @dataclass
 class CriticConfig(UpdateConfig):
-    lr: float = _f(2e-6, "Peak learning rate (paper: critic 2e-6 vs actor 1e-6; at most 1).", low=0.0, high=1.0)
-    value_clip: Optional[float] = _f(0.5, "Clip range of the value loss around old values (null: off).", low=0.0)
+    lr: float = _f(2e-6, "Peak learning rate (paper: critic 2e-6 vs actor 1e-6; at most 1).", low=0.0, high=1.0,
+                   resume="math")
+    value_clip: Optional[float] = _f(0.5, "Clip range of the value loss around old values (null: off).", low=0.0,
+                                     resume="math")
     confidence_features: bool = _f(False, "The value head also reads the policy's confidence in the tokens "
                                    "written so far (the sampler's logprobs: the previous token's, the "
                                    "lowest so far, how many below 1/2; vcppo.algos.confidence) through a "
                                    "zero-initialised linear layer. A policy backbone's last hidden state "
                                    "does not say whether an earlier step was wrong; the policy's own "
-                                   "surprise does (docs/results.md).")
+                                   "surprise does (docs/results.md).", resume="fixed")
     confidence_lr_scale: float = _f(100.0, "Learning rate of the confidence head as a multiple of lr: four "
                                     "weights on O(1) features, which Adam moves by ~lr a step.", low=0.0,
-                                    low_open=True)
+                                    low_open=True, resume="math")
     head_lr_scale: float = _f(1.0, "Learning rate of the scalar value head as a multiple of lr. Adam moves "
                               "each weight by at most ~lr a step, so a zero head at a backbone's lr needs "
                               "hundreds of steps to read what the features already hold "
                               "(docs/results.md).", low=0.0,
-                              low_open=True)
+                              low_open=True, resume="math")
 
 
 @dataclass
 class AlgorithmConfig:
     advantage_estimator: str = _f("gae", "'gae' (PPO family, needs a critic) or 'grpo' (group-normalised "
-                                  "outcome rewards, no critic).", choices=("gae", "grpo"))
-    gamma: float = _f(1.0, "Discount factor.", low=0.0, high=1.0)
+                                  "outcome rewards, no critic).", choices=("gae", "grpo"), resume="math")
+    gamma: float = _f(1.0, "Discount factor.", low=0.0, high=1.0, resume="math")
     lambda_actor: float = _f(0.95, "GAE lambda of the actor's advantages (Decoupled-GAE, paper sec. 4.2).",
-                             low=0.0, high=1.0)
+                             low=0.0, high=1.0, resume="math")
     lambda_critic: float = _f(1.0, "GAE lambda of the critic's targets; 1.0 = Monte-Carlo returns, no "
-                              "reward decay (Decoupled-GAE).", low=0.0, high=1.0)
-    length_adaptive_lambda: bool = _f(False, "VAPO: lambda_actor = 1 - 1/(alpha * length) per sequence.")
+                              "reward decay (Decoupled-GAE).", low=0.0, high=1.0, resume="math")
+    length_adaptive_lambda: bool = _f(False, "VAPO: lambda_actor = 1 - 1/(alpha * length) per sequence.", resume="math")
     length_adaptive_alpha: float = _f(0.05, "alpha of the length-adaptive lambda (VAPO: 0.05).", low=0.0,
-                                      low_open=True)
-    whiten_advantages: bool = _f(True, "Normalise the actor's advantages over the batch (std 1).")
+                                      low_open=True, resume="math")
+    whiten_advantages: bool = _f(True, "Normalise the actor's advantages over the batch (std 1).", resume="math")
     zero_mean_advantages: bool = _f(True, "When whitening, also subtract the mean (False only divides by the std, so "
-                                       "the mean's sign is kept).")
-    eps_low: float = _f(0.2, "PPO ratio clip below 1 (1 - eps_low).", low=0.0)
+                                       "the mean's sign is kept).", resume="math")
+    eps_low: float = _f(0.2, "PPO ratio clip below 1 (1 - eps_low).", low=0.0, resume="math")
     eps_high: float = _f(0.2, "PPO ratio clip above 1 (1 + eps_high); >eps_low is clip-higher (VAPO/DAPO).",
-                         low=0.0)
+                         low=0.0, resume="math")
     dual_clip_c: Optional[float] = _f(None, "Dual-clip constant c > 1 for negative advantages (null: off).",
-                                      low=1.0, low_open=True)
+                                      low=1.0, low_open=True, resume="math")
     loss_agg: str = _f("token-mean", "Loss aggregation over tokens / sequences.",
-                       choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
+                       choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"), resume="math")
     kl_coef: float = _f(0.0, "KL coefficient vs the reference policy (paper: 0); >0 loads a reference "
-                        "engine. With kl_target set, the adaptive controller's starting value.", low=0.0)
+                        "engine. With kl_target set, the adaptive controller's starting value.", low=0.0, resume="math")
     kl_in: str = _f("reward", "Where the KL goes: 'reward' (a per-token penalty subtracted from the reward, "
                     "PPO-RLHF; verl use_kl_in_reward) or 'loss' (a term of the actor's loss on its current "
-                    "logprobs, GRPO's way; verl use_kl_loss).", choices=("reward", "loss"))
+                    "logprobs, GRPO's way; verl use_kl_loss).", choices=("reward", "loss"), resume="math")
     kl_estimator: str = _f("k3", "Per-token KL estimator: k1 (log-ratio), k2 (half its square), k3 (Schulman's "
                            "unbiased, >= 0) or low_var_kl (k3 clamped, verl's name); in the loss k2's "
                            "gradient is that of KL(pi || pi_ref) (vcppo/algos/kl.py).",
-                           choices=("k1", "k2", "k3", "low_var_kl"))
+                           choices=("k1", "k2", "k3", "low_var_kl"), resume="math")
     kl_target: Optional[float] = _f(None, "Adaptive KL controller (Ziegler et al. 2019, as verl / OpenRLHF): "
                                     "the coefficient moves toward the value that holds the per-sample KL at "
-                                    "this target; null: a fixed kl_coef.", low=0.0, low_open=True)
+                                    "this target; null: a fixed kl_coef.", low=0.0, low_open=True, resume="math")
     kl_horizon: float = _f(10000.0, "Adaptive KL controller: samples over which the coefficient may change "
-                           "by a factor of about e^0.2 (verl / OpenRLHF: 10000).", low=0.0, low_open=True)
-    entropy_coef: float = _f(0.0, "Entropy bonus coefficient.", low=0.0)
-    positive_lm_coef: float = _f(0.0, "VAPO positive-example LM loss weight (VAPO: 0.1).", low=0.0)
-    grpo_scale_by_std: bool = _f(True, "GRPO: divide group-centred rewards by the group std.")
+                           "by a factor of about e^0.2 (verl / OpenRLHF: 10000).", low=0.0, low_open=True,
+                           resume="math")
+    entropy_coef: float = _f(0.0, "Entropy bonus coefficient.", low=0.0, resume="math")
+    positive_lm_coef: float = _f(0.0, "VAPO positive-example LM loss weight (VAPO: 0.1).", low=0.0, resume="math")
+    grpo_scale_by_std: bool = _f(True, "GRPO: divide group-centred rewards by the group std.", resume="math")
     rollout_is_cap: Optional[float] = _f(None, "Truncated importance sampling for the sampler/trainer "
                                          "mismatch: the policy-gradient loss of each token is weighted by "
                                          "min(pi_old / pi_vLLM, cap); cap >= 1 (verl: 2); null: off.",
-                                         low=1.0)
+                                         low=1.0, resume="math")
     mask_truncated: bool = _f(False, "DAPO overlong filtering: responses cut off at "
-                              "rollout.max_response_tokens are left out of the policy loss.")
+                              "rollout.max_response_tokens are left out of the policy loss.", resume="math")
     old_logprobs_from_sampler: bool = _f(False, "Take pi_old (the ratio's denominator, and the policy side "
                                          "of the KL penalty) from the rollout engine's logprobs instead "
                                          "of an actor forward pass: one pass less per step. Trust it only "
                                          "where sampler and trainer agree (mismatch/ metrics of a run "
-                                         "without it); TIS is then inert.")
+                                         "without it); TIS is then inert.", resume="math")
 
 
 @dataclass
 class RewardConfig:
     function: Optional[str] = _f(None, "Custom reward function 'module:function' (fn(response_text, "
-                                 "ground_truth, **info) -> float); null = the built-in verifier.")
+                                 "ground_truth, **info) -> float); null = the built-in verifier.", resume="math")
     functions_by_source: Dict[str, str] = _f({}, "Reward function per data_source ({source: 'module:function'}); "
-                                             "rows of other sources use reward.function.")
+                                             "rows of other sources use reward.function.", resume="math")
     verl_parity: bool = _f(False, "Score verl's math data_sources as verl's default_compute_score does "
                            "(vcppo.rewards.verl_parity): openai/gsm8k by the last '#### N' (1/0), "
                            "lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500 by the "
                            "last \\boxed{} (1/0), math_dapo, math, aime* by the last 'Answer:' line (+1/-1); "
                            "the think part is not stripped and correct_score/wrong_score do not apply. "
-                           "Entries of functions_by_source win. false (the default): our verifier scores them.")
+                           "Entries of functions_by_source win. false (the default): our verifier scores them.",
+                           resume="math")
     model_path: Optional[str] = _f(None, "A reward model that scores each response at its last token: a "
                                    "`vcppo rm` directory, or an HF sequence-classification checkpoint with one "
-                                   "label. Runs on the training ranks (reward_model section).")
+                                   "label. Runs on the training ranks (reward_model section).", resume="math")
     combine: Optional[str] = _f(None, "How the reward model meets the rule: 'rule' (the model's scores only "
                                 "logged), 'model', 'weighted_sum' (rule_weight * rule + model_weight * model), "
                                 "'model_without_rule' (the model for rows whose data_source has no entry in "
                                 "functions_by_source); null = 'model' with a model_path, else 'rule'.",
-                                choices=(None, "rule", "model", "weighted_sum", "model_without_rule"))
-    rule_weight: float = _f(1.0, "combine=weighted_sum: weight of the rule's reward.")
-    model_weight: float = _f(1.0, "combine=weighted_sum: weight of the reward model's score.")
+                                choices=(None, "rule", "model", "weighted_sum", "model_without_rule"), resume="math")
+    rule_weight: float = _f(1.0, "combine=weighted_sum: weight of the rule's reward.", resume="math")
+    model_weight: float = _f(1.0, "combine=weighted_sum: weight of the reward model's score.", resume="math")
     normalize_model_scores: bool = _f(False, "Standardise the reward model's scores by the running mean and "
                                       "std of every score the run has seen (checkpointed, logged; a run that "
-                                      "reuses a cached critic starts them at its first PPO step).")
-    correct_score: float = _f(1.0, "Reward of a correct final answer (paper: +1).")
-    wrong_score: float = _f(-1.0, "Reward of a wrong / missing / truncated answer (paper: -1).")
+                                      "reuses a cached critic starts them at its first PPO step).", resume="math")
+    correct_score: float = _f(1.0, "Reward of a correct final answer (paper: +1).", resume="math")
+    wrong_score: float = _f(-1.0, "Reward of a wrong / missing / truncated answer (paper: -1).", resume="math")
     num_workers: Optional[int] = _f(None, "Reward worker processes per rank (a stuck sample can be "
                                     "killed); null = the cores the trainer leaves idle on the node, "
                                     "at least 1; 0 = score serially in the trainer (breakpoint() works).",
-                                    low=0)
+                                    low=0, resume="free")
     timeout_s: float = _f(5.0, "Wall-clock limit per sample in the worker processes; past it the sample "
                           "scores wrong_score, counts in reward/num_timeouts, and its worker is replaced.",
-                          low=0.0, low_open=True)
+                          low=0.0, low_open=True, resume="free")
     overlong_buffer_tokens: int = _f(0, "DAPO soft overlong punishment: a response that runs into the last "
                                      "N tokens before rollout.max_response_tokens loses up to "
-                                     "overlong_penalty, linearly in its length; 0: off.", low=0)
-    overlong_penalty: float = _f(1.0, "The soft overlong punishment at max_response_tokens (DAPO: 1).", low=0.0)
+                                     "overlong_penalty, linearly in its length; 0: off.", low=0, resume="math")
+    overlong_penalty: float = _f(1.0, "The soft overlong punishment at max_response_tokens (DAPO: 1).", low=0.0,
+                                 resume="math")
 
 
 @dataclass
 class ValuePretrainConfig:
     enabled: bool = _f(True, "Run value pretraining (policy frozen, critic regressed on Monte-Carlo "
-                       "returns) before PPO (VC-PPO sec. 4.1).")
-    steps: int = _f(100, "Maximum value-pretraining steps (paper: ~100 best, 150 over-fits).", low=0)
+                       "returns) before PPO (VC-PPO sec. 4.1).", resume="math")
+    steps: int = _f(100, "Maximum value-pretraining steps (paper: ~100 best, 150 over-fits).", low=0, resume="math")
     lambda_critic: float = _f(1.0, "GAE lambda of the pretraining targets (1.0 = Monte-Carlo).", low=0.0,
-                              high=1.0)
-    early_stop: bool = _f(True, "Stop early once explained variance and value loss have settled.")
-    min_steps: int = _f(10, "Never stop before this many steps.", low=0)
-    window: int = _f(10, "Settling rule: compare means of the last two windows of this many steps.", low=1)
-    ev_tolerance: float = _f(0.02, "Settled when explained variance changed by less than this ...", low=0.0)
-    loss_tolerance: float = _f(0.05, "... and value loss changed by less than this fraction.", low=0.0)
+                              high=1.0, resume="math")
+    early_stop: bool = _f(True, "Stop early once explained variance and value loss have settled.", resume="math")
+    min_steps: int = _f(10, "Never stop before this many steps.", low=0, resume="math")
+    window: int = _f(10, "Settling rule: compare means of the last two windows of this many steps.", low=1,
+                     resume="math")
+    ev_tolerance: float = _f(0.02, "Settled when explained variance changed by less than this ...", low=0.0,
+                             resume="math")
+    loss_tolerance: float = _f(0.05, "... and value loss changed by less than this fraction.", low=0.0, resume="math")
     cache_dir: Optional[str] = _f(None, "Where reusable critic checkpoints live, keyed by a hash of policy, "
-                                  "data and critic config (default: <output_root>/critic_cache).")
-    reuse: bool = _f(True, "Reuse a matching pretrained critic instead of training it again.")
+                                  "data and critic config (default: <output_root>/critic_cache).", resume="free")
+    reuse: bool = _f(True, "Reuse a matching pretrained critic instead of training it again.", resume="free")
 
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = _f(100, "PPO steps (each = one rollout batch).", low=0)
-    prompts_per_step: int = _f(16, "Prompts per step over all ranks (x n_samples_per_prompt responses).", low=1)
+    total_steps: int = _f(100, "PPO steps (each = one rollout batch).", low=0, resume="free")
+    prompts_per_step: int = _f(16, "Prompts per step over all ranks (x n_samples_per_prompt responses).", low=1,
+                               resume="math")
     balance_batch: bool = _f(True, "Several ranks: redistribute whole prompt groups after sampling so every "
-                             "rank trains on about the same number of real tokens.")
+                             "rank trains on about the same number of real tokens.", resume="numerics")
     seed: int = _f(0, "Seed of data order, sampling and initialisation (numpy accepts [0, 2**32)).",
-                   low=0, high=2**32 - 1)
-    output_root: str = _f("runs", "Directory under which run directories are created.")
-    run_name: Optional[str] = _f(None, "Run directory name (default: <preset>-seed<seed>, so re-running a command resumes its run).")
-    save_every: int = _f(0, "Checkpoint every N steps (0: only at the end).", low=0)
-    keep_last: int = _f(2, "Keep the last K checkpoints.", low=1)
+                   low=0, high=2**32 - 1, resume="math")
+    output_root: str = _f("runs", "Directory under which run directories are created.", resume="free")
+    run_name: Optional[str] = _f(None, "Run directory name (default: <preset>-seed<seed>, so re-running a command resumes its run).",
+                                 resume="free")
+    save_every: int = _f(0, "Checkpoint every N steps (0: only at the end).", low=0, resume="free")
+    keep_last: int = _f(2, "Keep the last K checkpoints.", low=1, resume="free")
     resume: str = _f("auto", "'auto' continues from the run's last complete checkpoint, 'never' "
-                     "starts over, or a checkpoint path.")
-    val_every: int = _f(0, "Validate every N steps (0: only at the start and end).", low=0)
-    val_max_prompts: int = _f(128, "Validation prompts used (from the start of the val split).", low=1)
-    val_n_samples: int = _f(4, "Samples per validation prompt for pass@k.", low=1)
-    val_k: List[int] = _f([1, 4], "k values of the unbiased pass@k estimator (<= val_n_samples).")
-    device: str = _f("auto", "'auto' (cuda if available), 'cuda' or 'cpu'.", choices=("auto", "cuda", "cpu"))
-    deterministic: bool = _f(False, "Deterministic torch algorithms (CPU runs are deterministic anyway).")
+                     "starts over, or a checkpoint path.", resume="free")
+    val_every: int = _f(0, "Validate every N steps (0: only at the start and end).", low=0, resume="free")
+    val_max_prompts: int = _f(128, "Validation prompts used (from the start of the val split).", low=1, resume="free")
+    val_n_samples: int = _f(4, "Samples per validation prompt for pass@k.", low=1, resume="free")
+    val_k: List[int] = _f([1, 4], "k values of the unbiased pass@k estimator (<= val_n_samples).", resume="free")
+    device: str = _f("auto", "'auto' (cuda if available), 'cuda' or 'cpu'.", choices=("auto", "cuda", "cpu"),
+                     resume="numerics")
+    deterministic: bool = _f(False, "Deterministic torch algorithms (CPU runs are deterministic anyway).",
+                             resume="numerics")
     dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop prompts whose samples all got the same "
-                                "reward and sample more prompts until the step's batch is full.")
+                                "reward and sample more prompts until the step's batch is full.", resume="math")
     dynamic_sampling_max_tries: int = _f(4, "Sampling rounds per step at most, the first included; a batch "
-                                         "still short after them is filled up with dropped groups.", low=1)
+                                         "still short after them is filled up with dropped groups.", low=1,
+                                         resume="math")
     max_nonfinite_steps: int = _f(3, "Abort (exit 2, the last good checkpoint kept) after this many steps in a "
                                   "row with an optimizer step skipped for a non-finite loss, gradient norm or "
-                                  "advantages.", low=1)
+                                  "advantages.", low=1, resume="free")
     max_staleness: int = _f(0, "Actor updates a batch's sampling weights may lag the weights that train on it "
                             "(placement.mode=split). 0: synchronous, exactly the colocated run; >= 1: rollouts "
                             "run ahead while the models train, pi_old and V_old are recomputed at train time "
                             "and the sampler enters through the truncated IS weight (algorithm.rollout_is_cap).",
-                            low=0, high=2)
+                            low=0, high=2, resume="math")
     collective_timeout_s: float = _f(1800.0, "Longest a rank waits in one collective for its peers before it "
                                      "fails (a hung or dead rank; NCCL's watchdog then ends the job). gloo "
-                                     "fails at once when a peer's connection closes.", low=0.0, low_open=True)
+                                     "fails at once when a peer's connection closes.", low=0.0, low_open=True,
+                                     resume="free")
     max_failed_reward_steps: int = _f(3, "Abort (exit 2) after this many steps in a row in which the reward "
                                       "function failed (raised, timed out, NaN) on every sample of every rank.",
-                                      low=1)
+                                      low=1, resume="free")
+    resume_allow_changes: List[str] = _f([], "Keys whose change on resume is accepted although it changes what the "
+                                         "run computes (e.g. [algorithm.lambda_actor]); each accepted change is "
+                                         "recorded in <run dir>/config_history.jsonl. Without it such a resume is "
+                                         "refused, naming each changed key (docs/robustness.md).", resume="free")
+    abort_on_divergence: bool = _f(False, "Stop the run (exit 2) at the first step whose metrics leave their sane "
+                                   "range (vcppo.driver.divergence: entropy collapse, value loss or gradient "
+                                   "norm blow-up, KL, non-finite values), before that step's checkpoint, so the "
+                                   "last checkpoint is one from before it. false: warn and go on.", resume="free")
 
 
 @dataclass
@@ -319,95 +374,101 @@ class PlacementConfig:
                    "placement.rollout_ranks ranks only sample (vLLM), the others only train (ZeRO-3 among "
                    "themselves; the critic on ranks of its own with placement.critic_ranks), and weights and "
                    "samples cross between them (docs/launching.md).",
-                   choices=("colocated", "split"))
-    rollout_ranks: int = _f(1, "Split placement: how many ranks (the last ones) run vLLM only.", low=1)
+                   choices=("colocated", "split"), resume="numerics")
+    rollout_ranks: int = _f(1, "Split placement: how many ranks (the last ones) run vLLM only.", low=1,
+                            resume="numerics")
     critic_ranks: int = _f(0, "Split placement: ranks that hold the critic only (after the actor's ranks, "
                            "as many as they), so the critic's values pass and update run while the actor "
-                           "trains; 0: the critic trains on the actor's ranks.", low=0)
+                           "trains; 0: the critic trains on the actor's ranks.", low=0, resume="numerics")
 
 
 @dataclass
 class LoggingConfig:
-    wandb: bool = _f(True, "Log to Weights & Biases.")
+    wandb: bool = _f(True, "Log to Weights & Biases.", resume="free")
     wandb_mode: str = _f("offline", "offline (default, sync later with `wandb sync`), online, disabled.",
-                         choices=("offline", "online", "disabled"))
-    wandb_project: str = _f("vcppo", "W&B project.")
+                         choices=("offline", "online", "disabled"), resume="free")
+    wandb_project: str = _f("vcppo", "W&B project.", resume="free")
     tensorboard: bool = _f(False, "Also write TensorBoard event files to <run dir>/tensorboard (tags "
-                           "<phase>/<metric>; needs the tensorboard package).")
-    progress_bar: bool = _f(True, "Show a progress bar on rank 0.")
-    profile_buckets: int = _f(16, "Buckets of the advantage-vs-position profile.", low=1)
+                           "<phase>/<metric>; needs the tensorboard package).", resume="free")
+    progress_bar: bool = _f(True, "Show a progress bar on rank 0.", resume="free")
+    profile_buckets: int = _f(16, "Buckets of the advantage-vs-position profile.", low=1, resume="free")
     timeline: bool = _f(False, "Write every rank's busy intervals by phase (sampling, scoring, waiting, each "
-                        "update) to <run dir>/timeline/rank<N>.jsonl; `vcppo bench split` draws them.")
+                        "update) to <run dir>/timeline/rank<N>.jsonl; `vcppo bench split` draws them.", resume="free")
 
 
 @dataclass
 class SFTConfig(OptimConfig):
     """`vcppo sft`: cold-start SFT on the task's reasoning traces (data.train_files / val_files)."""
-    init_model: str = _f("", "HF directory of the model to fine-tune (e.g. from `vcppo model make`).")
+    init_model: str = _f("", "HF directory of the model to fine-tune (e.g. from `vcppo model make`).", resume="free")
     output_dir: str = _f("${model.policy_path}", "Where the fine-tuned policy is saved (default: the "
-                         "policy RL starts from).")
-    solution_field: str = _f("solution", "Column holding the target response (trace + answer).")
-    steps: int = _f(600, "Optimizer steps (the learning-rate schedule spans them).", low=1)
-    batch_size: int = _f(32, "Sequences per optimizer step, over all ranks.", low=1)
-    max_minutes: float = _f(0.0, "Stop training after this wall time (0: off).", low=0.0)
-    eval_every: int = _f(0, "Greedy val accuracy every N steps (0: at the end only).", low=0)
+                         "policy RL starts from).", resume="free")
+    solution_field: str = _f("solution", "Column holding the target response (trace + answer).", resume="free")
+    steps: int = _f(600, "Optimizer steps (the learning-rate schedule spans them).", low=1, resume="free")
+    batch_size: int = _f(32, "Sequences per optimizer step, over all ranks.", low=1, resume="free")
+    max_minutes: float = _f(0.0, "Stop training after this wall time (0: off).", low=0.0, resume="free")
+    eval_every: int = _f(0, "Greedy val accuracy every N steps (0: at the end only).", low=0, resume="free")
     eval_after: int = _f(0, "No periodic eval before this step: a model that has not learned the format yet "
-                         "writes every prompt to max length, the slowest eval there is.", low=0)
+                         "writes every prompt to max length, the slowest eval there is.", low=0, resume="free")
     target_accuracy: float = _f(0.0, "Stop once greedy val accuracy reaches this (0: off). A cold start "
-                                "for RL should leave room to improve.", low=0.0, high=1.0)
-    eval_prompts: int = _f(200, "Validation prompts for the greedy accuracy.", low=1)
+                                "for RL should leave room to improve.", low=0.0, high=1.0, resume="free")
+    eval_prompts: int = _f(200, "Validation prompts for the greedy accuracy.", low=1, resume="free")
     save_every: int = _f(0, "Also keep a checkpoint every N steps in output_dir/step_N, e.g. to start RL from "
-                         "several points of one run (0: only the final one).", low=0)
-    lr: float = _f(2e-3, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0)
-    warmup_steps: int = _f(30, "Linear learning-rate warm-up, in optimizer steps.", low=0)
-    lr_schedule: str = _f("cosine", "Schedule after warm-up.", choices=("constant", "cosine", "linear"))
-    min_lr_ratio: float = _f(0.1, "Floor of cosine / linear decay, as a fraction of lr.", low=0.0, high=1.0)
-    betas: List[float] = _f([0.9, 0.98], "AdamW betas.")
-    weight_decay: float = _f(0.01, "AdamW weight decay.", low=0.0)
-    micro_batch_size: int = _f(32, "Sequences per forward/backward per rank.", low=1)
+                         "several points of one run (0: only the final one).", low=0, resume="free")
+    lr: float = _f(2e-3, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0,
+                   resume="free")
+    warmup_steps: int = _f(30, "Linear learning-rate warm-up, in optimizer steps.", low=0, resume="free")
+    lr_schedule: str = _f("cosine", "Schedule after warm-up.", choices=("constant", "cosine", "linear"), resume="free")
+    min_lr_ratio: float = _f(0.1, "Floor of cosine / linear decay, as a fraction of lr.", low=0.0, high=1.0,
+                             resume="free")
+    betas: List[float] = _f([0.9, 0.98], "AdamW betas.", resume="free")
+    weight_decay: float = _f(0.01, "AdamW weight decay.", low=0.0, resume="free")
+    micro_batch_size: int = _f(32, "Sequences per forward/backward per rank.", low=1, resume="free")
 
 
 @dataclass
 class RMConfig(OptimConfig):
     """`vcppo rm`: an outcome reward model trained only at the final token (VC-PPO sec. 3.1)."""
     policy_path: str = _f("${model.policy_path}", "Policy that samples the training responses; its "
-                          "backbone initialises the RM.")
+                          "backbone initialises the RM.", resume="free")
     output_dir: Optional[str] = _f("${model.critic_path}", "Where the RM is saved (default: the critic "
-                                   "path the `ppo` preset starts from).")
-    prompts: int = _f(512, "Training prompts to sample from (a share is held out).", low=1)
-    samples_per_prompt: int = _f(4, "Responses sampled per prompt.", low=1)
-    heldout_frac: float = _f(0.2, "Share of prompts held out for accuracy.", low=0.0, high=1.0, low_open=True)
-    epochs: int = _f(4, "Passes over the sampled responses.", low=1)
-    batch_size: int = _f(32, "Sequences per optimizer step, over all ranks.", low=1)
-    lr: float = _f(3e-4, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0)
-    warmup_steps: int = _f(10, "Linear learning-rate warm-up, in optimizer steps.", low=0)
-    lr_schedule: str = _f("cosine", "Schedule after warm-up.", choices=("constant", "cosine", "linear"))
-    micro_batch_size: int = _f(32, "Sequences per forward/backward per rank.", low=1)
+                                   "path the `ppo` preset starts from).", resume="free")
+    prompts: int = _f(512, "Training prompts to sample from (a share is held out).", low=1, resume="free")
+    samples_per_prompt: int = _f(4, "Responses sampled per prompt.", low=1, resume="free")
+    heldout_frac: float = _f(0.2, "Share of prompts held out for accuracy.", low=0.0, high=1.0, low_open=True,
+                             resume="free")
+    epochs: int = _f(4, "Passes over the sampled responses.", low=1, resume="free")
+    batch_size: int = _f(32, "Sequences per optimizer step, over all ranks.", low=1, resume="free")
+    lr: float = _f(3e-4, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0,
+                   resume="free")
+    warmup_steps: int = _f(10, "Linear learning-rate warm-up, in optimizer steps.", low=0, resume="free")
+    lr_schedule: str = _f("cosine", "Schedule after warm-up.", choices=("constant", "cosine", "linear"), resume="free")
+    micro_batch_size: int = _f(32, "Sequences per forward/backward per rank.", low=1, resume="free")
 
 
 @dataclass
 class EvalConfig:
     """`vcppo eval`: greedy pass@1 and sampled pass@k (sampling settings from `rollout`)."""
-    model_path: str = _f("${model.policy_path}", "HF directory of the policy to evaluate.")
+    model_path: str = _f("${model.policy_path}", "HF directory of the policy to evaluate.", resume="free")
     data_files: str = _f("", "Prompts to evaluate on (same formats as data.train_files); several files separated "
-                         "by commas are evaluated in one go, each reported on its own too.")
-    max_prompts: int = _f(256, "Prompts used (from the start of the file).", low=1)
-    n_samples: int = _f(8, "Samples per prompt for pass@k (0: greedy only).", low=0)
-    k: List[int] = _f([1, 4, 8], "k values of the unbiased pass@k estimator (<= n_samples).")
-    output_json: Optional[str] = _f(None, "Also write the metrics to this JSON file.")
+                         "by commas are evaluated in one go, each reported on its own too.", resume="free")
+    max_prompts: int = _f(256, "Prompts used (from the start of the file).", low=1, resume="free")
+    n_samples: int = _f(8, "Samples per prompt for pass@k (0: greedy only).", low=0, resume="free")
+    k: List[int] = _f([1, 4, 8], "k values of the unbiased pass@k estimator (<= n_samples).", resume="free")
+    output_json: Optional[str] = _f(None, "Also write the metrics to this JSON file.", resume="free")
 
 
 @dataclass
 class DemoConfig:
     """`vcppo demo`: data -> model -> SFT -> [RM, if the critic starts from it] -> RL -> eval -> report."""
-    workdir: str = _f("artifacts", "Where data, models and checkpoints go.")
-    task: str = _f("add", "Synthetic task of the data stage (`vcppo data make --task`).")
-    model_size: str = _f("small", "Size of the initial model (`vcppo model make --size`; tiny for a smoke run).")
+    workdir: str = _f("artifacts", "Where data, models and checkpoints go.", resume="free")
+    task: str = _f("add", "Synthetic task of the data stage (`vcppo data make --task`).", resume="free")
+    model_size: str = _f("small", "Size of the initial model (`vcppo model make --size`; tiny for a smoke run).",
+                         resume="free")
 
 
 @dataclass
 class Config:
-    preset: str = _f("custom", "Name of the preset this run came from (informational).")
+    preset: str = _f("custom", "Name of the preset this run came from (informational).", resume="free")
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "Policy / critic / tokenizer paths."})
     data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "Prompt datasets."})
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"doc": "vLLM sampling."})
@@ -425,9 +486,13 @@ class Config:
     placement: PlacementConfig = field(default_factory=PlacementConfig,
                                        metadata={"doc": "Which ranks sample and which train."})
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata={"doc": "wandb / JSONL / console."})
-    sft: SFTConfig = field(default_factory=SFTConfig, metadata={"doc": "`vcppo sft`: cold-start SFT."})
-    rm: RMConfig = field(default_factory=RMConfig, metadata={"doc": "`vcppo rm`: outcome reward model."})
-    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"doc": "`vcppo eval`: pass@k of a policy."})
-    demo: DemoConfig = field(default_factory=DemoConfig, metadata={"doc": "`vcppo demo`: the whole pipeline."})
+    sft: SFTConfig = field(default_factory=SFTConfig, metadata={"doc": "`vcppo sft`: cold-start SFT.",
+                           "resume": "free"})  # not read by `vcppo train`
+    rm: RMConfig = field(default_factory=RMConfig, metadata={"doc": "`vcppo rm`: outcome reward model.",
+                         "resume": "free"})  # not read by `vcppo train`
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"doc": "`vcppo eval`: pass@k of a policy.",
+                             "resume": "free"})  # not read by `vcppo train`
+    demo: DemoConfig = field(default_factory=DemoConfig, metadata={"doc": "`vcppo demo`: the whole pipeline.",
+                             "resume": "free"})  # not read by `vcppo train`
 
 

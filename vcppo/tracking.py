@@ -9,12 +9,17 @@ call it unconditionally.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from vcppo.schema import ConfigError
+
+logger = logging.getLogger(__name__)
 
 # Shown in the progress bar's postfix, in this order, when present.
 _POSTFIX_KEYS = [("reward/mean", "rew"), ("reward/accuracy", "acc"), ("response/length_mean", "len"),
@@ -30,6 +35,30 @@ def _to_builtin(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_to_builtin(v) for v in value]
     return value
+
+
+def _sink_error(key: str, what: str, error: BaseException, fix: str) -> ConfigError:
+    """One line in vcppo's words for a metrics sink that failed to start; the library's traceback
+    goes to the debug log (``logging.getLogger("vcppo.tracking")``), not to the user."""
+    logger.debug("%s failed to start", what, exc_info=(type(error), error, error.__traceback__))
+    cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    return ConfigError(f"config key '{key}': {what} could not start ({type(error).__name__}: {cause}); {fix} "
+                       "(the library's traceback is logged at debug level)")
+
+
+def _start_wandb(run_dir: Path, config: dict, project: str, mode: str, run_name: str | None, resume: bool):
+    """``wandb.init`` for this run, or a ConfigError naming ``logging.wandb`` when it fails."""
+    try:
+        import wandb
+        # A stable id per run directory lets a resumed run continue the same W&B run.
+        run_id = "".join(c if c.isalnum() else "-" for c in (run_name or run_dir.name))[:64]
+        return wandb.init(project=project, name=run_name or run_dir.name, id=run_id,
+                          resume="allow" if resume else None, dir=str(run_dir), mode=mode, config=config,
+                          reinit="finish_previous")
+    except Exception as e:  # noqa: BLE001 - wandb raises its own errors, OSError, or a wrapped UsageError
+        raise _sink_error("logging.wandb", f"wandb (logging.wandb_mode={mode}, dir {run_dir})", e,
+                          "make the run directory writable (or WANDB_DIR, if set), or run without wandb: "
+                          "logging.wandb=false") from None
 
 
 class MetricsLogger:
@@ -51,18 +80,24 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
         self._progress = progress_bar
+        try:
+            self._start_sinks(config, use_wandb, wandb_mode, wandb_project, run_name, resume, use_tensorboard)
+        except BaseException:
+            self._jsonl.close()
+            raise
+
+    def _start_sinks(self, config: dict, use_wandb: bool, wandb_mode: str, wandb_project: str, run_name: str | None,
+                     resume: bool, use_tensorboard: bool) -> None:
         if use_wandb and wandb_mode != "disabled":
-            import wandb
-            # A stable id per run directory lets a resumed run continue the same W&B run.
-            run_id = "".join(c if c.isalnum() else "-" for c in (run_name or self.run_dir.name))[:64]
-            self._wandb = wandb.init(project=wandb_project, name=run_name or self.run_dir.name,
-                                     id=run_id, resume="allow" if resume else None,
-                                     dir=str(self.run_dir), mode=wandb_mode, config=config,
-                                     reinit="finish_previous")
+            self._wandb = _start_wandb(self.run_dir, config, wandb_project, wandb_mode, run_name, resume)
         if use_tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-            # a resumed run adds a new event file beside the old ones; TensorBoard reads them as one run
-            self._tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                # a resumed run adds a new event file beside the old ones; TensorBoard reads them as one run
+                self._tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            except Exception as e:  # noqa: BLE001 - not installed, or an unwritable directory
+                raise _sink_error("logging.tensorboard", "TensorBoard", e, "pip install tensorboard, or set "
+                                  "logging.tensorboard=false") from None
 
     # -- progress -----------------------------------------------------------------------------
     def start_phase(self, phase: str, total: int, initial: int = 0) -> None:

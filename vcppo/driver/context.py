@@ -19,12 +19,14 @@ import numpy as np
 import torch
 
 from vcppo.config import save_config, to_dict
+from vcppo.config_provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver import reshard
-from vcppo.driver.checkpoint import find_resume_point, peek_state, rewind_metrics
+from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
 from vcppo.driver.engines import build_engines
 from vcppo.driver.model_reward import ModelReward
 from vcppo.driver.remote_critic import RemoteCritic
+from vcppo.driver.resume_checks import check_resume
 from vcppo.driver.teardown import close_parts
 from vcppo.driver.timeline import Timeline
 from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
@@ -91,6 +93,18 @@ def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resum
     return MetricsLogger(out_dir, to_dict(cfg), enabled=dist.is_main, use_wandb=lg.wandb, wandb_mode=lg.wandb_mode,
                          wandb_project=lg.wandb_project, run_name=run_name, progress_bar=lg.progress_bar,
                          resume=resume, use_tensorboard=lg.tensorboard, already_sent=already_sent)
+
+
+def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunState | None, changes: list,
+                  say) -> None:
+    """Main rank, once the resume is accepted: ``config.yaml`` is this segment's config, and
+    ``config_history.jsonl`` says where the segment began and what it changed (config_provenance)."""
+    if changes:
+        say(f"resuming with a changed config: {summary(changes)}")
+    phase = resumed.phase if resumed is not None else "start"
+    record_segment(run_dir, phase=phase, step=resumed.step if resumed else 0,
+                   global_step=resumed.global_step if resumed else 0, resumed_from=point, changes=changes)
+    save_config(cfg, run_dir)
 
 
 def check_split_sizes(cfg: Config, world: int) -> None:
@@ -167,19 +181,22 @@ class RunContext:
             # verified here, before the engines start: a damaged checkpoint is skipped (or named)
             point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
                                       gather=D.all_gather_object)
+            own = point is not None and point.resolve().parent == (run_dir / "checkpoints").resolve()
+            conflict = identity_conflict(run_dir, cfg) if own and dist.is_main else None
+            if (problem := D.all_gather_object(conflict)[0]) is not None:
+                raise RunDirInUse(problem)
+            # the config against the checkpoint's: refused (one line naming the key) before any work
+            same_ranks = point is None or reshard.written_world_size(point) in (None, dist.world_size)
+            changes = check_resume(cfg, point, same_ranks)
             # written on another number of training ranks: engine checkpoints converted for this one
             universal = reshard.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, D.all_gather_object) \
                 if point is not None else {}
             resumed = peek_state(point) if point is not None else None
             # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
-            own = point is not None and point.resolve().parent == (run_dir / "checkpoints").resolve()
-            conflict = identity_conflict(run_dir, cfg) if own and dist.is_main else None
-            if (problem := D.all_gather_object(conflict)[0]) is not None:
-                raise RunDirInUse(problem)
             sent = rewind_metrics(run_dir, resumed) if (own and dist.is_main) else set()
             log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None, already_sent=sent)
             if dist.is_main:
-                save_config(cfg, run_dir)
+                record_config(cfg, run_dir, point, resumed, changes, log.info)
             prompts = (f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
                        f"{len(val_rows)} val prompts") if sampler else \
                 f"split placement: {cfg.placement.rollout_ranks} rollout rank(s) sample" + \
