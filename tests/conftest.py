@@ -5,11 +5,13 @@ import pytest
 
 import torch
 
-# Keep vLLM in-process (one engine per test process), and DeepSpeed on the CPU accelerator where there
-# is no GPU (on a GPU machine DeepSpeed picks CUDA itself: `pytest -m gpu` must not train on the CPU).
+# Keep vLLM in-process (one engine per test process). DeepSpeed fixes its accelerator once per process,
+# from DS_ACCELERATOR, at its first use: it is chosen here, in the root conftest, which pytest imports
+# before any test module (some import deepspeed at collection) and before tests/*/conftest.py (which
+# set none). CUDA where torch sees a GPU (`pytest -m gpu` in launch/gpu_check.sh must train on it),
+# else the CPU accelerator; a DS_ACCELERATOR already set wins. Subprocesses inherit it (ENV below).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-if not torch.cuda.is_available():
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One torch (OpenMP) thread per process: `make test` runs two workers on the CI machine's two cores,

@@ -4,8 +4,9 @@ import string
 
 import pytest
 
+# DS_ACCELERATOR is chosen in tests/conftest.py (CUDA on a GPU machine, else cpu), before anything
+# imports deepspeed: forcing "cpu" here trained the gpu-marked engine tests on DeepSpeed's CPU accelerator.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SPECIALS = ["<pad>", "<eos>", "<unk>", "<think>", "</think>"]

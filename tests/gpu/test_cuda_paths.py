@@ -41,8 +41,20 @@ def test_auto_picks_triton_on_cuda():
     assert torch.equal(a1, a2)
 
 
-def test_actor_engine_bf16_on_cuda(tmp_path):
-    """The actor on CUDA trains in bf16 under DeepSpeed ZeRO-3 (1 rank, nccl)."""
+def test_deepspeed_runs_on_cuda():
+    """The test process gives DeepSpeed its CUDA accelerator (tests/conftest.py), not the CPU one a
+    leftover DS_ACCELERATOR=cpu would: every engine test below would otherwise train on the CPU."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.accelerator import get_accelerator
+    assert get_accelerator().device_name() == "cuda"
+    assert get_accelerator().communication_backend_name() == "nccl"
+
+
+@pytest.mark.parametrize("zero_stage", [0, 3], ids=["zero0", "zero3"])
+def test_actor_engine_bf16_on_cuda(tmp_path, zero_stage):
+    """The actor on CUDA trains a step in bf16 under DeepSpeed ZeRO-0 (what one rank resolves
+    ``zero_stage: null`` to) and ZeRO-3 (set explicitly: valid on one rank, its partitioning hooks on
+    nccl), one rank each."""
     pytest.importorskip("deepspeed")
     from vcppo.commands.sft import ResponseNLL
     from vcppo.engines.actor import ActorEngine
@@ -53,7 +65,9 @@ def test_actor_engine_bf16_on_cuda(tmp_path):
 
     make_model("tiny", None, tmp_path / "m")
     dist = init_distributed("cuda")
-    eng = ActorEngine(str(tmp_path / "m"), ActorConfig(lr=1e-3, micro_batch_size=4), dist, total_optimizer_steps=2)
+    eng = ActorEngine(str(tmp_path / "m"), ActorConfig(lr=1e-3, micro_batch_size=4, zero_stage=zero_stage), dist,
+                      total_optimizer_steps=2)
+    assert eng.zero_stage == zero_stage and eng.ds_config["zero_optimization"]["stage"] == zero_stage
     assert next(eng.module.parameters()).dtype == torch.bfloat16
     b = make_layout([[1, 2, 3]] * 4, [[4, 5, 6, 7]] * 4, pad_id=0, device=dist.device)
     m = eng.train_step(b, ResponseNLL())
@@ -61,6 +75,9 @@ def test_actor_engine_bf16_on_cuda(tmp_path):
     # DeepSpeed itself runs on CUDA (not its CPU accelerator), and so do the engine's weights
     from deepspeed.accelerator import get_accelerator
     assert get_accelerator().device_name() == "cuda" and next(eng.module.parameters()).is_cuda
+    if zero_stage == 3:  # the weights are partitioned (ZeRO-3's parameter attributes), not whole
+        assert all(hasattr(p, "ds_id") for p in eng.module.parameters())
+    eng.close()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -102,6 +119,7 @@ def test_packed_equals_padded_on_cuda(tmp_path, dtype):
 def test_tp2_rollout_group_shares_its_samples(tmp_path):
     """vLLM with tensor_parallel_size=2 under external_launcher: the two ranks are one sharded
     engine, send identical requests, get identical samples and keep disjoint halves of the prompts."""
+    pytest.importorskip("vllm")
     import json
     import os
     import subprocess
