@@ -5,6 +5,7 @@
     vcppo bench mismatch [--model DIR | --size small] [--dtypes float32,bfloat16] [--json PATH]
     vcppo bench reward [--samples 512] [--hostile 4] [--workers 1,2] [--timeout 5] [--json PATH]
     vcppo bench train [--models small,medium] [--batch 8] [--budget 4096] [--json PATH]
+    vcppo bench logprobs [--size qwen2.5-0.5b-shape] [--shapes 1x512+4096] [--chunks 0,1024] [--json PATH]
     vcppo bench step [--size small] [--micro-batch 16,64] [--steps 6] [--trl] [--json PATH]
     vcppo bench split [--workload tail|demo] [--modes colocated,split0,split1] [--png PATH] [--json PATH]
     vcppo bench lora [--sizes small,medium] [--rank 16] [--syncs 3] [--rounds 3] [--json PATH]
@@ -13,7 +14,9 @@
 ``gae`` (:mod:`vcppo.bench.gae`): the fused Decoupled-GAE vs the reference loop vs a copy floor.
 ``rollout`` (:mod:`vcppo.bench.rollout`): vLLM vs HF generate tokens/s, weight sync time and one
 training step split into its parts, on one rank. ``train`` (:mod:`vcppo.bench.train`): padded vs
-packed (padding-free) actor forward and train step on a long-tailed batch. ``step``
+packed (padding-free) actor forward and train step on a long-tailed batch. ``logprobs``
+(:mod:`vcppo.bench.logprobs`): the full-logits path against the chunked logprob path, peak memory and
+tokens/s of the actor's forward and train step. ``step``
 (:mod:`vcppo.bench.step`): the driver's real ``rl_step`` timed by phase, with ``--trl`` side by
 side with TRL's PPOTrainer on the same model, prompts and batch. ``lora`` (:mod:`vcppo.bench.lora`):
 a LoRA actor's sync into vLLM as merged weights vs as vLLM's own LoRA, and decode speed with each.
@@ -34,6 +37,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "mismatch": ("vcppo.bench.mismatch", "vLLM vs trainer logprobs by dtype: |delta|, KL, TIS weights"),
     "reward": ("vcppo.bench.reward", "reward scoring: serial vs the process pool, with hostile answers"),
     "train": ("vcppo.bench.train", "padded vs packed actor passes on a long-tailed batch: tokens/s, peak memory"),
+    "logprobs": ("vcppo.bench.logprobs", "full logits vs the chunked logprob path: actor peak memory and tokens/s"),
     "step": ("vcppo.bench.step", "one real PPO step by phase (median of steps 2-N); --trl: vs TRL's PPOTrainer"),
     "split": ("vcppo.bench.split", "colocated vs split placement (staleness 0 / 1): steps/h, per-rank timeline"),
     "lora": ("vcppo.bench.lora", "a LoRA actor into vLLM: merged weights vs vLLM's LoRA, sync time and decode tok/s"),

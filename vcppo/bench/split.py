@@ -196,8 +196,9 @@ def main(argv=None) -> dict:
     workdir = Path(args.workdir).resolve()
     args.workdir = str(workdir)
     prepare(workdir, args.size, args.seed)
+    # DS_ACCELERATOR as the caller set it: unset, each rank's init_distributed picks cpu off CUDA
     env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", WANDB_MODE="offline",
-               DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"), TOKENIZERS_PARALLELISM="false")
+               TOKENIZERS_PARALLELISM="false")
     modes = args.modes.split(",")
     results: dict[str, list[dict]] = {m: [] for m in modes}
     last: dict[str, Path] = {}

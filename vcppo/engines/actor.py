@@ -9,15 +9,18 @@ import torch
 from vcppo.algos.losses import entropy_from_logits
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine, ModelOutputs
 from vcppo.engines.dist import DistInfo, barrier
+from vcppo.engines import logprob_head
+from vcppo.engines.logprob_head import LogprobRequest, requesting
 from vcppo.engines.lora import save_adapter
-from vcppo.engines.packing import pack
+from vcppo.engines.packing import pack, scatter_responses
 from vcppo.experience import Layout
 from vcppo.models.export import save_causal_lm
 from vcppo.schema import EngineConfig
 
 
 def response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperature: float = 1.0):
-    """logits (b, R, V) aligned with responses (b, R) -> (logprobs (b, R) float32, scaled logits)."""
+    """The full-logits path: logits (..., V) aligned with responses (...) -> (logprobs (...) float32,
+    scaled logits), every position's fp32 log-softmax held (and kept by autograd) at once."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -31,6 +34,10 @@ class ActorEngine(DeepSpeedModelEngine):
     ``temperature``: the sampler's temperature. Every logprob this engine computes, before and
     during the update, is of ``softmax(logits / temperature)``, the distribution vLLM sampled from
     (its ``processed_logprobs``), so the PPO ratio compares like with like.
+
+    ``cfg.logprob_chunk_size`` > 0: the LM head answers with logprobs and entropies computed a chunk
+    of positions at a time (:mod:`vcppo.engines.logprob_head`); 0, or a head the chunked path cannot
+    stand in for (``head`` is None), computes the full logits.
     """
 
     ADAPTER_TASK = "CAUSAL_LM"
@@ -40,6 +47,7 @@ class ActorEngine(DeepSpeedModelEngine):
         self.model_path = model_path
         self.temperature = float(temperature)
         super().__init__(cfg, dist, total_optimizer_steps, dtype=dtype, train=train)
+        self.head = logprob_head.install(self.module) if cfg.logprob_chunk_size > 0 else None
 
     def _build_module(self):
         from transformers import AutoModelForCausalLM
@@ -49,6 +57,29 @@ class ActorEngine(DeepSpeedModelEngine):
 
     def _forward_outputs(self, micro: Layout, need_entropy: bool) -> ModelOutputs:
         micro = micro.to(self.dist.device)
+        if self.head is None:
+            return self._full_logits_outputs(micro, need_entropy)
+        if self.cfg.packed:
+            packed = pack(micro)
+            rows, cols, keep, index = packed.rows, packed.cols, packed.predict_index, None
+            inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids)
+        else:
+            R = micro.responses.shape[1]
+            rows, cols = micro.response_mask.nonzero(as_tuple=True)
+            # the last R + 1 positions reach the head; position (row, t) predicts response token t
+            keep, index = R + 1, rows * (R + 1) + cols
+            inputs = dict(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
+                          position_ids=micro.position_ids)
+        request = LogprobRequest(micro.responses[rows, cols], index, self.temperature,
+                                 self.cfg.logprob_chunk_size, need_entropy)
+        with requesting(self.head, request):
+            logp, entropy = self.engine(**inputs, use_cache=False, logits_to_keep=keep).logits
+        shape = (micro.size, micro.responses.shape[1])
+        return ModelOutputs(logprobs=scatter_responses(logp, rows, cols, shape),
+                            entropy=scatter_responses(entropy, rows, cols, shape) if need_entropy else None)
+
+    def _full_logits_outputs(self, micro: Layout, need_entropy: bool) -> ModelOutputs:
+        """``logprob_chunk_size: 0``: the head's whole logits at every response position."""
         if self.cfg.packed:
             packed = pack(micro)
             out = self.engine(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,

@@ -51,9 +51,15 @@ class PackedBatch:
 
     def to_response_layout(self, per_token: torch.Tensor) -> torch.Tensor:
         """(N,) values, one per response token -> (b, R), zeros at padded positions."""
-        out = per_token.new_zeros(self.shape)
-        out[self.rows, self.cols] = per_token
-        return out
+        return scatter_responses(per_token, self.rows, self.cols, self.shape)
+
+
+def scatter_responses(per_token: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                      shape: tuple[int, int]) -> torch.Tensor:
+    """(N,) values at response positions (rows (N,), cols (N,)) -> (b, R), zeros elsewhere."""
+    out = per_token.new_zeros(shape)
+    out[rows, cols] = per_token
+    return out
 
 
 def pack(micro: Layout) -> PackedBatch:

@@ -1,0 +1,180 @@
+"""`vcppo bench logprobs`: the actor's full-logits path against the chunked logprob path.
+
+    vcppo bench logprobs [--size qwen2.5-0.5b-shape] [--shapes 1x512+4096,8x128+384]
+                         [--chunks 0,1024] [--phases forward,train_step] [--checkpointing] [--entropy]
+                         [--rounds 2] [--repeats 1] [--threads 2] [--json PATH]
+
+A shape ``NxP+R`` is N sequences of P prompt and R response tokens, one packed micro-batch (the
+per-micro-batch peak is what a longer batch of the same micro-batches reaches too). Chunk 0 is the
+full-logits path (``actor.logprob_chunk_size=0``): every response position's fp32 logits and
+log-softmax at once; any other value is the chunked path with that many positions per chunk.
+
+Each (shape, chunk) runs in a fresh process through the real
+:class:`~vcppo.engines.actor.ActorEngine` (DeepSpeed, one rank, fp32 on CPU), and the chunk
+settings alternate ``--rounds`` times (A B A B) so drift in a shared machine's load hits all alike:
+  * forward     — ``forward_logprobs`` (old logprobs / reference pass; ``--entropy``: with entropies)
+  * train step  — one ``train_step`` with the PPO policy loss (forward + backward + AdamW)
+Each phase runs once untimed first (AdamW's states are allocated there, outside the figures), then
+``--repeats`` timed calls. Figures: real tokens / s (median) and the peak resident memory above the
+level before the timed calls (sampled every 2 ms): the phase's activations and transient buffers,
+the model states left out. Ratios are against the first ``--chunks`` entry.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from vcppo.bench.train import PeakRSS
+
+
+def _parse(argv) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="vcppo bench logprobs", description=__doc__.split("\n")[0])
+    ap.add_argument("--size", default="qwen2.5-0.5b-shape", help="model size (vcppo.models.factory.SIZES)")
+    ap.add_argument("--model", default=None, help="an existing local model dir instead of --size")
+    ap.add_argument("--shapes", default="1x512+4096,8x128+384", help="NxP+R micro-batches, comma-separated")
+    ap.add_argument("--chunks", default="0,1024", help="logprob_chunk_size values; the first is the baseline")
+    ap.add_argument("--phases", default="forward,train_step")
+    ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing in the train step")
+    ap.add_argument("--entropy", action="store_true", help="the forward also returns entropies")
+    ap.add_argument("--rounds", type=int, default=2, help="processes per (shape, chunk), alternated")
+    ap.add_argument("--repeats", type=int, default=1, help="timed calls per phase and process")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "MODEL_DIR|SHAPE|CHUNK|OUT_JSON"
+    return ap.parse_args(argv)
+
+
+def parse_shape(shape: str) -> tuple[int, int, int]:
+    """``"8x128+384"`` -> (8, 128, 384)."""
+    try:
+        n, rest = shape.split("x")
+        p, r = rest.split("+")
+        return int(n), int(p), int(r)
+    except ValueError:
+        raise SystemExit(f"--shapes: {shape!r} is not NxP+R (e.g. 1x512+4096)") from None
+
+
+def _batch(n: int, p: int, r: int, vocab: int):
+    from vcppo.experience import ActorBatch, Rollout, make_layout
+    g = torch.Generator().manual_seed(0)
+    layout = make_layout([torch.randint(5, vocab, (p,), generator=g).tolist() for _ in range(n)],
+                         [torch.randint(5, vocab, (r,), generator=g).tolist() for _ in range(n)], pad_id=0)
+    b = Rollout.unscored(layout)
+    return ActorBatch(**{**vars(b), "correct": torch.ones(n)},
+                      advantages=torch.randn(b.response_mask.shape, generator=g) * b.response_mask)
+
+
+def _phase(fn, repeats: int) -> dict:
+    import time
+    fn()  # untimed: first-call allocations (AdamW's states) stay out of the figures
+    times = []
+    with PeakRSS() as mem:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return {"s": times, "peak_mib": mem.mib}
+
+
+def run_one(model_dir: str, shape: str, chunk: int, args) -> dict:
+    """One (shape, chunk) in this process (the --worker side)."""
+    from vcppo.driver.update import PolicyLoss
+    from vcppo.engines import dist
+    from vcppo.engines.actor import ActorEngine
+    from vcppo.schema import ActorConfig, AlgorithmConfig
+
+    torch.set_num_threads(args.threads)
+    info = dist.init_distributed("cpu")
+    n, p, r = parse_shape(shape)
+    cfg = ActorConfig(lr=1e-6, micro_batch_size=n, packed=True, logprob_chunk_size=chunk,
+                      gradient_checkpointing=args.checkpointing)
+    actor = ActorEngine(model_dir, cfg, info, total_optimizer_steps=10 * (args.repeats + 1))
+    batch = _batch(n, p, r, min(1000, actor.module.config.vocab_size))
+    out = {"shape": shape, "chunk": chunk, "real_tokens": n * (p + r), "response_tokens": n * r}
+    phases = args.phases.split(",")
+    if "forward" in phases:
+        out["forward"] = _phase(lambda: actor.forward_logprobs(batch, with_entropy=args.entropy), args.repeats)
+    if "train_step" in phases:
+        batch.old_logprobs, _ = actor.forward_logprobs(batch)
+        loss = PolicyLoss(AlgorithmConfig())
+        out["train_step"] = _phase(lambda: actor.train_step(batch, loss), args.repeats)
+    dist.shutdown()
+    return out
+
+
+def _spawn(model_dir: str, shape: str, chunk: int, argv: list[str], threads: int) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    cmd = [sys.executable, "-m", "vcppo.bench.logprobs", *argv, "--worker", f"{model_dir}|{shape}|{chunk}|{out}"]
+    subprocess.run(cmd, check=True, env=env)
+    with open(out) as f:
+        return json.load(f)
+
+
+def merge(runs: list[dict], phases: list[str]) -> dict:
+    """One setting's processes: tokens/s from the median of every timed call, the highest peak."""
+    out = {k: v for k, v in runs[0].items() if k not in phases}
+    for ph in phases:
+        times = [t for r in runs for t in r[ph]["s"]]
+        out[ph] = {"tokens_per_s": out["real_tokens"] / statistics.median(times), "s": times,
+                   "peak_mib": max(r[ph]["peak_mib"] for r in runs)}
+    return out
+
+
+def _print(shape: str, rows: dict, phases: list[str], base: int) -> None:
+    print(f"\n{shape} (sequences x (prompt + response)); ratios against chunk {base}")
+    print(f"  {'phase':<11}{'chunk':>7}{'tok/s':>9}{'speed':>8}{'peak MiB':>10}{'memory':>8}")
+    for ph in phases:
+        b = rows[base][ph]
+        for chunk, row in rows.items():
+            r = row[ph]
+            print(f"  {ph:<11}{chunk:>7}{r['tokens_per_s']:>9.1f}{r['tokens_per_s'] / b['tokens_per_s']:>7.2f}x"
+                  f"{r['peak_mib']:>10.0f}{b['peak_mib'] / max(r['peak_mib'], 1e-9):>7.2f}x")
+
+
+def main(argv=None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parse(argv)
+    if args.worker:
+        model_dir, shape, chunk, out = args.worker.split("|")
+        with open(out, "w") as f:
+            json.dump(run_one(model_dir, shape, int(chunk), args), f)
+        return {}
+    shapes = args.shapes.split(",")
+    for s in shapes:
+        parse_shape(s)
+    chunks = [int(c) for c in args.chunks.split(",")]
+    phases = args.phases.split(",")
+    results = {"config": {k: v for k, v in vars(args).items() if k not in ("worker", "json")}, "shapes": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = args.model
+        if model_dir is None:
+            from vcppo.models.factory import make_model
+            model_dir = os.path.join(tmp, args.size)
+            longest = max(sum(parse_shape(s)[1:]) for s in shapes)
+            make_model(args.size, None, model_dir, max_position_embeddings=max(longest + 64, 4096))
+        for shape in shapes:
+            runs = {c: [] for c in chunks}
+            for _ in range(args.rounds):  # A B A B
+                for c in chunks:
+                    runs[c].append(_spawn(model_dir, shape, c, argv, args.threads))
+            rows = {c: merge(r, phases) for c, r in runs.items()}
+            _print(shape, rows, phases, chunks[0])
+            results["shapes"][shape] = {str(c): row for c, row in rows.items()}
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
