@@ -27,8 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from vcppo.config_extends import read_yaml_chain
-from vcppo.config_provenance import check_allow_list
-from vcppo.schema import Config, ConfigError
+from vcppo.config_provenance import check_allow_list, resume_classes
+from vcppo.schema import RESUME_CLASSES, Config, ConfigError
 
 # Presets ship inside the package (vcppo/configs/*.yaml), so an installed wheel has them too.
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -548,31 +548,35 @@ def schema_markdown() -> str:
     lines = ["# Config reference", "",
              "Generated from `vcppo/schema.py` (`make docs`). Every command reads the same schema: "
              "`vcppo <command> [CONFIG] [section.key=value ...]`, where CONFIG is a shipped preset "
-             "name or a YAML file. A default `${a.b}` follows key `a.b` unless set.", ""]
+             "name or a YAML file. A default `${a.b}` follows key `a.b` unless set. The resume column says "
+             "what changing a key does when a run resumes (docs/robustness.md): "
+             + "; ".join(f"`{name}` {text}" for name, text in RESUME_CLASSES.items()) + ".", ""]
+    classes = resume_classes()
     root = Config()
     for sec in dataclasses.fields(root):
         value = getattr(root, sec.name)
         if not dataclasses.is_dataclass(value):
-            lines += [f"- `{sec.name}` (default `{value!r}`): {sec.metadata['doc']}", ""]
+            lines += [f"- `{sec.name}` (default `{value!r}`, resume {classes[sec.name]}): {sec.metadata['doc']}", ""]
             continue
-        lines += [f"## `{sec.name}` — {sec.metadata['doc']}", "", "| key | default | doc |", "|---|---|---|"]
-        lines += _schema_rows(value, sec.name)
+        lines += [f"## `{sec.name}` — {sec.metadata['doc']}", "", "| key | default | resume | doc |",
+                  "|---|---|---|---|"]
+        lines += _schema_rows(value, sec.name, classes)
         lines.append("")
     return "\n".join(lines)
 
 
-def _schema_rows(section: Any, prefix: str) -> list[str]:
+def _schema_rows(section: Any, prefix: str, classes: dict[str, str]) -> list[str]:
     """One table row per leaf field of ``section``; a nested section's fields under its dotted name."""
     rows = []
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         if dataclasses.is_dataclass(value):
-            rows += _schema_rows(value, f"{prefix}.{f.name}")
+            rows += _schema_rows(value, f"{prefix}.{f.name}", classes)
             continue
         doc = f.metadata["doc"]
         if f.metadata.get("choices"):
             doc += f" One of {', '.join(map(str, f.metadata['choices']))}."
-        rows.append(f"| `{prefix}.{f.name}` | `{value!r}` | {doc} |")
+        rows.append(f"| `{prefix}.{f.name}` | `{value!r}` | {classes[f'{prefix}.{f.name}']} | {doc} |")
     return rows
 
 

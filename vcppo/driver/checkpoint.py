@@ -59,6 +59,8 @@ class RunState:
     metrics_bytes: int | None = None  # size of metrics.jsonl at this checkpoint (None: older ones)
     kl_coef: float | None = None      # the adaptive KL controller's coefficient (None: algorithm.kl_coef)
     model_score_moments: list = field(default_factory=list)  # [count, mean, M2] of the reward model's scores
+    divergence_baseline: dict = field(default_factory=dict)  # guarded metric -> its first PPO step's value
+    divergence_since: dict = field(default_factory=dict)     # guarded metric out of range -> since which step
 
     @property
     def global_step(self) -> int:

@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from vcppo.config import load_command_config
-from vcppo.driver.checkpoint import RunState
+from vcppo.driver.checkpoint import RunState, checkpoint_root, list_complete
 from vcppo.driver.context import RunContext, init_run_distributed
 from vcppo.driver.critic_worker import serve_critic
+from vcppo.driver.divergence import check_divergence
 from vcppo.driver.guards import update_streaks
 from vcppo.driver.metrics import log_validations, validate
 from vcppo.driver.plan import StepPlan, ppo_plan, pretrain_plan
@@ -68,6 +69,11 @@ def train(cfg: Config) -> Path:
     return ctx.run_dir
 
 
+def last_checkpoint(run_dir: Path) -> str | None:
+    done = list_complete(checkpoint_root(run_dir))
+    return done[-1].name if done else None
+
+
 def ppo_loop(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: RunState) -> None:
     cfg = ctx.cfg
     total = cfg.trainer.total_steps
@@ -81,6 +87,7 @@ def ppo_loop(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: R
         ctx.log.log(metrics, step=step, phase="ppo")
         log_validations(ctx, source)  # split: those the rollout ranks finished during the step
         update_streaks(state, metrics, cfg.trainer, f"PPO step {step}", ctx.log.info)  # may abort, before any save
+        check_divergence(cfg, state, metrics, step, last_checkpoint(ctx.run_dir), ctx.log.info)  # may abort too
         if cfg.trainer.val_every and step % cfg.trainer.val_every == 0 and step != total:
             validate(ctx, source, step=step)
         if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == total:

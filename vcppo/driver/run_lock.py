@@ -11,8 +11,9 @@ Over time: ``trainer.resume=auto`` continues whatever run the directory holds, s
 lands on another run's directory (a sweep for seed 1 whose run names leave the seed out, after the
 seed-0 sweep finished there) would silently continue, or simply re-report, the other run. Before
 resuming from the directory's own checkpoint, the keys that say which run it is are compared with
-the saved ``config.yaml``; any difference refuses the resume. Other keys (total steps, lrs,
-logging) may change on resume, as users of other trainers expect.
+the saved ``config.yaml``; any difference refuses the resume. Other keys are judged by their
+resume class (:mod:`vcppo.config_provenance`): more steps or other logging go through, a change to
+the math only when ``trainer.resume_allow_changes`` lists it.
 """
 from __future__ import annotations
 
