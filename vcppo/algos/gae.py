@@ -40,7 +40,7 @@ from vcppo.algos.stats import _valid
 LambdaLike = Union[float, torch.Tensor]
 
 __all__ = [
-    "gae_reference", "decoupled_gae", "length_adaptive_lambda", "triton_available",
+    "gae_reference", "decoupled_gae", "length_adaptive_lambda", "triton_available", "auto_impl",
 ]
 
 
@@ -105,6 +105,28 @@ def triton_available() -> bool:
     return True
 
 
+def auto_impl(device: Union[str, torch.device]) -> str:
+    """The implementation `decoupled_gae(impl="auto")` runs on `device`: "triton" on CUDA when
+    triton imports, else "torch", at every (B, T).
+
+    Why, from the H100 figures (`vcppo bench gae`, H100 80GB HBM3, torch 2.11; docs/performance.md):
+      * the torch scan took 2.85 / 2.42 / 3.19 ms at B x T = 256x1024 / 1024x4096 / 512x16384,
+        flat across a 32x range of elements: per-call launch cost (~40 small kernels and a host
+        sync in `_mask_layout`), 40-75x the copy floor of 0.04 / 0.05 / 0.08 ms;
+      * the former Triton kernel (one program per 32 rows, walking T serially) took 0.33-0.5 us
+        a position whatever B (0.54 / 1.51 / 5.36 ms): faster than the torch scan up to T = 4096,
+        slower at T = 16384, with 16 programs for 512 rows on 132 SMs;
+      * the chunked-scan kernel that replaced it has no T-long serial path: three launches
+        (one when a chunk covers T), inputs read twice and outputs written once, 26 bytes a
+        position against the floor's 20; expected cost: launch latency plus ~1.3 floors, under
+        0.3 ms at all three shapes, below the torch scan's ~2.4 ms at every shape, small or large.
+    The last point is a cost model, not yet a measurement: `vcppo bench gae` on CUDA times every
+    implementation and prints a WARNING for any shape where this pick is not the fastest.
+    """
+    device = torch.device(device)
+    return "triton" if device.type == "cuda" and triton_available() else "torch"
+
+
 def decoupled_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -124,9 +146,11 @@ def decoupled_gae(
         lam_actor:  float or (B,) tensor; per-sequence values come from `length_adaptive_lambda`
                     (VAPO section 3.1).
         lam_critic: float or (B,) tensor; 1.0 = Monte-Carlo value targets (VC-PPO section 4.2).
-        impl:       "auto": CUDA tensors -> "triton" if importable, else "torch";
-                    other devices -> "torch".
-                    "torch" (vectorised blocked scan, any device), "triton" (CUDA kernel),
+        impl:       "auto": `auto_impl(rewards.device)` ("triton" on CUDA when importable, else
+                    "torch"; the rule and its H100 figures are in `auto_impl`).
+                    "torch" (vectorised blocked scan, any device), "triton" (chunked
+                    associative-scan kernel over a rows x chunks-of-T grid, CUDA or the Triton
+                    CPU interpreter: `vcppo.algos.gae_triton`),
                     "reference" (two calls of `gae_reference`; for debugging).
                     There is no compiled CPU kernel: the torch scan costs ~0.01-0.04% of a
                     CPU PPO step (docs/performance.md, "Which GAE implementation").
@@ -148,7 +172,7 @@ def decoupled_gae(
     # GAE is not differentiated: drop autograd history.
     rewards, values, mask = rewards.detach(), values.detach(), mask.detach()
     if impl == "auto":
-        impl = "triton" if rewards.is_cuda and triton_available() else "torch"
+        impl = auto_impl(rewards.device)
     if impl == "reference":
         advantages, _ = gae_reference(rewards, values, mask, gamma, lam_actor)
         _, returns = gae_reference(rewards, values, mask, gamma, lam_critic)
@@ -157,8 +181,8 @@ def decoupled_gae(
         from vcppo.algos.gae_triton import decoupled_gae_triton
 
         B, device = rewards.shape[0], rewards.device
-        return decoupled_gae_triton(rewards, values, mask, gamma, _as_row_decay(lam_actor, gamma, B, device),
-                                    _as_row_decay(lam_critic, gamma, B, device))
+        return decoupled_gae_triton(rewards, values, mask, gamma, _triton_decay(lam_actor, gamma, B, device),
+                                    _triton_decay(lam_critic, gamma, B, device))
     if impl == "torch":
         return _decoupled_gae_torch(rewards, values, mask, gamma, lam_actor, lam_critic)
     raise ValueError(f"impl must be one of auto, torch, triton, reference; got {impl!r}")
@@ -195,6 +219,15 @@ def _as_row_decay(lam: LambdaLike, gamma: float, B: int, device) -> torch.Tensor
             raise ValueError(f"per-sequence lambda must have shape ({B},), got {tuple(lam.shape)}")
         return gamma * lam.to(device=device, dtype=torch.float32)
     return torch.tensor(gamma * float(lam), dtype=torch.float32, device=device)
+
+
+def _triton_decay(lam: LambdaLike, gamma: float, B: int, device) -> Union[float, torch.Tensor]:
+    """gamma * lam for the Triton kernels: a (B,) fp32 tensor for per-sequence lambdas, else a
+    Python float (passed as an fp32 kernel argument: the value `_as_row_decay` rounds to, with no
+    host-to-device copy)."""
+    if isinstance(lam, torch.Tensor) and lam.dim() > 0:
+        return _as_row_decay(lam, gamma, B, device)
+    return gamma * float(lam)
 
 
 def _discounted_reverse_sums(

@@ -1,7 +1,7 @@
 """`vcppo bench gae`: time the fused Decoupled-GAE against the reference loop and a copy floor.
 
     vcppo bench gae [--shapes 256x1024,1024x4096,512x16384] [--repeats 5] [--threads N]
-                    [--json PATH] [--ref-repeats N] [--holes]
+                    [--json PATH] [--ref-repeats N] [--holes] [--triton-chunks 256,512,1024]
 
 What is timed, per (B, T) with random response lengths (right padding):
   * ref x2   — two `gae_reference` loops (actor lambda + critic lambda): what the anchors do
@@ -9,8 +9,11 @@ What is timed, per (B, T) with random response lengths (right padding):
                calls: one warm-up, then `--repeats` runs (`--ref-repeats` lowers it for a quick
                look at large shapes; the JSON records the runs of each figure).
   * torch / triton — one `decoupled_gae(impl=...)` call producing both outputs, per
-               implementation available on the device (torch always; triton on CUDA when
-               installed). "fused" = the one `impl="auto"` picks there.
+               implementation available on the device: torch (the blocked GEMM scan) always;
+               triton (the chunked associative-scan kernel, grid rows x chunks of T; the row
+               records its chunk length) on CUDA when installed. "fused" = the one
+               `impl="auto"` picks there (`vcppo.algos.gae.auto_impl`); a row where another
+               implementation was faster is flagged (`auto_is_fastest`, and a WARNING line).
   * floor    — moving the same bytes: read 3 and write 2 fp32 (B, T) arrays with one
                elementwise op each, into preallocated outputs: the memory-bandwidth floor for a
                kernel that reads rewards, values, mask once and writes advantages and returns.
@@ -28,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from vcppo.algos.gae import decoupled_gae, gae_reference, triton_available
+from vcppo.algos.gae import auto_impl, decoupled_gae, gae_reference, triton_available
 from vcppo.tracking import machine_info
 
 DEFAULT_SHAPES = "256x1024,1024x4096,512x16384"
@@ -66,7 +69,8 @@ def _make_batch(B: int, T: int, device: torch.device, holes: bool, seed: int = 0
     return rewards.to(device), values.to(device), mask.to(device)
 
 
-def bench_gae(B: int, T: int, repeats: int, ref_repeats: int, device: torch.device, holes: bool) -> dict:
+def bench_gae(B: int, T: int, repeats: int, ref_repeats: int, device: torch.device, holes: bool,
+              triton_chunks: tuple[int, ...] = ()) -> dict:
     rewards, values, mask = _make_batch(B, T, device, holes)
     lam_actor, lam_critic, gamma = 0.95, 1.0, 1.0
     row: dict = {"B": B, "T": T, "device": str(device), "interior_holes": holes}
@@ -91,28 +95,73 @@ def bench_gae(B: int, T: int, repeats: int, ref_repeats: int, device: torch.devi
         out_b.copy_(mask_f32)
 
     row["floor"] = _time(floor, max(repeats, 5), device)
+    if "triton" in _impls(device):
+        row["triton_chunk"] = _triton_chunk(B, T, device)
+        if triton_chunks:
+            row["triton_chunk_sweep"] = _chunk_sweep(rewards, values, mask, gamma, lam_actor, lam_critic,
+                                                     triton_chunks, repeats, device)
+    return _summarise(row, device)
+
+
+def _summarise(row: dict, device: torch.device) -> dict:
+    """Speed-ups and floor ratios per implementation; which one `auto` picks, which was fastest."""
     for impl in _impls(device):
         t = row["fused_" + impl]["median_ms"]
         row["fused_" + impl]["speedup_vs_ref_x2"] = row["ref_x2"]["median_ms"] / t
         row["fused_" + impl]["over_floor"] = t / row["floor"]["median_ms"]
-    row["fused_impl"] = _auto_impl(device)
+    row["fused_impl"] = auto_impl(device)
+    row["fastest_impl"] = min(_impls(device), key=lambda impl: row["fused_" + impl]["median_ms"])
+    row["auto_is_fastest"] = row["fastest_impl"] == row["fused_impl"]
     fused = row["fused_" + row["fused_impl"]]["median_ms"]
     row["speedup_vs_ref_x2"] = row["ref_x2"]["median_ms"] / fused
     row["fused_over_floor"] = fused / row["floor"]["median_ms"]
     return row
 
 
-def _auto_impl(device: torch.device) -> str:
-    """The implementation `decoupled_gae(impl="auto")` picks on this device."""
-    return "triton" if device.type == "cuda" and triton_available() else "torch"
+def _chunk_sweep(rewards, values, mask, gamma, lam_actor, lam_critic, chunks, repeats, device) -> dict:
+    """The Triton kernel timed at each given chunk length (to tune `chunk_length` on a GPU)."""
+    from vcppo.algos.gae_triton import decoupled_gae_triton
+
+    return {str(c): _time(lambda c=c: decoupled_gae_triton(rewards, values, mask, gamma, gamma * lam_actor,
+                                                            gamma * lam_critic, chunk=c), repeats, device)
+            for c in chunks}
+
+
+def _triton_chunk(B: int, T: int, device: torch.device) -> dict:
+    """The chunk length the Triton kernel picks for (B, T) here, and the chunks per row."""
+    from vcppo.algos.gae_triton import chunk_length, num_sms
+
+    chunk = chunk_length(B, T, num_sms(device))
+    return {"chunk": chunk, "chunks_per_row": -(-T // chunk)}
 
 
 def _impls(device: torch.device) -> list[str]:
-    """Implementations timed on this device: torch always, plus the Triton kernel on CUDA."""
+    """Implementations timed on this device: torch always, plus the Triton kernel on CUDA (its
+    CPU interpreter is for tests, not timing)."""
     impls = ["torch"]
     if device.type == "cuda" and triton_available():
         impls.append("triton")
     return impls
+
+
+def _print_row(row: dict, device: torch.device) -> None:
+    """One table line per implementation (+ the chunk sweep), and a WARNING if auto was beaten."""
+    B, T = row["B"], row["T"]
+    for i, impl in enumerate(_impls(device)):
+        fig = row["fused_" + impl]
+        name = impl + ("*" if impl == row["fused_impl"] else "")
+        ref = f"{row['ref_x2']['median_ms']:>10.1f}" if i == 0 else f"{'':>10}"
+        floor = f"{row['floor']['median_ms']:>8.2f}" if i == 0 else f"{'':>8}"
+        note = ""
+        if impl == "triton":
+            note = f"  ({row['triton_chunk']['chunks_per_row']} chunk(s) of {row['triton_chunk']['chunk']})"
+        print(f"{f'{B}x{T}' if i == 0 else '':>12} {name:>7} {ref} {fig['median_ms']:>9.2f} "
+              f"{fig['speedup_vs_ref_x2']:>7.1f}x {floor} {fig['over_floor']:>10.1f}x{note}", flush=True)
+    for chunk, fig in row.get("triton_chunk_sweep", {}).items():
+        print(f"{'':>12} {'c=' + chunk:>7} {'':>10} {fig['median_ms']:>9.2f}", flush=True)
+    if not row["auto_is_fastest"]:
+        print(f"WARNING {B}x{T}: impl='auto' picks {row['fused_impl']}, but {row['fastest_impl']} "
+              "was faster here", flush=True)
 
 
 def _parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -133,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--holes", action="store_true", help="add an interior masked span per row")
+    parser.add_argument("--triton-chunks", default="",
+                        help="also time the Triton kernel at these chunk lengths (comma list of powers "
+                             "of two; CUDA only)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args(argv)
     if args.threads:
@@ -144,20 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print("Decoupled-GAE: 'ref x2' = two reference loops (actor lam + critic lam), as the anchors "
           "do;\none decoupled_gae(impl=...) call per implementation produces both outputs "
-          "(* = what impl='auto' picks);\n'floor' = read 3 + write 2 fp32 (B, T) arrays into "
+          "(* = what impl='auto' picks);\ntorch = blocked GEMM scan, triton = chunked associative-scan "
+          "kernel (rows x chunks of T);\n'floor' = read 3 + write 2 fp32 (B, T) arrays into "
           f"preallocated outputs.\nMedians in ms; device={device}, torch threads={torch.get_num_threads()}.")
     header = f"{'B x T':>12} {'impl':>7} {'ref x2':>10} {'fused':>9} {'speedup':>8} {'floor':>8} {'fused/floor':>11}"
     print(header)
+    chunks = tuple(int(c) for c in args.triton_chunks.split(",") if c)
     for B, T in _parse_shapes(args.shapes):
-        row = bench_gae(B, T, args.repeats, args.ref_repeats, device, args.holes)
+        row = bench_gae(B, T, args.repeats, args.ref_repeats, device, args.holes, chunks)
         rows.append(row)
-        for i, impl in enumerate(_impls(device)):
-            fig = row["fused_" + impl]
-            name = impl + ("*" if impl == row["fused_impl"] else "")
-            ref = f"{row['ref_x2']['median_ms']:>10.1f}" if i == 0 else f"{'':>10}"
-            floor = f"{row['floor']['median_ms']:>8.2f}" if i == 0 else f"{'':>8}"
-            print(f"{f'{B}x{T}' if i == 0 else '':>12} {name:>7} {ref} {fig['median_ms']:>9.2f} "
-                  f"{fig['speedup_vs_ref_x2']:>7.1f}x {floor} {fig['over_floor']:>10.1f}x", flush=True)
+        _print_row(row, device)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:
