@@ -256,3 +256,20 @@ def test_shape_bench_runs_a_valid_train_config_and_asks_the_planner_about_the_sa
     model_config(shape.SIZE, build_tokenizer()).save_pretrained(tmp_path / "model")
     plan = shape.planned(args, tmp_path / "runs")
     assert plan and json.dumps(plan)
+
+
+def test_logprobs_bench_head_only_writes_both_paths(tmp_path):
+    """The head-only sweep runs the full-logits path (chunk 0) and a chunked one on the same inputs."""
+    from vcppo.bench import logprobs as logprobs_bench
+    out = tmp_path / "lp.json"
+    res = bench.main(["logprobs", "--head-only", "24", "--size", "tiny", "--chunks", "0,8", "--rounds", "1",
+                      "--threads", "1", "--json", str(out)])
+    assert res == 0
+    rows = json.loads(out.read_text())["head_only"]
+    assert set(rows) == {"0", "8"}
+    for row in rows.values():
+        for phase in ("forward", "train_step"):
+            assert row[phase]["tokens_per_s"] > 0 and len(row[phase]["s"]) == 1
+    assert logprobs_bench.parse_shape("16x512+4096") == (16, 512, 4096)
+    with pytest.raises(SystemExit, match="NxP\\+R"):
+        logprobs_bench.parse_shape("16x512")

@@ -3,6 +3,7 @@
     vcppo bench logprobs [--size qwen2.5-0.5b-shape] [--shapes 1x512+4096,8x128+384]
                          [--chunks 0,1024] [--phases forward,train_step] [--checkpointing] [--entropy]
                          [--rounds 2] [--repeats 1] [--threads 2] [--json PATH]
+    vcppo bench logprobs --head-only 4096 [--chunks 0,256,1024,4096] [--rounds 3]
 
 A shape ``NxP+R`` is N sequences of P prompt and R response tokens, one packed micro-batch (the
 per-micro-batch peak is what a longer batch of the same micro-batches reaches too). Chunk 0 is the
@@ -14,10 +15,12 @@ Each (shape, chunk) runs in a fresh process through the real
 settings alternate ``--rounds`` times (A B A B) so drift in a shared machine's load hits all alike:
   * forward     — ``forward_logprobs`` (old logprobs / reference pass; ``--entropy``: with entropies)
   * train step  — one ``train_step`` with the PPO policy loss (forward + backward + AdamW)
-Each phase runs once untimed first (AdamW's states are allocated there, outside the figures), then
-``--repeats`` timed calls. Figures: real tokens / s (median) and the peak resident memory above the
+Each phase runs once untimed first on a 1 x (8 + 8) batch (first-call allocations, AdamW's states
+among them, stay outside the figures), then ``--repeats`` timed calls on the shape. Figures: real tokens / s (median) and the peak resident memory above the
 level before the timed calls (sampled every 2 ms): the phase's activations and transient buffers,
 the model states left out. Ratios are against the first ``--chunks`` entry.
+
+``--head-only TOKENS`` times the logprob function alone (:func:`head_only`), what the chunk size trades.
 """
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2, help="processes per (shape, chunk), alternated")
     ap.add_argument("--repeats", type=int, default=1, help="timed calls per phase and process")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--head-only", type=int, default=0, metavar="TOKENS",
+                    help="time the LM head's logprob function alone on TOKENS positions, per --chunks value")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "MODEL_DIR|SHAPE|CHUNK|OUT_JSON"
     return ap.parse_args(argv)
@@ -71,9 +76,9 @@ def _batch(n: int, p: int, r: int, vocab: int):
                       advantages=torch.randn(b.response_mask.shape, generator=g) * b.response_mask)
 
 
-def _phase(fn, repeats: int) -> dict:
+def _phase(warm_up, fn, repeats: int) -> dict:
     import time
-    fn()  # untimed: first-call allocations (AdamW's states) stay out of the figures
+    warm_up()  # untimed, on a tiny batch: first-call allocations (AdamW's states) stay out of the figures
     times = []
     with PeakRSS() as mem:
         for _ in range(repeats):
@@ -96,15 +101,19 @@ def run_one(model_dir: str, shape: str, chunk: int, args) -> dict:
     cfg = ActorConfig(lr=1e-6, micro_batch_size=n, packed=True, logprob_chunk_size=chunk,
                       gradient_checkpointing=args.checkpointing)
     actor = ActorEngine(model_dir, cfg, info, total_optimizer_steps=10 * (args.repeats + 1))
-    batch = _batch(n, p, r, min(1000, actor.module.config.vocab_size))
+    vocab = min(1000, actor.module.config.vocab_size)
+    batch, tiny = _batch(n, p, r, vocab), _batch(1, 8, 8, vocab)
     out = {"shape": shape, "chunk": chunk, "real_tokens": n * (p + r), "response_tokens": n * r}
     phases = args.phases.split(",")
     if "forward" in phases:
-        out["forward"] = _phase(lambda: actor.forward_logprobs(batch, with_entropy=args.entropy), args.repeats)
+        out["forward"] = _phase(lambda: actor.forward_logprobs(tiny, with_entropy=args.entropy),
+                                lambda: actor.forward_logprobs(batch, with_entropy=args.entropy), args.repeats)
     if "train_step" in phases:
         batch.old_logprobs, _ = actor.forward_logprobs(batch)
+        tiny.old_logprobs, _ = actor.forward_logprobs(tiny)
         loss = PolicyLoss(AlgorithmConfig())
-        out["train_step"] = _phase(lambda: actor.train_step(batch, loss), args.repeats)
+        out["train_step"] = _phase(lambda: actor.train_step(tiny, loss), lambda: actor.train_step(batch, loss),
+                                   args.repeats)
     dist.shutdown()
     return out
 
@@ -129,8 +138,8 @@ def merge(runs: list[dict], phases: list[str]) -> dict:
     return out
 
 
-def _print(shape: str, rows: dict, phases: list[str], base: int) -> None:
-    print(f"\n{shape} (sequences x (prompt + response)); ratios against chunk {base}")
+def _print(label: str, rows: dict, phases: list[str], base: int) -> None:
+    print(f"\n{label}; ratios against chunk {base}")
     print(f"  {'phase':<11}{'chunk':>7}{'tok/s':>9}{'speed':>8}{'peak MiB':>10}{'memory':>8}")
     for ph in phases:
         b = rows[base][ph]
@@ -140,9 +149,59 @@ def _print(shape: str, rows: dict, phases: list[str], base: int) -> None:
                   f"{r['peak_mib']:>10.0f}{b['peak_mib'] / max(r['peak_mib'], 1e-9):>7.2f}x")
 
 
+def head_only(args) -> dict:
+    """The logprob function alone (``--head-only TOKENS``): hidden states (TOKENS, H) and the head
+    (V, H) of ``--size`` in fp32, forward (no grad) and forward + backward (logprob and entropy
+    both carrying gradients), per chunk size, the sizes alternated ``--rounds`` times in this process."""
+    import time
+
+    from vcppo.algos.logprobs import token_logprobs
+    from vcppo.models.factory import SIZES
+
+    torch.set_num_threads(args.threads)
+    size = SIZES[args.size]
+    hidden_size, vocab = size.hidden_size, size.vocab_size or 128
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(args.head_only, hidden_size, generator=g)
+    weight = torch.randn(vocab, hidden_size, generator=g) * 0.02
+    targets = torch.randint(0, vocab, (args.head_only,), generator=g)
+
+    def forward(chunk):
+        with torch.no_grad():
+            token_logprobs(hidden, weight, targets, chunk_size=chunk, with_entropy=True)
+
+    def backward(chunk):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        logp, ent = token_logprobs(h, w, targets, chunk_size=chunk, with_entropy=True)
+        (logp.sum() + ent.sum()).backward()
+
+    chunks = [int(c) for c in args.chunks.split(",")]
+    runs = {c: {"forward": [], "train_step": [], "forward_mib": 0.0, "train_step_mib": 0.0} for c in chunks}
+    for _ in range(args.rounds):
+        for c in chunks:
+            for phase, fn in (("forward", forward), ("train_step", backward)):
+                with PeakRSS() as mem:
+                    t0 = time.perf_counter()
+                    fn(c)
+                    runs[c][phase].append(time.perf_counter() - t0)
+                runs[c][phase + "_mib"] = max(runs[c][phase + "_mib"], mem.mib)
+    rows = {c: {ph: {"tokens_per_s": args.head_only / statistics.median(r[ph]), "s": r[ph],
+                     "peak_mib": r[ph + "_mib"]} for ph in ("forward", "train_step")} for c, r in runs.items()}
+    _print(f"head only: {args.head_only} positions x {vocab} vocab x {hidden_size} hidden", rows,
+           ["forward", "train_step"], chunks[0])
+    return {"config": vars(args), "head_only": {str(c): r for c, r in rows.items()}}
+
+
 def main(argv=None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parse(argv)
+    if args.head_only:
+        results = head_only(args)
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return results
     if args.worker:
         model_dir, shape, chunk, out = args.worker.split("|")
         with open(out, "w") as f:
@@ -167,7 +226,7 @@ def main(argv=None) -> dict:
                 for c in chunks:
                     runs[c].append(_spawn(model_dir, shape, c, argv, args.threads))
             rows = {c: merge(r, phases) for c, r in runs.items()}
-            _print(shape, rows, phases, chunks[0])
+            _print(f"{shape} (sequences x (prompt + response))", rows, phases, chunks[0])
             results["shapes"][shape] = {str(c): row for c, row in rows.items()}
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
