@@ -28,6 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from vcppo.config_extends import read_yaml_chain
 from vcppo.config_provenance import check_allow_list, resume_classes
+from vcppo.methods import ESTIMATORS, POLICY_LOSSES, uses_critic
 from vcppo.schema import RESUME_CLASSES, Config, ConfigError
 
 # Presets ship inside the package (vcppo/configs/*.yaml), so an installed wheel has them too.
@@ -246,7 +247,7 @@ def logprob_users(cfg: Config) -> list[str]:
         users.append("algorithm.rollout_is_cap")
     if alg.old_logprobs_from_sampler:
         users.append("algorithm.old_logprobs_from_sampler")
-    if cfg.critic.confidence_features and alg.advantage_estimator == "gae":
+    if cfg.critic.confidence_features and uses_critic(alg.advantage_estimator):
         users.append("critic.confidence_features")
     return users
 
@@ -268,12 +269,10 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"config key '{key}' entries must be integers in [1, {n}] (the samples per "
                               f"prompt), got {ks}")
     if cfg.model.critic_init in ("reward_model", "checkpoint") and not cfg.model.critic_path \
-            and cfg.algorithm.advantage_estimator == "gae":
+            and uses_critic(cfg.algorithm.advantage_estimator):
         raise ConfigError(f"config key 'model.critic_path' is required when model.critic_init="
                           f"'{cfg.model.critic_init}'")
-    if cfg.algorithm.advantage_estimator == "grpo" and cfg.rollout.n_samples_per_prompt < 2:
-        raise ConfigError("config key 'rollout.n_samples_per_prompt' must be >= 2 for GRPO "
-                          "(advantages are normalised within a group)")
+    _check_method(cfg)
     if cfg.trainer.dynamic_sampling and cfg.rollout.n_samples_per_prompt < 2:
         raise ConfigError("config key 'rollout.n_samples_per_prompt' must be >= 2 with trainer.dynamic_sampling "
                           "(a group of one sample always has equal rewards and would be dropped)")
@@ -293,6 +292,34 @@ def validate(cfg: Config) -> None:
     if cfg.reward.overlong_buffer_tokens > cfg.rollout.max_response_tokens:
         raise ConfigError(f"config key 'reward.overlong_buffer_tokens' ({cfg.reward.overlong_buffer_tokens}) "
                           f"must be <= rollout.max_response_tokens ({cfg.rollout.max_response_tokens})")
+
+
+def _check_method(cfg: Config) -> None:
+    """What the advantage estimator and the policy loss need (:mod:`vcppo.methods`): groups of
+    samples, a critic only where one is read, their own normalisation and aggregation."""
+    alg = cfg.algorithm
+    name, est = alg.advantage_estimator, ESTIMATORS[alg.advantage_estimator]
+    if est.groups and cfg.rollout.n_samples_per_prompt < 2:
+        raise ConfigError(f"config key 'rollout.n_samples_per_prompt' must be >= 2 for advantage_estimator={name!r} "
+                          "(its baseline comes from the other samples of the same prompt: a group)")
+    if not est.critic:
+        unread = [key for key, on in (("model.critic_init", cfg.model.critic_init != "policy"),
+                                      ("critic.confidence_features", cfg.critic.confidence_features)) if on]
+        if unread:
+            raise ConfigError(f"config key '{unread[0]}' configures a critic, but algorithm.advantage_estimator="
+                              f"{name!r} reads none (no critic is built): drop {unread[0]}")
+    if est.whitens and not (alg.whiten_advantages and alg.zero_mean_advantages):
+        key = "whiten_advantages" if not alg.whiten_advantages else "zero_mean_advantages"
+        raise ConfigError(f"config key 'algorithm.{key}' must be true for advantage_estimator={name!r}: the method "
+                          "normalises its returns over the global batch ((G - mean) / std); drop the override")
+    loss = POLICY_LOSSES[alg.policy_loss]
+    if loss.aggregations is not None and alg.loss_agg not in loss.aggregations:
+        raise ConfigError(f"config key 'algorithm.loss_agg' ({alg.loss_agg!r}) is not defined for "
+                          f"algorithm.policy_loss={alg.policy_loss!r}, which averages each sequence's tokens, then "
+                          f"the sequences: set algorithm.loss_agg={loss.aggregations[0]}")
+    if alg.dual_clip_c is not None and not loss.dual_clip:
+        raise ConfigError(f"config key 'algorithm.dual_clip_c' has no meaning for algorithm.policy_loss="
+                          f"{alg.policy_loss!r} (it clips whole sequences): drop algorithm.dual_clip_c")
 
 
 def _check_truncated_sampling(cfg: Config, users: list[str]) -> None:
@@ -363,7 +390,7 @@ def _check_placement(cfg: Config) -> None:
     critics = cfg.placement.critic_ranks
     if critics and cfg.placement.mode != "split":
         raise ConfigError(f"config key 'placement.critic_ranks' ({critics}) needs placement.mode=split")
-    if critics and cfg.algorithm.advantage_estimator != "gae":
+    if critics and not uses_critic(cfg.algorithm.advantage_estimator):
         raise ConfigError(f"config key 'placement.critic_ranks' ({critics}) needs a critic, and "
                           f"algorithm.advantage_estimator={cfg.algorithm.advantage_estimator!r} has none")
     if staleness and cfg.placement.mode != "split":
@@ -386,7 +413,7 @@ def finalize(cfg: Config) -> Config:
     """Derived fields, computed in this one place."""
     if not cfg.model.tokenizer_path:
         cfg.model.tokenizer_path = cfg.model.policy_path
-    if cfg.algorithm.advantage_estimator == "grpo":
+    if not uses_critic(cfg.algorithm.advantage_estimator):
         cfg.value_pretrain.enabled = False  # no critic, nothing to pretrain
     if cfg.value_pretrain.cache_dir is None:
         cfg.value_pretrain.cache_dir = os.path.join(cfg.trainer.output_root, "critic_cache")
@@ -420,7 +447,7 @@ def check_paths(cfg: Config, command: str = "train") -> None:
     """Fail at start-up on files ``command`` needs but that don't exist; the error names the key."""
     required, optional = _PATHS[command]
     required = list(required)
-    if command == "train" and cfg.algorithm.advantage_estimator == "gae" and cfg.model.critic_init != "policy":
+    if command == "train" and uses_critic(cfg.algorithm.advantage_estimator) and cfg.model.critic_init != "policy":
         required.append("model.critic_path")
     for cmd, key in (("rm", "rm.output_dir"), ("sft", "sft.output_dir")):  # outputs: set, need not exist
         if command == cmd and not _get(cfg, key):
@@ -502,7 +529,7 @@ def _check_lora_targets(cfg: Config) -> None:
     from vcppo.engines.lora import enabled, linear_layer_shapes, target_problem
 
     models = [("actor", cfg.model.policy_path, True)]
-    if cfg.algorithm.advantage_estimator == "gae":
+    if uses_critic(cfg.algorithm.advantage_estimator):
         init = cfg.model.critic_init
         models.append(("critic", cfg.model.policy_path if init == "policy" else cfg.model.critic_path, False))
     for role, path, causal_lm in models:

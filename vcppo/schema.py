@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from vcppo.methods import ESTIMATORS, POLICY_LOSSES
+
 
 class ConfigError(ValueError):
     """A config problem the user must fix; the message names the key / file."""
@@ -170,6 +172,12 @@ class UpdateConfig(OptimConfig):
     ppo_mini_batches: int = _f(1, "Optimizer steps per PPO epoch (the step's batch is split into this many).", low=1,
                                resume="math")
     ppo_epochs: int = _f(1, "Passes over each step's batch.", low=1, resume="math")
+    sequence_parallel_size: int = _f(1, "Ranks that run one set of sequences together, each a contiguous slice of "
+                                     "every sequence's tokens (DeepSpeed Ulysses: attention exchanges heads for "
+                                     "sequence); activations per rank / this. 1: off. Must divide the training "
+                                     "ranks and the model's attention heads; runs packed rows; micro_batch_size "
+                                     "and max_tokens_per_micro_batch then count per SP group "
+                                     "(docs/launching.md).", low=1, resume="numerics")
     lora: LoRAConfig = field(default_factory=LoRAConfig, metadata={"doc": "LoRA adapters (off by default)."})
 
 
@@ -202,8 +210,12 @@ class CriticConfig(UpdateConfig):
 
 @dataclass
 class AlgorithmConfig:
-    advantage_estimator: str = _f("gae", "'gae' (PPO family, needs a critic) or 'grpo' (group-normalised "
-                                  "outcome rewards, no critic).", choices=("gae", "grpo"), resume="math")
+    advantage_estimator: str = _f("gae", "'gae' (PPO family, needs a critic); without a critic: 'grpo' "
+                                  "(group-normalised outcome rewards; Dr. GRPO with grpo_scale_by_std=false), "
+                                  "'rloo' (leave-one-out group baseline), 'reinforce_plus_plus' (token-level "
+                                  "returns, normalised over the global batch), 'reinforce_plus_plus_baseline' (the "
+                                  "same after subtracting the group's mean outcome). vcppo/methods.py names each "
+                                  "one's paper.", choices=tuple(ESTIMATORS), resume="math")
     gamma: float = _f(1.0, "Discount factor.", low=0.0, high=1.0, resume="math")
     lambda_actor: float = _f(0.95, "GAE lambda of the actor's advantages (Decoupled-GAE, paper sec. 4.2).",
                              low=0.0, high=1.0, resume="math")
@@ -220,8 +232,14 @@ class AlgorithmConfig:
                          low=0.0, resume="math")
     dual_clip_c: Optional[float] = _f(None, "Dual-clip constant c > 1 for negative advantages (null: off).",
                                       low=1.0, low_open=True, resume="math")
-    loss_agg: str = _f("token-mean", "Loss aggregation over tokens / sequences.",
-                       choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"), resume="math")
+    loss_agg: str = _f("token-mean", "Loss aggregation over tokens / sequences; seq-mean-token-sum-norm divides "
+                       "each sequence's token sum by rollout.max_response_tokens (Dr. GRPO: no length bias).",
+                       choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
+                       resume="math")
+    policy_loss: str = _f("ppo", "'ppo': the clipped surrogate per token; 'gspo': GSPO's length-normalised "
+                          "sequence ratio, clipped per sequence (eps_low / eps_high; the paper: 3e-4 / 4e-4; "
+                          "loss_agg seq-mean-token-mean). Either composes with any advantage_estimator.",
+                          choices=tuple(POLICY_LOSSES), resume="math")
     kl_coef: float = _f(0.0, "KL coefficient vs the reference policy (paper: 0); >0 loads a reference "
                         "engine. With kl_target set, the adaptive controller's starting value.", low=0.0, resume="math")
     kl_in: str = _f("reward", "Where the KL goes: 'reward' (a per-token penalty subtracted from the reward, "

@@ -28,7 +28,7 @@ __all__ = [
     "entropy_from_logits", "positive_example_nll",
 ]
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def aggregate_loss(
@@ -37,6 +37,7 @@ def aggregate_loss(
     agg: str = "token-mean",
     global_token_count: Optional[float] = None,
     global_seq_count: Optional[float] = None,
+    norm_constant: Optional[float] = None,
 ) -> torch.Tensor:
     """Reduce a per-token loss (B, T) to a scalar. The only place aggregation happens.
 
@@ -49,6 +50,14 @@ def aggregate_loss(
                                weighs the same (original PPO-for-LLM / GRPO). Divides by
                                N_seq = sequences with >= 1 valid token, or `global_seq_count`.
         "seq-mean-token-sum":  mean over sequences of the per-sequence token SUM.
+        "seq-mean-token-sum-norm": mean over sequences of (per-sequence token sum) / C, with C =
+                               `norm_constant` the same for every sequence (Dr. GRPO, arXiv
+                               2503.20783 sec. 3.2: C = the generation budget, max response
+                               tokens). seq-mean-token-mean divides each sequence by its own
+                               length, so the tokens of a long wrong answer are penalised less
+                               than a short one's (the length bias); token-mean divides by the
+                               batch's token count, which changes from batch to batch. Needs
+                               `norm_constant`.
 
     Gradient accumulation / data parallelism: pass the count for the WHOLE optimiser step (all
     micro-batches, all ranks) as `global_token_count` (token-mean) or `global_seq_count` (seq
@@ -69,11 +78,15 @@ def aggregate_loss(
     if agg == "token-mean":
         count = valid.sum() if global_token_count is None else global_token_count
         return masked.sum() / max(float(count), 1.0)
-    if agg in ("seq-mean-token-mean", "seq-mean-token-sum"):
+    if agg in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         tokens_per_seq = valid.sum(dim=-1)
         per_seq = masked.sum(dim=-1)
         if agg == "seq-mean-token-mean":
             per_seq = per_seq / tokens_per_seq.clamp(min=1)
+        elif agg == "seq-mean-token-sum-norm":
+            if norm_constant is None or norm_constant <= 0:
+                raise ValueError(f"agg 'seq-mean-token-sum-norm' needs norm_constant > 0, got {norm_constant}")
+            per_seq = per_seq / float(norm_constant)
         count = (tokens_per_seq > 0).sum() if global_seq_count is None else global_seq_count
         return per_seq.sum() / max(float(count), 1.0)
     raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
@@ -91,6 +104,7 @@ def policy_loss(
     global_token_count: Optional[float] = None,
     global_seq_count: Optional[float] = None,
     is_weights: Optional[torch.Tensor] = None,
+    norm_constant: Optional[float] = None,
 ) -> tuple[torch.Tensor, dict]:
     """Clipped surrogate objective (PPO, arXiv 1707.06347 eq. 7) with clip-higher and dual-clip.
 
@@ -102,7 +116,7 @@ def policy_loss(
         logprobs, old_logprobs, advantages, mask: (B, T).
         eps_low, eps_high: clip range; eps_high > eps_low is clip-higher (VAPO: 0.2 / 0.28).
         dual_clip_c: None (off) or c > 1 (3.0 is common).
-        agg, global_token_count, global_seq_count: see `aggregate_loss`.
+        agg, global_token_count, global_seq_count, norm_constant: see `aggregate_loss`.
         is_weights: None, or (B, T) per-token importance weights multiplying l_t after clipping
             (truncated IS for the sampler/trainer mismatch, `vcppo.algos.mismatch.tis_weights`);
             treated as constants (detached here), so the gradient is the weighted gradient.
@@ -132,7 +146,7 @@ def policy_loss(
         per_token = torch.where(negative, torch.minimum(per_token, -dual_clip_c * adv), per_token)
     if is_weights is not None:
         per_token = per_token * is_weights.detach().float()
-    loss = aggregate_loss(per_token, valid, agg, global_token_count, global_seq_count)
+    loss = aggregate_loss(per_token, valid, agg, global_token_count, global_seq_count, norm_constant)
 
     with torch.no_grad():
         as_float = lambda b: masked_mean(b.float(), valid)  # noqa: E731
@@ -157,6 +171,7 @@ def value_loss(
     agg: str = "token-mean",
     global_token_count: Optional[float] = None,
     global_seq_count: Optional[float] = None,
+    norm_constant: Optional[float] = None,
 ) -> tuple[torch.Tensor, dict]:
     """Clipped value loss: 0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = V_old + clip(V - V_old, +-eps).
 
@@ -166,7 +181,7 @@ def value_loss(
         mask:       (B, T).
         clip_range: eps; None disables clipping (plain 0.5 * (V - R)^2, as used during value
                     pretraining where there is no trust region to respect).
-        agg, global_*_count: see `aggregate_loss`.
+        agg, global_*_count, norm_constant: see `aggregate_loss`.
 
     Returns:
         loss (0-d), metrics: value_clip_frac (fraction of valid tokens where the clipped term
@@ -186,7 +201,7 @@ def value_loss(
         clipped = (values_clipped - returns_f) ** 2
         per_token = 0.5 * torch.maximum(unclipped, clipped)
         clipped_active = clipped > unclipped
-    loss = aggregate_loss(per_token, valid, agg, global_token_count, global_seq_count)
+    loss = aggregate_loss(per_token, valid, agg, global_token_count, global_seq_count, norm_constant)
     with torch.no_grad():
         metrics = {
             "value_clip_frac": masked_mean(clipped_active.float(), valid),
@@ -216,6 +231,7 @@ def positive_example_nll(
     agg: str = "token-mean",
     global_token_count: Optional[float] = None,
     global_seq_count: Optional[float] = None,
+    norm_constant: Optional[float] = None,
 ) -> tuple[torch.Tensor, dict]:
     """VAPO's positive-example LM loss (arXiv 2504.05118 sec. 3.3): NLL of correct samples only.
 
@@ -223,12 +239,13 @@ def positive_example_nll(
         logprobs:    (B, T) current-policy log-probs of the sampled tokens.
         mask:        (B, T).
         is_positive: (B,) bool, True for samples whose answer was verified correct.
-        agg, global_*_count: see `aggregate_loss` (counts refer to POSITIVE tokens / sequences).
+        agg, global_*_count, norm_constant: see `aggregate_loss` (counts refer to POSITIVE tokens /
+            sequences).
 
     Returns:
         loss (0-d; add mu * loss, mu = 0.1 in VAPO), metrics {num_positive, nll}. No positive
         sample -> loss 0 (still differentiable, zero gradient), no NaN.
     """
     valid = _valid(mask) & is_positive.bool()[:, None]
-    loss = aggregate_loss(-logprobs.float(), valid, agg, global_token_count, global_seq_count)
+    loss = aggregate_loss(-logprobs.float(), valid, agg, global_token_count, global_seq_count, norm_constant)
     return loss, {"num_positive": is_positive.bool().sum().float(), "nll": loss.detach()}

@@ -30,6 +30,7 @@ import torch
 
 from vcppo.config import logprob_users
 from vcppo.engines.deepspeed_engine import resolve_dtype
+from vcppo.methods import uses_critic
 from vcppo.schema import Config, UpdateConfig
 
 
@@ -114,15 +115,15 @@ def wants_sampler_logprobs(cfg: Config, device: torch.device) -> bool:
 
 def _v_old(cfg: Config, lambda_critic: float, overlap: bool = False) -> Source:
     """``overlap``: the critic's update should run beside the actor's (critic ranks)."""
-    if cfg.algorithm.advantage_estimator != "gae":
-        return Source.NONE  # GRPO: no critic
+    if not uses_critic(cfg.algorithm.advantage_estimator):
+        return Source.NONE  # a critic-free estimator (GRPO, RLOO, REINFORCE++)
     if one_optimizer_step(cfg.critic) and lambda_critic == 1.0 and not overlap:
         return Source.UPDATE
     return Source.PASS
 
 
 def ppo_plan(cfg: Config, device: torch.device) -> StepPlan:
-    """The PPO phase's plan (every preset: VC-PPO, PPO, GRPO, VAPO)."""
+    """The PPO phase's plan (every preset and estimator)."""
     kl_on = cfg.algorithm.kl_coef > 0
     kl_in_reward = kl_on and cfg.algorithm.kl_in == "reward"
     one_step = one_optimizer_step(cfg.actor)

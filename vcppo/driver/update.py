@@ -10,6 +10,7 @@ import torch
 
 from vcppo.algos import losses
 from vcppo.algos.dapo import mask_truncated
+from vcppo.algos.gspo import gspo_loss
 from vcppo.algos.kl import kl_estimate
 from vcppo.algos.mismatch import tis_weights
 from vcppo.driver.context import RunContext
@@ -20,18 +21,25 @@ from vcppo.experience import ActorBatch, CriticBatch, UpdateResult
 from vcppo.schema import AlgorithmConfig, Config, CriticConfig, UpdateConfig
 
 POSITIVE = "positive"  # VAPO's positive-example NLL averages over correct samples only
+SUM_NORM = "seq-mean-token-sum-norm"  # Dr. GRPO's aggregation: each sequence's sum over a constant
+
+
+def norm_constant(cfg: Config) -> float | None:
+    """The constant of ``loss_agg: seq-mean-token-sum-norm``: the generation budget
+    (``rollout.max_response_tokens``, as Dr. GRPO's); None for the other aggregations."""
+    return float(cfg.rollout.max_response_tokens) if cfg.algorithm.loss_agg == SUM_NORM else None
 
 
 class PolicyLoss:
-    """Clipped surrogate (+ entropy bonus, + VAPO's positive-example NLL, + ``kl_coef`` x the KL to
+    """``algorithm.policy_loss``: PPO's clipped surrogate per token or GSPO's per sequence (+ entropy bonus, + VAPO's positive-example NLL, + ``kl_coef`` x the KL to
     the reference when the batch carries its logprobs: ``algorithm.kl_in: loss``), aggregated by
     ``algorithm.loss_agg`` over the global mini-batch; optionally re-weighted per token by truncated
     importance sampling against the sampler's logprobs (``algorithm.rollout_is_cap``) and without
     truncated responses (``algorithm.mask_truncated``, DAPO's overlong filtering)."""
 
     def __init__(self, alg: AlgorithmConfig, old_from_update: bool = False, keep_outputs: bool = False,
-                 kl_coef: float = 0.0):
-        self.alg, self.kl_coef = alg, kl_coef
+                 kl_coef: float = 0.0, norm: float | None = None):
+        self.alg, self.kl_coef, self.norm = alg, kl_coef, norm  # norm: the constant of SUM_NORM
         # old_from_update: pi_old is the update's own forward, detached (exact when the step makes
         # ONE optimizer step from the weights that sampled: vcppo.driver.plan).
         # keep_outputs: the detached logprobs and entropies are kept for the step's metrics (the
@@ -56,7 +64,7 @@ class PolicyLoss:
     def __call__(self, outputs: ModelOutputs, micro: ActorBatch, counts: GlobalCounts):
         a, mask = self.alg, self.loss_mask(micro)
         norm = dict(agg=a.loss_agg, global_token_count=counts.tokens[RESPONSE],
-                    global_seq_count=counts.sequences[RESPONSE])
+                    global_seq_count=counts.sequences[RESPONSE], norm_constant=self.norm)
         old = outputs.logprobs.detach() if self.old_from_update else micro.old_logprobs
         if self.keep_outputs:
             self.kept.append((outputs.logprobs.detach(), outputs.entropy.detach()))
@@ -64,9 +72,13 @@ class PolicyLoss:
         if a.rollout_is_cap is not None:
             # The step's per-token weights are logged over the global batch (driver.metrics).
             weights, _ = tis_weights(old, micro.sampler_logprobs, mask, a.rollout_is_cap)
-        loss, metrics = losses.policy_loss(outputs.logprobs, old, micro.advantages, mask,
-                                           eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c,
-                                           is_weights=weights, **norm)
+        if a.policy_loss == "gspo":
+            loss, metrics = gspo_loss(outputs.logprobs, old, micro.advantages, mask, eps_low=a.eps_low,
+                                      eps_high=a.eps_high, is_weights=weights, **norm)
+        else:
+            loss, metrics = losses.policy_loss(outputs.logprobs, old, micro.advantages, mask,
+                                               eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c,
+                                               is_weights=weights, **norm)
         metrics = {f"actor/{k}": v for k, v in metrics.items()}
         # The loss above is this micro-batch's share of the global mean; report its own mean.
         metrics["actor/pg_loss"] = loss.detach() * counts.local_share(RESPONSE, mask, a.loss_agg)
@@ -76,7 +88,8 @@ class PolicyLoss:
             # VAPO: imitation loss on correctly answered samples (self-imitation of positives).
             nll, m = losses.positive_example_nll(outputs.logprobs, mask, micro.correct > 0, agg=a.loss_agg,
                                                  global_token_count=max(counts.tokens[POSITIVE], 1.0),
-                                                 global_seq_count=max(counts.sequences[POSITIVE], 1.0))
+                                                 global_seq_count=max(counts.sequences[POSITIVE], 1.0),
+                                                 norm_constant=self.norm)
             loss = loss + a.positive_lm_coef * nll
             metrics.update({f"actor/{k}": v for k, v in m.items()})
         if micro.ref_logprobs is not None:
@@ -91,8 +104,8 @@ class ValueLoss:
     """Clipped value loss against the value targets, aggregated by ``algorithm.loss_agg``."""
     needs_entropy = False
 
-    def __init__(self, critic: CriticConfig, agg: str, old_from_update: bool = False):
-        self.clip, self.agg = critic.value_clip, agg
+    def __init__(self, critic: CriticConfig, agg: str, old_from_update: bool = False, norm: float | None = None):
+        self.clip, self.agg, self.norm = critic.value_clip, agg, norm  # norm: the constant of SUM_NORM
         # old_from_update: V_old is the update's own forward, detached (exact with one optimizer
         # step); kept so the step's advantages can be computed from it afterwards.
         self.old_from_update = old_from_update
@@ -108,7 +121,7 @@ class ValueLoss:
         loss, metrics = losses.value_loss(outputs.values, old, micro.returns, micro.response_mask,
                                           clip_range=self.clip, agg=self.agg,
                                           global_token_count=counts.tokens[RESPONSE],
-                                          global_seq_count=counts.sequences[RESPONSE])
+                                          global_seq_count=counts.sequences[RESPONSE], norm_constant=self.norm)
         metrics = {f"critic/{k}": v for k, v in metrics.items()}
         metrics["critic/value_loss"] = loss.detach() * counts.local_share(RESPONSE, micro.response_mask, self.agg)
         return loss, metrics
@@ -161,7 +174,7 @@ def update_critic(cfg: Config, critic: DeepSpeedModelEngine, plan: StepPlan, bat
     """The critic's update; with ``plan.v_old`` UPDATE its own detached values are V_old, returned."""
     _check_one_step(plan.v_old, cfg.critic, "critic")
     from_update = plan.v_old is Source.UPDATE
-    loss = ValueLoss(cfg.critic, cfg.algorithm.loss_agg, old_from_update=from_update)
+    loss = ValueLoss(cfg.critic, cfg.algorithm.loss_agg, old_from_update=from_update, norm=norm_constant(cfg))
     metrics = run_update(critic, loss, cfg.critic, batch, cfg.trainer.seed, step, "critic")
     if not from_update:
         return UpdateResult(metrics)
@@ -176,7 +189,7 @@ def update_actor(ctx: RunContext, plan: StepPlan, batch: ActorBatch, step: int, 
     _check_one_step(plan.pi_old, ctx.cfg.actor, "actor")
     _check_one_step(plan.entropy, ctx.cfg.actor, "actor")
     loss = PolicyLoss(ctx.cfg.algorithm, old_from_update=plan.pi_old is Source.UPDATE,
-                      keep_outputs=plan.entropy is Source.UPDATE, kl_coef=kl_coef)
+                      keep_outputs=plan.entropy is Source.UPDATE, kl_coef=kl_coef, norm=norm_constant(ctx.cfg))
     metrics = run_update(ctx.actor, loss, ctx.cfg.actor, batch, ctx.cfg.trainer.seed, step, "actor")
     if not loss.keep_outputs:
         return UpdateResult(metrics)
