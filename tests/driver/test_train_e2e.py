@@ -54,7 +54,14 @@ DAPO_AND_MISMATCH = {  # DAPO's dynamic sampling, soft overlong punishment and o
     # and truncated importance sampling against vLLM's logprobs
     "trainer.dynamic_sampling": True, "trainer.dynamic_sampling_max_tries": 3,
     "reward.overlong_buffer_tokens": 16, "algorithm.mask_truncated": True, "algorithm.rollout_is_cap": 2.0}
-PRESET_OPTIONS = {"ppo": LOSS_OPTIONS, "vapo": DAPO_AND_MISMATCH, "grpo": KL_IN_LOSS}
+# GSPO's sequence-level loss composes with any estimator: it rides on the `grpo` run (GSPO's own
+# preset is that: GRPO's advantages). The critic-free estimators run the same driver code (the
+# fake-engine step of each: tests/driver/test_estimators_step.py), so one of them, with its KL in the
+# reward and Dr. GRPO's aggregation riding on it, stands for them here.
+GSPO = {"algorithm.policy_loss": "gspo", "algorithm.loss_agg": "seq-mean-token-mean"}
+DR_GRPO_AGG = {"algorithm.loss_agg": "seq-mean-token-sum-norm"}
+PRESET_OPTIONS = {"ppo": LOSS_OPTIONS, "vapo": DAPO_AND_MISMATCH, "grpo": {**KL_IN_LOSS, **GSPO},
+                  "reinforce_plus_plus_baseline": DR_GRPO_AGG}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +95,7 @@ def ppo_chunked(tiny_artifacts, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["vcppo", "ppo", "vcppo_no_dgae", "grpo", "vapo"])
+@pytest.mark.parametrize("preset", ["vcppo", "ppo", "vcppo_no_dgae", "grpo", "vapo", "reinforce_plus_plus_baseline"])
 def test_preset_runs_end_to_end(preset, tiny_artifacts, tmp_path, request):
     seed, reuses = 0, preset == "vcppo_no_dgae"
     if preset == "vcppo":
@@ -126,7 +133,7 @@ def test_preset_runs_end_to_end(preset, tiny_artifacts, tmp_path, request):
     val = read_metrics(run_dir, "val")
     assert {r["step"] for r in val} == {0, 2} and all("val/pass@2" in r for r in val)
 
-    has_critic = preset != "grpo"
+    has_critic = preset not in ("grpo", "reinforce_plus_plus_baseline")
     assert all(("critic/grad_norm" in r) == has_critic for r in ppo)
     assert all(("critic/explained_variance" in r and "critic/value_loss" in r) == has_critic for r in ppo)
     if reuses:
@@ -156,6 +163,12 @@ def test_preset_runs_end_to_end(preset, tiny_artifacts, tmp_path, request):
         assert ppo[1]["actor/kl_coef"] == pytest.approx(adaptive_kl_coef(0.05, ppo[0]["actor/kl_ref"], 0.01, 100.0, 8))
     if preset == "grpo":  # KL_IN_LOSS: a term of the actor's loss, the rewards untouched
         assert all(r["actor/kl_loss"] >= 0.0 and "reward/kl_penalty" not in r for r in ppo)
+        # GSPO: one optimizer step from the sampling weights, pi_old its own forward: every
+        # sequence ratio is exactly 1
+        assert all(r["actor/ratio_max"] == 1.0 and r["actor/clip_frac_high"] == 0.0 for r in ppo)
+    if preset == "reinforce_plus_plus_baseline":  # its token-level KL in the reward (a reference pass)
+        assert all("time/ref_logprobs_s" in r and "reward/kl_penalty" in r for r in ppo)
+        assert all(abs(r["actor/pg_loss"]) < 10 for r in ppo)  # DR_GRPO_AGG: each sequence's sum / 48
     if preset == "vapo":  # DAPO_AND_MISMATCH
         assert "actor/num_positive" in ppo[0]
         assert all(r["reward/overlong_penalty_mean"] <= 0.0 and "dynamic_sampling/tries" not in r for r in pre)
