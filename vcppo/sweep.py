@@ -15,11 +15,15 @@ A sweep file::
       trainer.seed: [0, 1, 2]
     runs:                                # and/or an explicit list; each may set name / preset
       - {name: ppo-baseline, preset: ppo}
+    preset_overrides:                    # applied to every run of that preset, after `overrides`
+      ppo: [algorithm.lambda_critic=0.8]
 
 Runs execute one after another here (each its own process), or ``--dry-run`` prints the launch
 commands for a cluster scheduler. Finished runs (``final_metrics.json`` present) are skipped, so a
 sweep is re-runnable; an interrupted run resumes from its last checkpoint. At the end the final
-metrics of every run are collected into ``<output_root>/sweep_results.{md,csv}``.
+metrics of every run are collected into ``<output_root>/sweep_results.{md,csv}``, with the minutes
+its PPO steps took (``ppo_minutes``, the sum of their ``time/step_s``: validation and start-up left
+out) beside the validation figures.
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ import yaml
 
 from vcppo.config import CONFIG_DIR, ConfigError, load_config, resolve_named_file
 
-_TOP_KEYS = {"name", "output_root", "launcher", "preset", "overrides", "grid", "runs"}
+_TOP_KEYS = {"name", "output_root", "launcher", "preset", "overrides", "grid", "runs", "preset_overrides"}
 
 # Sweeps ship inside the package, next to the presets, so an installed wheel has them too.
 SWEEP_DIR = CONFIG_DIR / "sweeps"
@@ -80,6 +84,9 @@ def expand(sweep: dict) -> list[dict]:
         raise ConfigError(f"unknown sweep key(s) {sorted(unknown)}; valid: {sorted(_TOP_KEYS)}")
     common = list(sweep.get("overrides") or [])
     default_preset = sweep.get("preset", "vcppo")
+    per_preset = sweep.get("preset_overrides") or {}
+    if not isinstance(per_preset, dict):
+        raise ConfigError("sweep key 'preset_overrides' must map a preset to a list of key=value overrides")
     runs = []
     grid = sweep.get("grid") or {}
     if grid:
@@ -88,14 +95,14 @@ def expand(sweep: dict) -> list[dict]:
             point = dict(zip(keys, combo))
             preset = point.pop("preset", default_preset)
             name = "-".join([preset] + [f"{_short(k)}{v}" for k, v in point.items()])
-            runs.append({"name": name, "preset": preset,
-                         "overrides": common + [_fmt_override(k, v) for k, v in point.items()]})
+            runs.append({"name": name, "preset": preset, "overrides": common + list(per_preset.get(preset) or [])
+                         + [_fmt_override(k, v) for k, v in point.items()]})
     for item in sweep.get("runs") or []:
         item = dict(item)
         preset = item.pop("preset", default_preset)
         name = item.pop("name", None) or "-".join([preset] + [f"{_short(k)}{v}" for k, v in item.items()])
-        runs.append({"name": name, "preset": preset,
-                     "overrides": common + [_fmt_override(k, v) for k, v in item.items()]})
+        runs.append({"name": name, "preset": preset, "overrides": common + list(per_preset.get(preset) or [])
+                     + [_fmt_override(k, v) for k, v in item.items()]})
     if not runs:
         raise ConfigError("sweep defines no runs: give 'grid' and/or 'runs'")
     names = [r["name"] for r in runs]
@@ -123,6 +130,7 @@ def collect(runs: list[dict], out_root: Path) -> tuple[Path, Path, list[dict]]:
         row = {"name": r["name"], "preset": r["preset"], "finished": (d / "final_metrics.json").exists()}
         if (d / "metrics.jsonl").exists():
             row.update({k: v for k, v in run_summary(d).items() if k != "run"})
+            row.update(ppo_time(d))
         rows.append(row)
     keys = list(dict.fromkeys(k for row in rows for k in row))
     out_root.mkdir(parents=True, exist_ok=True)
@@ -138,8 +146,24 @@ def collect(runs: list[dict], out_root: Path) -> tuple[Path, Path, list[dict]]:
     return md_path, csv_path, rows
 
 
+def ppo_time(run_dir: Path) -> dict:
+    """``ppo_minutes``: the PPO steps' own seconds summed (``time/step_s``), in minutes;
+    ``entropy_end``: the actor's mean token entropy over the last fifth of the steps (a collapse
+    diagnostic beside the length). Empty for a run without PPO steps."""
+    from vcppo.tracking import read_metrics
+
+    ppo = sorted(read_metrics(run_dir, "ppo"), key=lambda r: r["step"])
+    if not ppo:
+        return {}
+    out = {"ppo_minutes": sum(float(r.get("time/step_s") or 0.0) for r in ppo) / 60.0}
+    tail = [r["actor/entropy"] for r in ppo[-max(1, len(ppo) // 5):] if r.get("actor/entropy") is not None]
+    if tail:
+        out["entropy_end"] = sum(tail) / len(tail)
+    return out
+
+
 _SUMMARY_KEYS = ["start_pass@1_greedy", "final_pass@1_greedy", "final_pass@1", "final_pass@4", "length_start",
-                 "length_end", "explained_variance_end", "adv_position_corr_start"]
+                 "length_end", "entropy_end", "explained_variance_end", "adv_position_corr_start", "ppo_minutes"]
 
 
 def seed_summary(rows: list[dict]) -> str:

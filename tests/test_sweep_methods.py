@@ -1,0 +1,61 @@
+"""The methods comparison as one command: per-preset overrides in a sweep, the chain_methods sweep
+(7 methods x 3 seeds, the critic methods at lambda 0.8), its launch script's dry run, and the
+PPO minutes and final entropy the results table adds."""
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ENV
+from vcppo.config import ConfigError
+from vcppo.sweep import expand, load_sweep, ppo_time, seed_summary
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_preset_overrides_apply_to_that_preset_only():
+    runs = expand({"output_root": "out", "overrides": ["trainer.total_steps=3"],
+                   "preset_overrides": {"ppo": ["algorithm.lambda_critic=0.8"]},
+                   "grid": {"preset": ["ppo", "grpo"], "trainer.seed": [0]},
+                   "runs": [{"name": "late", "preset": "ppo", "algorithm.lambda_critic": 0.9}]})
+    by_name = {r["name"]: r["overrides"] for r in runs}
+    assert "algorithm.lambda_critic=0.8" in by_name["ppo-seed0"]
+    assert not any("lambda_critic" in o for o in by_name["grpo-seed0"])
+    # an explicit run's own keys come after the preset's, so they win
+    late = by_name["late"]
+    assert late.index("algorithm.lambda_critic=0.8") < late.index("algorithm.lambda_critic=0.9")
+    with pytest.raises(ConfigError, match="preset_overrides"):
+        expand({"preset_overrides": ["x"], "runs": [{"name": "a"}]})
+
+
+def test_chain_methods_runs_seven_methods_on_three_seeds_with_lambda_08_critics():
+    runs = expand(load_sweep("chain_methods")[1])
+    presets = {r["preset"] for r in runs}
+    assert presets == {"vcppo", "ppo", "grpo", "rloo", "reinforce_plus_plus_baseline", "drgrpo", "gspo"}
+    assert len(runs) == 21
+    for r in runs:
+        o = r["overrides"]
+        assert "trainer.total_steps=50" in o and "rollout.n_samples_per_prompt=4" in o
+        assert ("algorithm.lambda_actor=0.8" in o) == (r["preset"] in ("vcppo", "ppo"))
+        assert ("algorithm.lambda_critic=0.8" in o) == (r["preset"] == "ppo")
+
+
+def test_chain_methods_dry_run_builds_nothing(tmp_path):
+    res = subprocess.run([str(REPO / "launch/chain_methods.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len([line for line in res.stdout.splitlines() if " train " in line]) == 21
+    assert not any(tmp_path.iterdir())
+
+
+def test_ppo_time_and_entropy_in_the_seed_summary(tmp_path):
+    records = [{"phase": "ppo", "step": s, "time/step_s": 1.5 + s, "actor/entropy": 0.1 * s} for s in range(1, 11)]
+    records.append({"phase": "value_pretrain", "step": 1, "time/step_s": 99.0})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    t = ppo_time(tmp_path)
+    assert t["ppo_minutes"] == pytest.approx(sum(1.5 + s for s in range(1, 11)) / 60)  # pretraining left out
+    assert t["entropy_end"] == pytest.approx((0.9 + 1.0) / 2)  # the last fifth of the steps
+    assert ppo_time(tmp_path / "missing") == {}
+    rows = [{"name": f"rloo-seed{s}", "finished": True, "ppo_minutes": m} for s, m in enumerate((1.0, 2.0, 3.0))]
+    assert "| rloo | 3 | 2.000 ± 1.000 |" in seed_summary(rows)
