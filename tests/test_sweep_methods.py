@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import ENV
 from vcppo.config import ConfigError
-from vcppo.sweep import expand, load_sweep, ppo_time, seed_summary
+from vcppo.sweep import expand, load_sweep, ppo_time, seed_summary, with_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,3 +59,17 @@ def test_ppo_time_and_entropy_in_the_seed_summary(tmp_path):
     assert ppo_time(tmp_path / "missing") == {}
     rows = [{"name": f"rloo-seed{s}", "finished": True, "ppo_minutes": m} for s, m in enumerate((1.0, 2.0, 3.0))]
     assert "| rloo | 3 | 2.000 ± 1.000 |" in seed_summary(rows)
+
+
+def test_command_line_settings_shorten_a_sweep():
+    """`vcppo sweep chain_methods output_root=... grid.trainer.seed=[0,1] trainer.total_steps=20`:
+    its own root, two seeds, 20 steps in every run; the file's sweep is unchanged."""
+    _, spec = load_sweep("chain_methods")
+    short = with_overrides(spec, ["output_root=runs/short", "grid.trainer.seed=[0, 1]", "trainer.total_steps=20"])
+    runs = expand(short)
+    assert len(runs) == 14 and all(r["run_dir"].startswith("runs/short/") for r in runs)
+    assert all(r["overrides"].index("trainer.total_steps=20") > r["overrides"].index("trainer.total_steps=50")
+               for r in runs)  # later wins
+    assert len(expand(spec)) == 21 and "trainer.total_steps=20" not in spec["overrides"]
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        with_overrides(spec, ["trainer.total_steps"])

@@ -1,4 +1,4 @@
-"""`vcppo sweep SWEEP [--dry-run] [--collect-only]`: config-driven experiment sweeps.
+"""`vcppo sweep SWEEP [KEY=VALUE ...] [--dry-run] [--collect-only]`: config-driven experiment sweeps.
 
 SWEEP is a path to a sweep YAML file or the bare name of a sweep shipped with the package
 (``vcppo/configs/sweeps/NAME.yaml``: ``vcppo sweep ablation``, ``vcppo sweep slow_critic``).
@@ -17,6 +17,11 @@ A sweep file::
       - {name: ppo-baseline, preset: ppo}
     preset_overrides:                    # applied to every run of that preset, after `overrides`
       ppo: [algorithm.lambda_critic=0.8]
+
+``KEY=VALUE`` after the sweep changes it for this invocation: a top-level key replaces the file's
+(``output_root=runs/short``), ``grid.KEY`` one grid axis (``grid.trainer.seed=[0,1]``), and any
+other key is a config override appended to every run (``trainer.total_steps=20``). Values are
+YAML. Give a shortened sweep its own ``output_root``: finished runs are skipped by directory.
 
 Runs execute one after another here (each its own process), or ``--dry-run`` prints the launch
 commands for a cluster scheduler. Finished runs (``final_metrics.json`` present) are skipped, so a
@@ -117,6 +122,23 @@ def expand(sweep: dict) -> list[dict]:
     return runs
 
 
+def with_overrides(sweep: dict, items: list[str]) -> dict:
+    """The sweep with ``KEY=VALUE`` items applied (module docstring); the file's dict is not changed."""
+    out = {**sweep, "grid": dict(sweep.get("grid") or {}), "overrides": list(sweep.get("overrides") or [])}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"sweep override {item!r} is not KEY=VALUE")
+        value = yaml.safe_load(raw) if raw else None
+        if key in _TOP_KEYS - {"overrides"}:
+            out[key] = value
+        elif key.startswith("grid."):
+            out["grid"][key[len("grid."):]] = value
+        else:
+            out["overrides"].append(item)
+    return out
+
+
 def launch_command(run: dict, launcher: str) -> list[str]:
     return shlex.split(launcher) + ["train", run["preset"], *run["overrides"]]
 
@@ -196,13 +218,16 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="vcppo sweep", description=__doc__.split("\n")[0])
     p.add_argument("sweep", help="sweep YAML path, or the name of a shipped sweep "
                                  f"({', '.join(shipped_sweeps())})")
+    p.add_argument("set", nargs="*", metavar="KEY=VALUE", help="a top-level sweep key, grid.KEY (one grid axis), "
+                                                              "or a config override for every run")
     p.add_argument("--dry-run", action="store_true", help="print the launch commands, run nothing")
     p.add_argument("--collect-only", action="store_true", help="only (re)build the results table")
     p.add_argument("--launcher", help="override the sweep file's launcher")
     p.add_argument("--keep-going", action="store_true", help="continue with the next run when one fails")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     try:
         path, sweep = load_sweep(args.sweep)
+        sweep = with_overrides(sweep, args.set)
     except ConfigError as e:
         print(f"vcppo sweep: {e}", file=sys.stderr)
         return 2
