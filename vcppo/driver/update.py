@@ -31,7 +31,8 @@ def norm_constant(cfg: Config) -> float | None:
 
 
 class PolicyLoss:
-    """``algorithm.policy_loss``: PPO's clipped surrogate per token or GSPO's per sequence (+ entropy bonus, + VAPO's positive-example NLL, + ``kl_coef`` x the KL to
+    """``algorithm.policy_loss``: PPO's clipped surrogate per token or GSPO's per sequence (+ entropy
+    bonus, + VAPO's positive-example NLL, + ``kl_coef`` x the KL to
     the reference when the batch carries its logprobs: ``algorithm.kl_in: loss``), aggregated by
     ``algorithm.loss_agg`` over the global mini-batch; optionally re-weighted per token by truncated
     importance sampling against the sampler's logprobs (``algorithm.rollout_is_cap``) and without
