@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from vcppo.engines.deepspeed_engine import GlobalCounts, ModelOutputs
+from vcppo.engines.deepspeed_engine import GlobalCounts, ModelOutputs, stitch_rows
 from vcppo.engines.dist import DistInfo
 from vcppo.experience import Rollout, make_layout
 from vcppo.schema import Config
@@ -54,6 +54,10 @@ class FakeEngine:
     def micro_batch_rows(self, batch) -> list[list[int]]:
         return [list(range(s, min(s + self.micro_batch_size, batch.size)))
                 for s in range(0, batch.size, self.micro_batch_size)]
+
+    def train_step_outputs(self, minibatch, kept):
+        groups = self.micro_batch_rows(minibatch)
+        return stitch_rows(groups, kept[:len(groups)])
 
     def forward_logprobs(self, batch, with_entropy: bool = False):
         self.calls.append(f"{self.name}:forward")

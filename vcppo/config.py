@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from vcppo.config_extends import read_yaml_chain
+from vcppo.config_parallel import check_sequence_parallel, check_sequence_parallel_heads
 from vcppo.config_provenance import check_allow_list, resume_classes
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES, uses_critic
 from vcppo.schema import RESUME_CLASSES, Config, ConfigError
@@ -284,6 +285,7 @@ def validate(cfg: Config) -> None:
     check_allow_list(cfg.trainer.resume_allow_changes)
     _check_lora_sync(cfg)
     _check_placement(cfg)
+    check_sequence_parallel(cfg)
     _check_reward_sources(cfg)
     if cfg.algorithm.kl_target is not None and cfg.algorithm.kl_coef == 0:
         raise ConfigError("config key 'algorithm.kl_target' needs algorithm.kl_coef > 0: the adaptive controller "
@@ -466,6 +468,7 @@ def check_paths(cfg: Config, command: str = "train") -> None:
         _check_reward_model(cfg.reward.model_path)
     if command == "train":
         _check_lora_targets(cfg)
+        check_sequence_parallel_heads(cfg)
     if cfg.reward.function:
         _check_reward_function(cfg.reward.function)
     for source, path in cfg.reward.functions_by_source.items():

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from vcppo.config import save_config, to_dict
+from vcppo.config_parallel import check_sequence_parallel_ranks
 from vcppo.config_provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver import reshard
@@ -160,6 +161,7 @@ class RunContext:
         from transformers import AutoTokenizer
 
         dist = init_run_distributed(cfg)
+        check_sequence_parallel_ranks(cfg, dist.world_size)
         if cfg.trainer.prompts_per_step % dist.world_size:
             raise ConfigError(f"config key 'trainer.prompts_per_step' ({cfg.trainer.prompts_per_step}) "
                               f"must be divisible by the number of ranks ({dist.world_size})")

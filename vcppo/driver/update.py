@@ -16,7 +16,7 @@ from vcppo.algos.mismatch import tis_weights
 from vcppo.driver.context import RunContext
 from vcppo.driver.plan import Source, StepPlan, one_optimizer_step
 from vcppo.engines.deepspeed_engine import (RESPONSE, DeepSpeedModelEngine, EngineLoss, GlobalCounts,
-                                            ModelOutputs, response_counts, stitch_rows)
+                                            ModelOutputs, response_counts)
 from vcppo.experience import ActorBatch, CriticBatch, UpdateResult
 from vcppo.schema import AlgorithmConfig, Config, CriticConfig, UpdateConfig
 
@@ -159,8 +159,7 @@ def kept_outputs(engine: DeepSpeedModelEngine, batch: ActorBatch | CriticBatch,
                  kept: list[tuple]) -> list[torch.Tensor]:
     """What a loss kept from the update's forwards (one tuple per micro-batch), as (B, R) tensors
     in the batch's row order; valid with one optimizer step (rank-padding passes come last)."""
-    groups = engine.micro_batch_rows(batch)
-    return stitch_rows(groups, kept[:len(groups)])
+    return engine.train_step_outputs(batch, kept)
 
 
 def _check_one_step(source: Source, optim: UpdateConfig, role: str) -> None:

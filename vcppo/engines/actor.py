@@ -13,6 +13,7 @@ from vcppo.engines import logprob_head
 from vcppo.engines.logprob_head import LogprobRequest, requesting
 from vcppo.engines.lora import save_adapter
 from vcppo.engines.packing import pack, scatter_responses
+from vcppo.engines.sequence_parallel import gather_slices, shard_packed
 from vcppo.experience import Layout
 from vcppo.models.export import save_causal_lm
 from vcppo.schema import EngineConfig
@@ -41,6 +42,7 @@ class ActorEngine(DeepSpeedModelEngine):
     """
 
     ADAPTER_TASK = "CAUSAL_LM"
+    CONFIG_SECTION = "actor"
 
     def __init__(self, model_path: str, cfg: EngineConfig, dist: DistInfo, total_optimizer_steps: int,
                  dtype: str = "auto", train: bool = True, temperature: float = 1.0):
@@ -57,6 +59,8 @@ class ActorEngine(DeepSpeedModelEngine):
 
     def _forward_outputs(self, micro: Layout, need_entropy: bool) -> ModelOutputs:
         micro = micro.to(self.dist.device)
+        if self.sp is not None:
+            return self._sequence_parallel_outputs(micro, need_entropy)
         if self.head is None:
             return self._full_logits_outputs(micro, need_entropy)
         if self.cfg.packed:
@@ -77,6 +81,26 @@ class ActorEngine(DeepSpeedModelEngine):
         shape = (micro.size, micro.responses.shape[1])
         return ModelOutputs(logprobs=scatter_responses(logp, rows, cols, shape),
                             entropy=scatter_responses(entropy, rows, cols, shape) if need_entropy else None)
+
+    def _sequence_parallel_outputs(self, micro: Layout, need_entropy: bool) -> ModelOutputs:
+        """This rank's slice of the packed row through the model (Ulysses attention), logprobs and
+        entropies at the slice's n_r predicting positions (chunked head, or full logits), gathered
+        to the micro-batch's (b, R) on every rank of the group."""
+        packed = pack(micro)
+        shard = shard_packed(packed, self.sp)
+        targets = micro.responses[packed.rows, packed.cols][shard.take]
+        inputs = dict(input_ids=shard.input_ids, position_ids=shard.position_ids, use_cache=False,
+                      logits_to_keep=shard.local_predict)
+        if self.head is not None:
+            request = LogprobRequest(targets, None, self.temperature, self.cfg.logprob_chunk_size, need_entropy)
+            with requesting(self.head, request):
+                logp, entropy = self.engine(**inputs).logits
+        else:
+            logp, scaled = response_logprobs(self.engine(**inputs).logits[0], targets, self.temperature)
+            entropy = entropy_from_logits(scaled) if need_entropy else None
+        logp = packed.to_response_layout(gather_slices(logp, shard, self.sp))
+        entropy = packed.to_response_layout(gather_slices(entropy, shard, self.sp)) if need_entropy else None
+        return ModelOutputs(logprobs=logp, entropy=entropy)
 
     def _full_logits_outputs(self, micro: Layout, need_entropy: bool) -> ModelOutputs:
         """``logprob_chunk_size: 0``: the head's whole logits at every response position."""

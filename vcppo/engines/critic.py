@@ -12,6 +12,7 @@ from vcppo.algos.confidence import confidence_features
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine, ModelOutputs
 from vcppo.engines.dist import DistInfo, barrier
 from vcppo.engines.packing import pack
+from vcppo.engines.sequence_parallel import gather_slices, shard_packed
 from vcppo.experience import Rollout
 from vcppo.schema import OptimConfig
 
@@ -19,6 +20,8 @@ CRITIC_INITS = ("policy", "reward_model", "checkpoint")
 
 
 class CriticEngine(DeepSpeedModelEngine):
+    CONFIG_SECTION = "critic"
+
     def __init__(self, init: str, path: str, cfg: OptimConfig, dist: DistInfo, total_optimizer_steps: int,
                  dtype: str = "auto", train: bool = True):
         if init not in CRITIC_INITS:
@@ -60,6 +63,8 @@ class CriticEngine(DeepSpeedModelEngine):
         micro = micro.to(self.dist.device)
         feats = self._confidence_features(micro)  # (b, R, 3) or None
         P, R = micro.prompt_len, micro.responses.shape[1]
+        if self.sp is not None:
+            return self._sequence_parallel_outputs(micro, feats)
         if self.cfg.packed:
             packed = pack(micro)
             kw = {}
@@ -77,6 +82,20 @@ class CriticEngine(DeepSpeedModelEngine):
         # V(state before response token t) = value at the column of the previous token.
         v = values[:, P - 1:P + R - 1].float()
         return ModelOutputs(values=v * micro.response_mask)
+
+    def _sequence_parallel_outputs(self, micro: Rollout, feats: torch.Tensor | None) -> ModelOutputs:
+        """This rank's slice of the packed row (Ulysses attention), values at its n_r predicting
+        positions, gathered to the micro-batch's (b, R) on every rank of the group."""
+        packed = pack(micro)
+        shard = shard_packed(packed, self.sp)
+        kw = {}
+        if feats is not None:  # (1, T, 3): the features at the positions whose outputs are read
+            row = feats.new_zeros(1, packed.input_ids.shape[1], feats.shape[-1])
+            row[0, packed.predict_index] = feats[packed.rows, packed.cols]
+            kw["confidence"] = shard.local_rows(row)
+        values = self.engine(input_ids=shard.input_ids, position_ids=shard.position_ids, **kw)  # (1, s)
+        local = values[0].index_select(0, shard.local_predict).float()
+        return ModelOutputs(values=packed.to_response_layout(gather_slices(local, shard, self.sp)))
 
     @torch.no_grad()
     def forward_values(self, batch: Rollout) -> torch.Tensor:

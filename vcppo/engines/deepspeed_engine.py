@@ -34,6 +34,7 @@ import torch
 
 from vcppo.engines import dist as D
 from vcppo.engines import lora as L
+from vcppo.engines import sequence_parallel as SP
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.packing import sequence_lengths, token_budget_groups, use_packed_attention
 from vcppo.experience import Layout
@@ -219,8 +220,11 @@ class DeepSpeedModelEngine:
     ``train=True`` it gets AdamW + LambdaLR, otherwise it is frozen (no optimizer).
 
     Subclasses build the module (:meth:`_build_module`) and compute :class:`ModelOutputs` for a
-    micro-batch (:meth:`_forward_outputs`).
+    micro-batch (:meth:`_forward_outputs`). ``sp``: this rank's sequence-parallel group (None: off;
+    :mod:`vcppo.engines.sequence_parallel`), from ``<CONFIG_SECTION>.sequence_parallel_size``.
     """
+
+    CONFIG_SECTION = "engine"  # the config section that configures it, for errors
 
     def __init__(self, cfg: EngineConfig, dist: DistInfo, total_optimizer_steps: int, dtype: str = "auto",
                  train: bool = True):
@@ -233,13 +237,17 @@ class DeepSpeedModelEngine:
         self.dtype = resolve_dtype(dtype, dist.device)
         self.total_optimizer_steps = int(total_optimizer_steps)
         self.zero_stage = resolve_zero_stage(cfg.zero_stage, dist.world_size)
+        self.sp = SP.build_group(int(getattr(cfg, "sequence_parallel_size", 1)), dist.rank, dist.world_size,
+                                 f"{self.CONFIG_SECTION}.sequence_parallel_size")
         self.ds_config = self._ds_config(cfg, train)
         module = self._build_under_zero_init()
         self.lora = getattr(cfg, "lora", None) if train else None
         if L.enabled(self.lora):
             module = self._with_adapters(module)
-        if cfg.packed:
+        if cfg.packed or self.sp is not None:  # sequence parallelism always runs packed rows
             self.attention = use_packed_attention(module, dist.device, self.dtype)
+        if self.sp is not None:
+            self.attention = SP.use_ulysses_attention(module, self.sp, self.attention)
         if train and cfg.gradient_checkpointing:
             self._enable_gradient_checkpointing(module)
         if train:
@@ -361,7 +369,14 @@ class DeepSpeedModelEngine:
 
     def per_token_outputs(self, batch: Layout, fn) -> list[torch.Tensor | None]:
         """``fn(micro) -> tuple of (b, R) tensors`` over the micro-batches, stitched back into
-        (B, R) tensors in the batch's row order (a token budget reorders rows)."""
+        (B, R) tensors in the batch's row order (a token budget reorders rows). With sequence
+        parallelism the passes run over the SP group's union batch; this rank's rows come back."""
+        if self.sp is not None:
+            union, back = SP.group_batch(batch, self.sp)
+            return [back(t) for t in self._per_token_outputs(union, fn)]
+        return self._per_token_outputs(batch, fn)
+
+    def _per_token_outputs(self, batch: Layout, fn) -> list[torch.Tensor | None]:
         groups = self.micro_batch_rows(batch)
         n_passes = self.passes_on_every_rank(len(groups))  # agreed BEFORE any pass's collectives
         results = [fn(batch if len(groups) == 1 else batch.select(rows)) for rows in groups]
@@ -369,13 +384,26 @@ class DeepSpeedModelEngine:
             fn(batch.select(groups[-1]))  # keeps the collectives in step; output unused
         return stitch_rows(groups, results)
 
+    def train_step_outputs(self, minibatch: Layout, kept: list[tuple]) -> list[torch.Tensor | None]:
+        """What a loss kept from the last :meth:`train_step`'s passes over ``minibatch`` (one tuple of
+        (b, R) tensors per micro-batch; rank-padding passes last) as (B, R) tensors in its row order;
+        with SP the passes ran over the group's union, and this rank's rows come back."""
+        if self.sp is None:
+            groups = self.micro_batch_rows(minibatch)
+            return stitch_rows(groups, kept[:len(groups)])
+        groups = self.micro_batch_rows(self._union)
+        return [self._union_back(t) for t in stitch_rows(groups, kept[:len(groups)])]
+
     # --- training --------------------------------------------------------------------------
     def train_step(self, minibatch: Layout, loss: EngineLoss) -> dict:
         """ONE optimizer step over this rank's share of a mini-batch (see the module docstring)."""
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (built with train=False)")
         self.engine.train()
-        counts = GlobalCounts.over_ranks(loss.count_masks(minibatch))
+        counts = GlobalCounts.over_ranks(loss.count_masks(minibatch))  # each rank its own rows
+        if self.sp is not None:  # every rank of the group runs the group's micro-batches (module docstring
+            minibatch, self._union_back = SP.group_batch(minibatch, self.sp)  # of vcppo.engines.sequence_parallel)
+            self._union = minibatch
         micros = self.micro_batches(minibatch)
         world = self.dist.world_size
         n_local = len(micros)
