@@ -189,12 +189,19 @@ def test_a_missing_model_shape_names_the_key(capsys):
 
 
 def test_the_documented_plans_run(capsys):
-    """Every `vcppo plan` line of the docs runs (docs/scaling.md's tables come from them)."""
+    """Every `vcppo plan` line of the docs runs (docs/scaling.md's tables come from them); a
+    `--measure` line, which needs its model directory and minutes of engine time, is parsed
+    (tests/plan/test_plan_measure.py runs that command against a real run)."""
     from tests.test_doc_commands import command_lines
+    from vcppo.commands.plan import parser
     lines = [line for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
              for line in command_lines(doc) if line.startswith("vcppo plan ")]
     assert len(lines) >= 4, lines
     for line in lines:
+        if "--measure" in line.split():
+            args = parser().parse_intermixed_args(line.split()[2:])
+            assert args.measure and load_config(args.args[0], args.args[1:])
+            continue
         assert plan_main(line.split()[2:]) == 0, line
     assert "Verdict" in capsys.readouterr().out
 
@@ -252,3 +259,17 @@ def test_critic_ranks_hold_the_critic_apart_and_its_update_overlaps_the_actors()
     assert on_six.time.training_s <= plan.time.training_s < on_three.time.training_s
     with pytest.raises(Exception, match="placement.critic_ranks"):
         plan_run(load_config("vcppo", split + ["placement.critic_ranks=2"]), shapes, cluster)
+
+
+def test_mean_lengths_set_the_training_tokens_and_measure_needs_a_model(tmp_path, capsys):
+    """--prompt-tokens / --response-tokens: the step's training tokens are responses x their sum;
+    --measure builds the real engines, so without a model directory it names the key."""
+    out = tmp_path / "plan.json"
+    assert cli_main(["plan", "vcppo", "--model-shape", "qwen2.5-0.5b", "--prompt-tokens", "100",
+                     "--response-tokens", "50", "--json", str(out)]) == 0
+    time = json.loads(out.read_text())["plan"]["time"]
+    assert time["train_tokens"] == 64 * 150 and time["mean_response_tokens"] == 50
+    assert "mean prompt 100, response 50" in capsys.readouterr().out
+    code = cli_main(["plan", "vcppo", "--model-shape", "qwen2.5-0.5b", "--measure", "model.policy_path=/nope"])
+    err = capsys.readouterr().err
+    assert code == 2 and "model.policy_path" in err and "--measure" in err and "Traceback" not in err

@@ -61,15 +61,26 @@ def _parse(argv) -> argparse.Namespace:
 def long_tailed_batch(n: int, min_len: int, max_len: int, seed: int, vocab: int = 90):
     """An :class:`~vcppo.experience.ActorBatch` of ``n`` sequences with long-tailed response
     lengths, rollout and PPO fields filled as a real step would (old logprobs are set by the caller)."""
-    from vcppo.experience import ActorBatch, Rollout, make_layout
     g = torch.Generator().manual_seed(seed)
     u = torch.rand(n, generator=g)
     lengths = (min_len + (max_len - min_len) * u ** 3).long().tolist()
-    prompts = [torch.randint(5, vocab, (int(k),), generator=g).tolist() for k in torch.randint(16, 49, (n,), generator=g)]
-    responses = [torch.randint(5, vocab, (k,), generator=g).tolist() for k in lengths]
+    prompt_lengths = torch.randint(16, 49, (n,), generator=g).tolist()
+    return batch_of_lengths(prompt_lengths, lengths, g, vocab)
+
+
+def batch_of_lengths(prompt_lengths: list[int], response_lengths: list[int], seed_or_generator, vocab: int = 90):
+    """An :class:`~vcppo.experience.ActorBatch` of random token ids with these prompt and response
+    lengths: advantages (normal at response tokens) and ``correct`` (coin flips) filled as a real
+    step's (old logprobs are set by the caller). Also `vcppo plan --measure`'s timed batch."""
+    from vcppo.experience import ActorBatch, Rollout, make_layout
+    g = seed_or_generator
+    if not isinstance(g, torch.Generator):
+        g = torch.Generator().manual_seed(int(seed_or_generator))
+    prompts = [torch.randint(5, vocab, (int(k),), generator=g).tolist() for k in prompt_lengths]
+    responses = [torch.randint(5, vocab, (int(k),), generator=g).tolist() for k in response_lengths]
     b = Rollout.unscored(make_layout(prompts, responses, pad_id=0))
     advantages = torch.randn(b.response_mask.shape, generator=g) * b.response_mask
-    correct = (torch.rand(n, generator=g) > 0.5).float()
+    correct = (torch.rand(len(prompts), generator=g) > 0.5).float()
     return ActorBatch(**{**vars(b), "correct": correct}, advantages=advantages)
 
 
@@ -107,7 +118,8 @@ def _release_freed_memory():
         pass
 
 
-def _timed(fn, repeats: int) -> list[float]:
+def timed(fn, repeats: int) -> list[float]:
+    """Seconds of ``repeats`` calls of ``fn`` after one untimed warm-up call."""
     fn()  # warm-up
     out = []
     for _ in range(repeats):
@@ -138,12 +150,12 @@ def run_layout(model_dir: str, layout: str, args) -> dict:
            "micro_batches": len(actor.micro_batch_rows(batch)),
            "trainable_params": sum(p.numel() for p in actor.module.parameters() if p.requires_grad)}
     with PeakRSS() as mem:
-        times = _timed(lambda: actor.forward_logprobs(batch), args.repeats)
+        times = timed(lambda: actor.forward_logprobs(batch), args.repeats)
     res["forward"] = {"tokens_per_s": real / statistics.median(times), "s": times, "peak_mib": mem.mib}
     batch.old_logprobs, _ = actor.forward_logprobs(batch)
     loss = PolicyLoss(AlgorithmConfig())
     with PeakRSS() as mem:
-        times = _timed(lambda: actor.train_step(batch, loss), args.repeats)
+        times = timed(lambda: actor.train_step(batch, loss), args.repeats)
     res["train_step"] = {"tokens_per_s": real / statistics.median(times), "s": times, "peak_mib": mem.mib}
     dist.shutdown()
     return res

@@ -1,11 +1,14 @@
-"""`vcppo plan CONFIG [key=value ...] [--gpu h100] [--gpus-per-node 8] [--nodes 1]`: before a run is
-queued, whether it fits its GPUs, and roughly how long a step takes.
+"""`vcppo plan CONFIG [key=value ...] [--gpu h100] [--gpus-per-node 8] [--nodes 1] [--measure]`: before a
+run is queued, whether it fits its GPUs, and roughly how long a step takes.
 
 Reads the config exactly as `vcppo train` does (no path needs to exist) and the model's shape from
 ``model.policy_path/config.json``, or a built-in Qwen2.5 shape (``--model-shape``). Prints a
 markdown table of memory per GPU for every role, a verdict per phase and, when the run does not
 fit, the first setting that does (vcppo.plan.knobs), then an estimated step time. ``--json PATH``
-writes the same numbers. All figures are estimates from shapes and datasheets (vcppo/plan/).
+writes the same numbers. Memory is arithmetic from shapes; training time comes from a pass model
+fitted to measurements on one H100 (vcppo.plan.timing), rollout time from datasheet bandwidth.
+``--measure`` also times the config's actor and critic passes with the real engines on this machine
+(CPU or GPU, no vLLM; vcppo.plan.measure) and plans the step's training phases from those rates.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ import math
 from pathlib import Path
 
 from vcppo.config import load_config, split_command_line
-from vcppo.plan.advise import Cluster, Plan, Shapes, gib, plan_run
+from vcppo.plan.advise import Cluster, Lengths, Plan, Shapes, gib, plan_run, ranks
+from vcppo.plan import timing as T
 from vcppo.plan.knobs import Setting, find_fit
 from vcppo.plan.shape import BUILTIN_SHAPES, HARDWARE, builtin_shape, read_shape
 from vcppo.schema import Config, ConfigError
@@ -31,7 +35,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     p.add_argument("--model-shape", choices=list(BUILTIN_SHAPES),
                    help="a built-in shape instead of model.policy_path/config.json")
-    p.add_argument("--mfu", type=float, default=0.35, help="training model-FLOPs utilisation (default 0.35)")
+    p.add_argument("--mfu", type=float, default=None,
+                   help="a constant model-FLOPs utilisation for training and rollout compute instead of the pass "
+                        "model fitted to H100 measurements (vcppo/plan/timing.py)")
+    p.add_argument("--prompt-tokens", type=float, default=None,
+                   help="mean prompt tokens of a step's sequences (default: data.max_prompt_tokens)")
+    p.add_argument("--response-tokens", type=float, default=None,
+                   help="mean response tokens (default: half of rollout.max_response_tokens)")
+    p.add_argument("--measure", action="store_true",
+                   help="also time the actor's and critic's passes with the real engines on this machine and plan "
+                        "the step's training phases from them (needs model.policy_path)")
+    p.add_argument("--measure-repeats", type=int, default=3,
+                   help="timed calls per phase after a warm-up; the fastest counts (default 3)")
     p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
     return p
 
@@ -59,16 +74,24 @@ def main(argv: list[str] | None = None) -> int:
     config, overrides = split_command_line(args.args, None)
     if config is None:
         raise ConfigError("a CONFIG (preset name or YAML file) is required: vcppo plan CONFIG [key=value ...]")
-    if args.gpus_per_node < 1 or args.nodes < 1 or not 0 < args.mfu <= 1:
+    if args.gpus_per_node < 1 or args.nodes < 1 or not (args.mfu is None or 0 < args.mfu <= 1):
         raise ConfigError("--gpus-per-node and --nodes must be >= 1, --mfu in (0, 1]")
+    if any(x is not None and x < 0 for x in (args.prompt_tokens, args.response_tokens)) or args.measure_repeats < 1:
+        raise ConfigError("--prompt-tokens and --response-tokens must be >= 0, --measure-repeats >= 1")
     cfg = load_config(config, overrides)
     shapes = resolve_shapes(cfg, args.model_shape)
     cluster = Cluster(HARDWARE[args.gpu], args.gpus_per_node, args.nodes)
-    plan = plan_run(cfg, shapes, cluster, args.mfu)
-    knobs, fitted = find_fit(Setting(cfg, cluster), shapes, args.mfu)
-    print(render(cfg, shapes, plan, knobs, fitted, args.mfu))
+    lengths = Lengths.of(cfg, args.prompt_tokens, args.response_tokens)
+    plan = plan_run(cfg, shapes, cluster, args.mfu, lengths)
+    knobs, fitted = find_fit(Setting(cfg, cluster), shapes, args.mfu, lengths)
+    measured = None
+    if args.measure:
+        from vcppo.plan.measure import measure
+        measured = measure(cfg, lengths, train_ranks=ranks(cfg, cluster)[0], repeats=args.measure_repeats)
+    print(render(cfg, shapes, plan, knobs, fitted, args.mfu, measured))
     if args.json:
-        Path(args.json).write_text(json.dumps(as_json(cfg, shapes, plan, knobs, fitted, args.mfu), indent=2) + "\n")
+        out = as_json(cfg, shapes, plan, knobs, fitted, args.mfu, measured)
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 
@@ -121,12 +144,25 @@ def time_rows(label: str, plan: Plan) -> str:
     return f"| {label} | {_s(t.rollout_s)} | {_s(t.training_s)} | {_s(t.step_s)} |"
 
 
-def render(cfg: Config, shapes: Shapes, plan: Plan, knobs: list[str] | None, fitted: Plan, mfu: float) -> str:
+def _mfu_source(plan: Plan, mfu: float | None) -> str:
+    if mfu is not None:
+        return f"at {mfu:.0%} MFU (--mfu)"
+    if plan.cluster.hardware.is_cpu:
+        return f"at {T.CPU_MFU:.0%} MFU (a guess: nothing measured on a CPU device; --measure times this machine)"
+    return (f"at {plan.time.training_mfu:.0%} MFU (the pass model fitted to one H100's measurements, "
+            f"vcppo/plan/timing.py)")
+
+
+def render(cfg: Config, shapes: Shapes, plan: Plan, knobs: list[str] | None, fitted: Plan, mfu: float | None,
+           measured=None) -> str:
     cl, policy = plan.cluster, shapes.policy
     dtype = {2: "bf16", 4: "fp32"}[plan.dtype_bytes]
+    chunks = {e.role: e.logprob_chunk_size for e in plan.engines if e.role in ("actor", "reference")}
+    head = ", ".join(f"{r} {'chunked by ' + format(c, ',') if c else 'full logits'}" for r, c in chunks.items())
     out = [f"## vcppo plan: {cfg.preset} on {cl.nodes} x {cl.gpus_per_node} {cl.hardware.name} "
            f"({cfg.placement.mode}); {policy.name}, {_params(policy.params)} params, {dtype}", "",
-           "Estimates from shapes and datasheet figures, not measurements (formulas: vcppo/plan/). GiB.", ""]
+           f"Estimates: memory from shapes (LM head: {head}), time from a fitted pass model and datasheet "
+           "bandwidth (formulas: vcppo/plan/). GiB.", ""]
     out += memory_table(plan) + [""] + check_table(plan)
     out += ["", f"CPU memory per node: {_g(plan.cpu_bytes_per_node)} GiB (offloaded states; vLLM's weights "
                 "while it sleeps)."]
@@ -142,10 +178,33 @@ def render(cfg: Config, shapes: Shapes, plan: Plan, knobs: list[str] | None, fit
     t = plan.time
     out += ["", f"{t.responses:,} responses a step; response lengths spread evenly up to "
                 f"{cfg.rollout.max_response_tokens:,} tokens (the step lasts as long as the longest); decode "
-                f"at peak memory bandwidth over {t.rollout_gpus} GPUs; training {t.train_tokens:,.0f} tokens at "
-                f"{mfu:.0%} MFU over {t.training_gpus} GPUs."]
+                f"at peak memory bandwidth over {t.rollout_gpus} GPUs; training {t.train_tokens:,.0f} tokens "
+                f"(mean prompt {t.mean_prompt_tokens:,.0f}, response {t.mean_response_tokens:,.0f}) "
+                f"{_mfu_source(plan, mfu)} over {t.training_gpus} GPUs."]
     out += [f"Note: {n}" for n in plan.notes]
+    if measured is not None:
+        out += ["", measured_table(measured)]
     return "\n".join(out)
+
+
+def measured_table(m) -> str:
+    """The --measure section: each phase's timed rate and the step's planned seconds on this machine."""
+    lines = [f"### Training phases measured on this machine ({m.device}, {m.threads} threads, one rank)", "",
+             f"One rank's share of a step: {m.sequences:,} sequences, {m.rank_tokens:,.0f} tokens; timed: "
+             f"{m.timed_sequences:,} of them (the fastest of the timed calls after a warm-up).", "",
+             "| phase (time/<phase>_s) | role | pass | timed tokens | tokens/s | CPU s / wall s | planned s a step |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for p in m.phases:
+        lines.append(f"| {p.phase} | {p.role} | {p.kind} | {p.timed_tokens:,.0f} | {p.tokens_per_s:,.0f} "
+                     f"| {p.cpu_seconds / p.wall_seconds:.2f} | {p.planned_s:.3f} |")
+    lines += [f"| **training phases** | | | | | | **{m.training_s:.3f}** |"]
+    share = min(p.cpu_seconds / p.wall_seconds / m.threads for p in m.phases)
+    if share < 0.8:
+        lines += ["", f"Note: this process had as little as {share:.0%} of its {m.threads} thread(s)' time in a phase: "
+                      "the machine is busy with other work. "
+                      + ("With one thread the planned seconds are its CPU seconds (its time on a core of its own)."
+                         if m.threads == 1 else "With several threads these wall-clock rates may be low.")]
+    return "\n".join(lines)
 
 
 def plan_json(plan: Plan) -> dict:
@@ -162,7 +221,12 @@ def plan_json(plan: Plan) -> dict:
     return d
 
 
-def as_json(cfg: Config, shapes: Shapes, plan: Plan, knobs: list[str] | None, fitted: Plan, mfu: float) -> dict:
-    return {"preset": cfg.preset, "shapes": dataclasses.asdict(shapes), "mfu": mfu,
-            "params": {"policy": shapes.policy.params, "critic": shapes.critic.value_model_params},
-            "plan": plan_json(plan), "knobs": knobs, "fitted": plan_json(fitted) if knobs else None}
+def as_json(cfg: Config, shapes: Shapes, plan: Plan, knobs: list[str] | None, fitted: Plan, mfu: float | None,
+            measured=None) -> dict:
+    out = {"preset": cfg.preset, "shapes": dataclasses.asdict(shapes), "mfu": mfu,
+           "params": {"policy": shapes.policy.params, "critic": shapes.critic.value_model_params},
+           "plan": plan_json(plan), "knobs": knobs, "fitted": plan_json(fitted) if knobs else None}
+    if measured is not None:
+        out["measure"] = {**dataclasses.asdict(measured), "training_s": measured.training_s,
+                          "phases_s": {p.phase: p.planned_s for p in measured.phases}}
+    return out

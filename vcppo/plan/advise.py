@@ -49,6 +49,8 @@ class EngineMemory:
     activations_no_ckpt_bytes: float
     activations_ckpt_bytes: float
     micro_batch_tokens: int
+    logprob_chunk_size: int = 0         # the LM head's chunked path (0: full logits, or no LM head)
+    logits_bytes: float = 0.0           # the head's share of activations_bytes
 
     @property
     def working_bytes(self) -> float:
@@ -79,6 +81,24 @@ class StepTime:
     train_tokens: float
     rollout_gpus: int
     training_gpus: int
+    training_mfu: float = 0.0           # the training FLOPs' share of the training GPUs' peak over training_s
+    mean_prompt_tokens: float = 0.0
+    mean_response_tokens: float = 0.0
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Mean prompt and response tokens of a step's sequences; by default prompts at
+    ``data.max_prompt_tokens`` and responses spread evenly up to ``rollout.max_response_tokens``
+    (mean: half of it). ``vcppo plan --prompt-tokens / --response-tokens`` set them (a run's
+    ``response/length_mean`` says what a model does)."""
+    prompt: float
+    response: float
+
+    @classmethod
+    def of(cls, cfg: Config, prompt: float | None = None, response: float | None = None) -> "Lengths":
+        return cls(float(cfg.data.max_prompt_tokens if prompt is None else prompt),
+                   float(cfg.rollout.max_response_tokens / 2 if response is None else response))
 
 
 @dataclass(frozen=True)
@@ -147,22 +167,32 @@ def lora_trained(engine_cfg, shape: ModelShape, value_model: bool) -> int | None
     return shape.lora_params(lora.rank, lora.target_modules) + head
 
 
+def logprob_chunk(engine_cfg) -> int:
+    """``logprob_chunk_size`` of an engine section (0 where the schema has no such key)."""
+    return int(getattr(engine_cfg, "logprob_chunk_size", 0) or 0)
+
+
 def engine_memory(cfg: Config, shapes: Shapes, train_ranks: int, d: int) -> list[EngineMemory]:
     prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.max_response_tokens
     out = []
     for role, ecfg, n, shape, trained, lm_head in engine_roles(cfg, shapes):
+        chunk = logprob_chunk(ecfg) if lm_head else 0
+        lora = lora_trained(ecfg, shape, value_model=not lm_head)
         stage = M.auto_zero_stage(ecfg.zero_stage, train_ranks)
         largest = shape.largest_module_params
         states = M.model_states(n, largest, train_ranks, stage, d, trained,
                                 offload_optimizer=getattr(ecfg, "offload_optimizer", False),
                                 offload_params=ecfg.offload_params,
-                                trained_params=lora_trained(ecfg, shape, value_model=not lm_head))
+                                trained_params=lora)
         tokens = micro_batch_tokens(ecfg, prompt + response)
         answer_tokens = tokens * response // (prompt + response)
         acts = {ckpt: M.activations(shape, tokens, answer_tokens, d, checkpointing=ckpt, backward=trained,
-                                    lm_head=lm_head).total_bytes for ckpt in (False, True)}
-        out.append(EngineMemory(role, train_ranks, stage, n, states, acts[ecfg.gradient_checkpointing],
-                                acts[False], acts[True], tokens))
+                                    lm_head=lm_head, logprob_chunk_size=chunk,
+                                    head_trained=trained and lora is None) for ckpt in (False, True)}
+        configured = acts[bool(getattr(ecfg, "gradient_checkpointing", False))]
+        out.append(EngineMemory(role, train_ranks, stage, n, states, configured.total_bytes,
+                                acts[False].total_bytes, acts[True].total_bytes, tokens, chunk,
+                                configured.logits_bytes))
     return out
 
 
@@ -214,10 +244,45 @@ def cpu_bytes_per_node(cfg: Config, cluster: Cluster, engines: list[EngineMemory
     return offloaded + (vllm.weights_bytes * cluster.gpus_per_node if sleeping and not cluster.hardware.is_cpu else 0.0)
 
 
+def micro_batching(engine_cfg, sequences: int, lengths: Lengths, width: int) -> tuple[int, float]:
+    """(micro-batches, computed tokens each) of one rank's ``sequences`` in one pass: token budgets
+    filled nearly full (first-fit decreasing), or ``micro_batch_size`` sequences of the mean length
+    when packed, of the full ``width`` (prompt + response maxima) when padded."""
+    real = lengths.prompt + lengths.response
+    if engine_cfg.max_tokens_per_micro_batch > 0:
+        total = sequences * real
+        n = max(1, math.ceil(total / max(engine_cfg.max_tokens_per_micro_batch, width)))
+        return n, total / n
+    n = max(1, math.ceil(sequences / max(1, engine_cfg.micro_batch_size)))
+    return n, sequences * (real if getattr(engine_cfg, "packed", True) else width) / n
+
+
+def trained_models(cfg: Config, shapes: Shapes, lengths: Lengths, sequences_per_rank: int) -> list[T.TrainedModel]:
+    """The step's passes (vcppo.plan.timing.step_passes) as FLOP accounts with their micro-batches."""
+    width = cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens
+    sections = {"actor": cfg.actor, "critic": cfg.critic}
+    models = []
+    for role, (forward, train) in T.step_passes(cfg).items():
+        shape = shapes.critic if role == "critic" else shapes.reward_model if role == "reward_model" else shapes.policy
+        n = shape.params if role in ("actor", "reference") else shape.value_model_params
+        # under LoRA the reference is the actor with its adapters off: the actor's micro-batches
+        ecfg = cfg.actor if role == "reference" and not builds_reference(cfg) else getattr(cfg, role)
+        n_mb, mb_tokens = micro_batching(ecfg, sequences_per_rank, lengths, width)
+        trained = role in sections
+        models.append(T.TrainedModel(role, n, forward_passes=forward, train_passes=train,
+                                     checkpointing=trained and sections[role].gradient_checkpointing,
+                                     frozen_weights=trained and sections[role].lora.rank > 0,
+                                     num_layers=shape.num_layers, micro_batches=n_mb, micro_batch_tokens=mb_tokens))
+    return models
+
+
 def step_time(cfg: Config, shapes: Shapes, cluster: Cluster, engines: list[EngineMemory],
-              vllm: M.RolloutMemory, d: int, mfu: float) -> StepTime:
+              vllm: M.RolloutMemory, d: int, mfu: float | None, lengths: Lengths | None = None) -> StepTime:
     """Rollout and training seconds of one step (vcppo.plan.timing; lengths spread evenly up to
-    rollout.max_response_tokens, so the mean response is half the maximum)."""
+    rollout.max_response_tokens, so the mean response is half the maximum, unless ``lengths`` says
+    otherwise for training). ``mfu`` None: training by the measured pass model, rollout at
+    timing.ROLLOUT_MFU."""
+    lengths = lengths or Lengths.of(cfg)
     train_gpus, rollout_gpus = ranks(cfg, cluster)
     prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.max_response_tokens
     responses = cfg.trainer.prompts_per_step * cfg.rollout.n_samples_per_prompt
@@ -226,29 +291,31 @@ def step_time(cfg: Config, shapes: Shapes, cluster: Cluster, engines: list[Engin
     concurrency = min(M.VLLM_MAX_NUM_SEQS, vllm.kv_tokens // (prompt + response // 2))
     setup = T.DecodeSetup(shapes.policy.params, vllm.weights_bytes, vllm.kv_bytes_per_token, tp,
                           T.replica_sequences(responses, replicas), max(1, concurrency), prompt, response)
+    rollout_mfu = mfu if mfu is not None else T.ROLLOUT_MFU
     # no sequence of the maximum length fits the KV cache: vLLM cannot run the step at all
-    rollout_s = T.rollout_seconds(setup, cluster.hardware, d, mfu) if vllm.max_length_sequences >= 1 else math.inf
-    from_sampler = getattr(cfg.algorithm, "old_logprobs_from_sampler", False)
-    sections = {"actor": cfg.actor, "critic": cfg.critic}
-    models = [T.TrainedModel(e.role, e.n_params,
-                             forward_passes=0 if (e.role == "actor" and from_sampler) else 1,
-                             train_passes=sections[e.role].ppo_epochs if e.role in sections else 0,
-                             checkpointing=e.role in sections and sections[e.role].gradient_checkpointing,
-                             frozen_weights=e.role in sections and sections[e.role].lora.rank > 0)
-              for e in engines]
-    tokens = responses * (prompt + response / 2)
+    rollout_s = (T.rollout_seconds(setup, cluster.hardware, d, rollout_mfu) if vllm.max_length_sequences >= 1
+                 else math.inf)
+    tokens = responses * (lengths.prompt + lengths.response)
+    models = trained_models(cfg, shapes, lengths, math.ceil(responses / train_gpus))
     if cfg.placement.mode == "split" and cfg.placement.critic_ranks:  # the two updates side by side
         sides = ([m for m in models if m.role != "critic"], [m for m in models if m.role == "critic"])
         training_s = max(T.training_seconds(side, tokens, cluster.hardware, d, train_gpus, mfu) for side in sides)
+        flop_gpus = 2 * train_gpus
     else:
         training_s = T.training_seconds(models, tokens, cluster.hardware, d, train_gpus, mfu)
+        flop_gpus = train_gpus
+    flops = sum(T.training_flops(m, tokens) for m in models)
+    training_mfu = flops / (flop_gpus * cluster.hardware.flops(d) * training_s) if training_s > 0 else 0.0
     overlapped = cfg.placement.mode == "split" and cfg.trainer.max_staleness > 0
     step_s = max(rollout_s, training_s) if overlapped else rollout_s + training_s
-    return StepTime(rollout_s, training_s, step_s, responses, tokens, rollout_gpus, train_gpus)
+    return StepTime(rollout_s, training_s, step_s, responses, tokens, rollout_gpus, train_gpus, training_mfu,
+                    lengths.prompt, lengths.response)
 
 
-def plan_run(cfg: Config, shapes: Shapes, cluster: Cluster, mfu: float = 0.35) -> Plan:
-    """Memory per GPU, verdicts and step time of ``cfg`` on ``cluster``."""
+def plan_run(cfg: Config, shapes: Shapes, cluster: Cluster, mfu: float | None = None,
+             lengths: Lengths | None = None) -> Plan:
+    """Memory per GPU, verdicts and step time of ``cfg`` on ``cluster``. ``mfu`` None: training time
+    from the measured pass model (vcppo.plan.timing), else a constant share of peak."""
     if cfg.rollout.tensor_parallel_size > cluster.world or cluster.world % cfg.rollout.tensor_parallel_size:
         raise ConfigError(f"config key 'rollout.tensor_parallel_size' ({cfg.rollout.tensor_parallel_size}) "
                           f"must divide the {cluster.world} GPUs")
@@ -261,7 +328,7 @@ def plan_run(cfg: Config, shapes: Shapes, cluster: Cluster, mfu: float = 0.35) -
         notes.append("split: the rollout ranks run only vLLM; rollout.gpu_memory_utilization=0.9 gives it "
                      "the rest of their memory as KV cache")
     return Plan(cluster, d, engines, vllm, phase_checks(cfg, cluster, engines, vllm),
-                step_time(cfg, shapes, cluster, engines, vllm, d, mfu),
+                step_time(cfg, shapes, cluster, engines, vllm, d, mfu, lengths),
                 cpu_bytes_per_node(cfg, cluster, engines, vllm), notes)
 
 

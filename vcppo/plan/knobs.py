@@ -5,14 +5,17 @@ adds the first knob of that phase's ladder that changes anything; knobs accumula
 phase fits. The answer is the list of ``key=value`` overrides (and ``--nodes N``) of the first
 setting that fits, or None when the ladders run out.
 
-Training phase: 1. gradient checkpointing of the trained engines (recomputes a forward: ~+33%
-training FLOPs); 2. halve the micro-batch (or the token budget) of the engine with the largest
-working set, down to one sequence; 3. optimizer offload (ZeRO-Offload: host memory and a CPU Adam
-step; not on a CPU "device", whose host memory it is); 4. parameter offload (likewise); 5. twice the
-nodes.
+Training phase: 1. the chunked logprob path (``logprob_chunk_size``, vcppo.plan.memory) on an
+engine with an LM head that runs the full-logits path and whose logits outweigh its layers'
+activations (it recomputes only the head's matmul in backward: under 3% more FLOPs at 7B);
+2. gradient checkpointing of the trained engines (recomputes a forward: ~+33% training FLOPs);
+3. halve the micro-batch (or the token budget) of the engine with the largest working set, down to
+one sequence; 4. optimizer offload (ZeRO-Offload: host memory and a CPU Adam step; not on a CPU
+"device", whose host memory it is); 5. parameter offload (likewise); 6. twice the nodes.
 Rollout phase: 1. the gpu_memory_utilization that fills what the resident states leave, when its KV
 cache still holds a sequence of the maximum length; 2. twice the vLLM tensor parallelism
-(colocated only); 3.-5. as for training, since offload also shrinks what stays resident.
+(colocated only); 3.-5. offload and nodes as for training, since offload also shrinks what stays
+resident.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from vcppo.schema import Config
 
 MAX_NODES = 64
 MAX_ROUNDS = 24
+CHUNK_SIZE = 1024  # the schema's default logprob_chunk_size
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,14 @@ def smaller_micro_batch(s: Setting, plan: Plan) -> list[str]:
     return []
 
 
+def chunked_logprobs(plan: Plan) -> list[str]:
+    """``role.logprob_chunk_size=1024`` for every engine with an LM head on the full-logits path whose
+    logits outweigh the rest of its activations."""
+    return [f"{e.role}.logprob_chunk_size={CHUNK_SIZE}" for e in plan.engines
+            if e.role in ("actor", "reference") and e.logprob_chunk_size == 0
+            and e.logits_bytes > e.activations_bytes - e.logits_bytes]
+
+
 def more_nodes(s: Setting) -> list[str]:
     return [f"--nodes={s.cluster.nodes * 2}"] if s.cluster.nodes * 2 <= MAX_NODES else []
 
@@ -113,6 +125,7 @@ def next_knob(s: Setting, plan: Plan, shapes: Shapes) -> list[str]:
     trained, every = trained_sections(s.cfg), all_sections(s.cfg)
     ladder = []
     if failing.kind == "train":
+        ladder.append(lambda: chunked_logprobs(plan))
         ladder.append(lambda: [f"{sec}.gradient_checkpointing=true" for sec in trained
                                if not getattr(s.cfg, sec).gradient_checkpointing])
         ladder.append(lambda: smaller_micro_batch(s, plan))
@@ -130,11 +143,12 @@ def next_knob(s: Setting, plan: Plan, shapes: Shapes) -> list[str]:
     return []
 
 
-def find_fit(setting: Setting, shapes: Shapes, mfu: float) -> tuple[list[str] | None, Plan]:
+def find_fit(setting: Setting, shapes: Shapes, mfu: float | None = None,
+             lengths=None) -> tuple[list[str] | None, Plan]:
     """(the overrides that make the run fit, [] when it already does, None when no knob does; the
-    plan of the last setting tried)."""
+    plan of the last setting tried). ``mfu``, ``lengths``: as for plan_run."""
     knobs: list[str] = []
-    plan = plan_run(setting.cfg, shapes, setting.cluster, mfu)
+    plan = plan_run(setting.cfg, shapes, setting.cluster, mfu, lengths)
     for _ in range(MAX_ROUNDS):
         if plan.fits:
             return merged(knobs), plan
@@ -143,7 +157,7 @@ def find_fit(setting: Setting, shapes: Shapes, mfu: float) -> tuple[list[str] | 
             return None, plan
         knobs += knob
         setting = apply(setting, knob)
-        plan = plan_run(setting.cfg, shapes, setting.cluster, mfu)
+        plan = plan_run(setting.cfg, shapes, setting.cluster, mfu, lengths)
     return (merged(knobs), plan) if plan.fits else (None, plan)
 
 

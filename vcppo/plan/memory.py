@@ -99,16 +99,52 @@ def layer_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
 
 
 def logits_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
-    """The LM head's output at one predicted position: the logits in the model dtype, their fp32
-    upcast (the same tensor in fp32) and the fp32 log-softmax kept for backward
-    (vcppo.engines.actor.response_logprobs)."""
+    """The full-logits path (``logprob_chunk_size: 0``): the LM head's output at one predicted
+    position, the logits in the model dtype, their fp32 upcast (the same tensor in fp32) and the
+    fp32 log-softmax kept for backward (vcppo.engines.actor.response_logprobs). All of them live for
+    every response token of the micro-batch at once."""
     d = dtype_bytes
     return shape.vocab_size * (d + (4 if d < 4 else 0) + 4)
 
 
+# The chunked path (``logprob_chunk_size: C > 0``, vcppo.algos.logprobs.token_logprobs) computes
+# the logprobs and entropies of the n response positions C rows at a time from the head's input
+# hidden states h (n, H) and its weight W (V, H), and saves for backward only h (the final norm's
+# output, already counted in the layers' figure), W (a parameter) and ~8 bytes per position (the
+# fp32 logsumexp and entropy). Its working sets, with c = min(C, n) rows and V the vocabulary:
+#   forward    c V (d + u + 4)        one chunk's logits (model dtype), their fp32 upcast (u = 4 below
+#                                      fp32, else 0: the same tensor) and the fp32 exp / softmax temporary
+#   backward   c V (d + u + 4 + 4)    the same chunk recomputed, plus its fp32 gradient of the logits
+#              + 4 V H                the LM head's weight gradient, accumulated over the chunks in an
+#                                      fp32 buffer (only when the head trains: not a frozen reference,
+#                                      not under LoRA, where the head is frozen)
+# Only one of the two is alive at a time, on top of the 8 n kept bytes. The backward also
+# recomputes the head's matmul once per chunk: 2 V H FLOPs per response token more (under 3% of a
+# 7B model's 6 N; vcppo.plan.timing leaves it out).
+
+def chunked_head_bytes(shape: ModelShape, dtype_bytes: int, response_tokens: int, chunk_size: int, *,
+                       backward: bool, weight_grad: bool = True) -> int:
+    """The chunked path's LM-head memory for a micro-batch with ``response_tokens`` predicted
+    positions (see the derivation above): the kept fp32 logsumexp and entropy plus the larger of
+    the forward and backward chunk working sets."""
+    if response_tokens <= 0:
+        return 0
+    d, V = dtype_bytes, shape.vocab_size
+    rows = min(chunk_size, response_tokens)
+    upcast = 4 if d < 4 else 0
+    kept = 8 * response_tokens
+    forward = rows * V * (d + upcast + 4)
+    if not backward:
+        return kept + forward
+    grad_w = 4 * V * shape.hidden_size if weight_grad else 0
+    return kept + max(forward, rows * V * (d + upcast + 4 + 4) + grad_w)
+
+
 @dataclass(frozen=True)
 class Activations:
-    """Peak activation memory of one forward + backward (or forward-only) pass, in bytes."""
+    """Peak activation memory of one forward + backward (or forward-only) pass, in bytes:
+    ``layers_bytes`` (decoder layers and final norm), ``logits_bytes`` (the head: the LM head's
+    logits, or a scalar head's fp32 input)."""
     layers_bytes: float
     logits_bytes: float
 
@@ -118,11 +154,15 @@ class Activations:
 
 
 def activations(shape: ModelShape, tokens: int, response_tokens: int, dtype_bytes: int, *,
-                checkpointing: bool, backward: bool = True, lm_head: bool = True) -> Activations:
+                checkpointing: bool, backward: bool = True, lm_head: bool = True,
+                logprob_chunk_size: int = 0, head_trained: bool = True) -> Activations:
     """Activations of one micro-batch of ``tokens`` tokens, of which ``response_tokens`` get logits
     (the actor computes logits only where a response token is predicted). ``backward=False``: a
     forward-only pass (old logprobs, reference, reward model), whose peak is one layer's working set.
-    ``lm_head=False``: a scalar head (critic, reward model), which reads fp32 hidden states."""
+    ``lm_head=False``: a scalar head (critic, reward model), which reads fp32 hidden states.
+    ``logprob_chunk_size``: 0 counts the full-logits path (:func:`logits_bytes_per_token` for every
+    response token), C > 0 the chunked path (:func:`chunked_head_bytes`); ``head_trained``: the
+    LM head's weight gets a gradient (the chunked path's fp32 buffer)."""
     per_layer = layer_bytes_per_token(shape, dtype_bytes) * tokens
     final = (4 + dtype_bytes) * shape.hidden_size * tokens  # the final RMSNorm
     if not backward:
@@ -131,10 +171,13 @@ def activations(shape: ModelShape, tokens: int, response_tokens: int, dtype_byte
         layers = shape.num_layers * dtype_bytes * shape.hidden_size * tokens + per_layer + final
     else:
         layers = shape.num_layers * per_layer + final
-    if lm_head:
-        head = logits_bytes_per_token(shape, dtype_bytes) * response_tokens
-    else:
+    if not lm_head:
         head = 4 * shape.hidden_size * tokens
+    elif logprob_chunk_size > 0:
+        head = chunked_head_bytes(shape, dtype_bytes, response_tokens, logprob_chunk_size, backward=backward,
+                                  weight_grad=head_trained)
+    else:
+        head = logits_bytes_per_token(shape, dtype_bytes) * response_tokens
     return Activations(layers, head)
 
 

@@ -13,13 +13,40 @@ lower bound on decode time.
 
 Training. 6 N FLOPs per token for a forward + backward pass and 2 N for a forward pass (Kaplan et
 al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1; the attention's own s^2 term is left
-out), 2 N more per token when gradient checkpointing recomputes the forward, at ``mfu`` of the
-dense peak, spread evenly over the training GPUs. With LoRA the frozen weights get no weight gradients, so backward
-costs 2 N (the input gradients) instead of 4 N: 4 N per token per training pass (the adapters' own
-FLOPs, r (in + out) per layer, are left out).
+out), 2 N more per token when gradient checkpointing recomputes the forward, spread evenly over the
+training GPUs. With LoRA the frozen weights get no weight gradients, so backward costs 2 N (the input
+gradients) instead of 4 N: 4 N per token per training pass (the adapters' own FLOPs, r (in + out)
+per layer, are left out). Which passes a step runs follows the driver's step plan
+(vcppo.driver.plan; :func:`step_passes`): with one optimizer step per update the old logprobs and
+values come from the updates' own forwards, not from passes of their own.
 
-Not modelled: the CPU Adam step under optimizer offload, the weight sync to vLLM, vLLM's sleep /
-wake, and the optimizer step itself.
+How fast those FLOPs run: not a constant. On one H100 80GB (bf16, the Qwen2.5-0.5B shape, one rank,
+the real ActorEngine / CriticEngine of the ``vcppo`` preset and four long-CoT variants of it; the
+raw figures are in tests/plan/data/) a pass over a micro-batch took a fixed time plus a time
+proportional to its FLOPs:
+
+    t_mb = a_kind x (layers / 24) + F_mb / (peak x e_kind)
+
+with F_mb = 2 N (forward) or 6 N / 8 N (update, without / with checkpointing) x the micro-batch's
+tokens. :data:`H100_MEASURED` holds the fifteen measured phases; :func:`fit_pass_model` fits a and e
+by least squares per kind: forward a ~54 ms, e ~0.36; update (forward, backward and the optimizer
+step, shared out over the micro-batches) a ~158 ms, e ~0.30; every measured MFU is reproduced within
+-19%/+16% (tests/plan/test_mfu.py). So MFU is ~7% at 5k tokens per micro-batch and ~16-25% at 15-41k:
+short micro-batches pay the fixed cost (kernel launches, per-sequence attention calls of the packed
+layout, the optimizer step) on few FLOPs.
+
+Extrapolation to larger models, assumed and not measured: the fixed cost grows with the number of
+layers (kernel launches per layer; hidden size and sequence count left out), and the FLOP-bound part
+keeps the 0.5B model's efficiency e. A 7B or 32B model multiplies its matmuls by 4-6x in width,
+which on an H100 reaches a higher fraction of peak than the 0.5B model's (hidden 896) does, so e is
+a lower bound there and the planned training time an upper bound on compute; what it leaves out
+works the other way: ZeRO-3's all-gathers and reduce-scatters across GPUs (the measurement ran ZeRO-0
+on one GPU), the CPU Adam step under optimizer offload, the attention's s^2 FLOPs (~20% more at 8k
+for 7B). A 7B update over 10k-token micro-batches comes out at ~27% MFU, a forward at ~32%. ``--mfu``
+replaces the curve by a constant. On a CPU "device" nothing was measured: a constant
+(:data:`CPU_MFU`) stands, and ``vcppo plan --measure`` times the real engines instead
+(vcppo.plan.measure).
+
 """
 from __future__ import annotations
 
@@ -27,6 +54,86 @@ import math
 from dataclasses import dataclass
 
 from vcppo.plan.shape import Hardware
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured pass speed
+
+CPU_MFU = 0.35      # a guess, the old constant: no CPU figure backs it (use --measure there)
+ROLLOUT_MFU = 0.35  # vLLM's prefill and compute-bound decode: not measured (no vLLM on the GPU machine)
+REFERENCE_LAYERS = 24  # the measured model's layers (Qwen2.5-0.5B)
+REFERENCE_PARAMS = 494_032_768
+
+
+@dataclass(frozen=True)
+class MeasuredPass:
+    """One phase of the H100 probe: a role's passes over a step's 64 sequences, per micro-batch."""
+    workload: str
+    role: str                 # "actor" | "critic"
+    kind: str                 # "forward" | "update"
+    flops_per_token: int      # x N: 2 (forward), 6 (update), 8 (update with checkpointing)
+    tokens_per_micro_batch: float
+    seconds_per_micro_batch: float
+
+    @property
+    def flops(self) -> float:
+        return self.flops_per_token * REFERENCE_PARAMS * self.tokens_per_micro_batch
+
+    @property
+    def mfu(self) -> float:
+        return self.flops / self.seconds_per_micro_batch / H100_BF16_PEAK
+
+
+H100_BF16_PEAK = 989e12
+# Measured on one H100 80GB (SXM, bf16), the Qwen2.5-0.5B shape (random weights), one rank (ZeRO-0),
+# the real engines of the `vcppo` preset with packed micro-batches; median of 2 timed calls after a
+# warm-up. Workloads: `vcppo` (prompts 128, responses evenly up to 384, micro-batches of 16
+# sequences), `long*` (prompts 512, responses up to 4096: `long` / `longckpt` without / with
+# checkpointing, `longfit` actor micro-batch 8, `longpacked` 16,384-token budgets). Tokens and
+# seconds are per micro-batch (the phase's real tokens and median time over its micro-batches).
+H100_MEASURED: tuple[MeasuredPass, ...] = tuple(MeasuredPass(*row) for row in (
+    ("vcppo", "actor", "forward", 2, 5168, 0.07557),
+    ("vcppo", "critic", "forward", 2, 5168, 0.06872),
+    ("vcppo", "actor", "update", 6, 5168, 0.21660),
+    ("vcppo", "critic", "update", 6, 5168, 0.18868),
+    ("long", "critic", "forward", 2, 41472, 0.16716),
+    ("longckpt", "critic", "forward", 2, 41472, 0.17507),
+    ("longckpt", "critic", "update", 8, 41472, 0.74024),
+    ("longfit", "actor", "forward", 2, 20736, 0.12442),
+    ("longfit", "critic", "forward", 2, 41472, 0.16332),
+    ("longfit", "actor", "update", 8, 20736, 0.50847),
+    ("longfit", "critic", "update", 8, 41472, 0.67310),
+    ("longpacked", "actor", "forward", 2, 15081, 0.09433),
+    ("longpacked", "critic", "forward", 2, 15081, 0.07778),
+    ("longpacked", "actor", "update", 8, 15081, 0.37055),
+    ("longpacked", "critic", "update", 8, 15081, 0.31634),
+))
+
+
+@dataclass(frozen=True)
+class PassModel:
+    """t_mb = overhead_s x layers / 24 + F_mb / (peak x efficiency) (see the module docstring)."""
+    overhead_s: float
+    efficiency: float
+
+    def seconds(self, flops: float, layers: int, peak: float) -> float:
+        return self.overhead_s * layers / REFERENCE_LAYERS + flops / (peak * self.efficiency)
+
+    def mfu(self, flops: float, layers: int, peak: float) -> float:
+        return flops / peak / self.seconds(flops, layers, peak)
+
+
+def fit_pass_model(points: list[MeasuredPass]) -> PassModel:
+    """Least squares of seconds per micro-batch against FLOPs per micro-batch (a line: intercept =
+    the fixed cost, slope = 1 / (peak x efficiency))."""
+    xs, ys = [p.flops for p in points], [p.seconds_per_micro_batch for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return PassModel(overhead_s=my - slope * mx, efficiency=1 / (slope * H100_BF16_PEAK))
+
+
+PASS_MODELS: dict[str, PassModel] = {kind: fit_pass_model([p for p in H100_MEASURED if p.kind == kind])
+                                     for kind in ("forward", "update")}
 
 
 @dataclass(frozen=True)
@@ -77,27 +184,72 @@ def rollout_seconds(s: DecodeSetup, hw: Hardware, dtype_bytes: int, mfu: float) 
     return prefill + steady + drain_seconds(s, hw, dtype_bytes, mfu, batch)
 
 
+def step_passes(cfg) -> dict[str, tuple[int, int]]:
+    """{role: (forward-only passes, training passes)} over one PPO step's tokens, as the driver's
+    step plan runs them (vcppo.driver.plan.ppo_plan, restated here without torch; a test holds the
+    two together): pi_old from a pass unless the actor's update makes one optimizer step (and the KL
+    is not in the reward) or the sampler's logprobs are trusted; V_old from a pass unless the critic
+    makes one optimizer step with lambda_critic = 1 on the actor's ranks; a reference pass when a
+    KL is on (through the actor's weights under LoRA); the reward model scores every step."""
+    alg = cfg.algorithm
+    one = lambda sec: sec.ppo_epochs == 1 and sec.ppo_mini_batches == 1  # noqa: E731
+    kl_on = alg.kl_coef > 0
+    kl_in_reward = kl_on and alg.kl_in == "reward"
+    pi_old_pass = not (one(cfg.actor) and not kl_in_reward) and not alg.old_logprobs_from_sampler
+    out = {"actor": (int(pi_old_pass), cfg.actor.ppo_epochs)}
+    if alg.advantage_estimator == "gae":
+        remote = cfg.placement.mode == "split" and cfg.placement.critic_ranks > 0
+        values_pass = not (one(cfg.critic) and alg.lambda_critic == 1.0 and not remote)
+        out["critic"] = (int(values_pass), cfg.critic.ppo_epochs)
+    if kl_on:
+        out["reference"] = (1, 0)
+    if cfg.reward.model_path:
+        out["reward_model"] = (1, 0)
+    return out
+
+
 @dataclass(frozen=True)
 class TrainedModel:
-    """FLOP accounting of one engine in one step."""
+    """FLOP accounting of one engine in one step, and the micro-batches its passes run in (per rank:
+    ``micro_batches`` of ``micro_batch_tokens`` computed tokens each, padding included)."""
     role: str
     n_params: int
     forward_passes: int        # forward-only passes over the step's tokens (old logprobs, values)
     train_passes: int          # forward + backward passes (PPO epochs)
     checkpointing: bool
     frozen_weights: bool = False  # LoRA: no weight gradients for the base weights
+    num_layers: int = REFERENCE_LAYERS
+    micro_batches: int = 1
+    micro_batch_tokens: float = 0.0
+
+    @property
+    def train_flops_per_token(self) -> int:
+        """x N: 6 (4 with LoRA's frozen weights), 2 more with checkpointing."""
+        return (4 if self.frozen_weights else 6) + (2 if self.checkpointing else 0)
 
 
 def training_flops(model: TrainedModel, tokens: float) -> float:
-    per_train_pass = ((4 if model.frozen_weights else 6) + (2 if model.checkpointing else 0)) * model.n_params * tokens
+    per_train_pass = model.train_flops_per_token * model.n_params * tokens
     return model.forward_passes * 2 * model.n_params * tokens + model.train_passes * per_train_pass
 
 
+def phase_seconds(model: TrainedModel, kind: str, hw: Hardware, dtype_bytes: int) -> float:
+    """One pass (``kind`` "forward" or "update") of ``model`` over its rank's micro-batches, by the
+    measured pass model (:data:`PASS_MODELS`)."""
+    mult = 2 if kind == "forward" else model.train_flops_per_token
+    flops = mult * model.n_params * model.micro_batch_tokens
+    return model.micro_batches * PASS_MODELS[kind].seconds(flops, model.num_layers, hw.flops(dtype_bytes))
+
+
 def training_seconds(models: list[TrainedModel], tokens: float, hw: Hardware, dtype_bytes: int,
-                     gpus: int, mfu: float) -> float:
-    """All engines' FLOPs of a step over ``gpus`` GPUs at ``mfu`` of the dense peak."""
-    flops = sum(training_flops(m, tokens) for m in models)
-    return flops / (gpus * hw.flops(dtype_bytes) * mfu)
+                     gpus: int, mfu: float | None = None) -> float:
+    """All engines' passes of a step over ``gpus`` GPUs: at a constant ``mfu`` of the dense peak
+    (``CPU_MFU`` on a CPU "device" when None), else by the measured pass model per micro-batch."""
+    if mfu is not None or hw.is_cpu:
+        flops = sum(training_flops(m, tokens) for m in models)
+        return flops / (gpus * hw.flops(dtype_bytes) * (mfu if mfu is not None else CPU_MFU))
+    return sum(m.forward_passes * phase_seconds(m, "forward", hw, dtype_bytes)
+               + m.train_passes * phase_seconds(m, "update", hw, dtype_bytes) for m in models)
 
 
 def replica_sequences(total_sequences: int, replicas: int) -> int:
