@@ -4,7 +4,8 @@ run is queued, whether it fits its GPUs, and roughly how long a step takes.
 Reads the config exactly as `vcppo train` does (no path needs to exist) and the model's shape from
 ``model.policy_path/config.json``, or a built-in Qwen2.5 shape (``--model-shape``). Prints a
 markdown table of memory per GPU for every role, a verdict per phase and, when the run does not
-fit, the first setting that does (vcppo.plan.knobs), then an estimated step time. ``--json PATH``
+fit, the first setting that does (vcppo.plan.knobs), then an estimated step time, and the knobs
+that would cut it by more than 1.5x where the setting that fits leaves that much. ``--json PATH``
 writes the same numbers. Memory is arithmetic from shapes; training time comes from a pass model
 fitted to measurements on one H100 (vcppo.plan.timing), rollout time from datasheet bandwidth.
 ``--measure`` also times the config's actor and critic passes with the real engines on this machine
@@ -21,7 +22,7 @@ from pathlib import Path
 from vcppo.config import load_config, split_command_line
 from vcppo.plan.advise import Cluster, Lengths, Plan, Shapes, gib, plan_run, ranks
 from vcppo.plan import timing as T
-from vcppo.plan.knobs import Setting, find_fit
+from vcppo.plan.knobs import REPORT_SPEEDUP, Setting, apply, find_faster, find_fit, sequence_parallel_limits
 from vcppo.plan.shape import BUILTIN_SHAPES, HARDWARE, builtin_shape, read_shape
 from vcppo.schema import Config, ConfigError
 
@@ -69,6 +70,23 @@ def resolve_shapes(cfg: Config, model_shape: str | None) -> Shapes:
     return Shapes(policy, critic, reward_model or policy)
 
 
+@dataclasses.dataclass(frozen=True)
+class Faster:
+    """The knobs that cut the planned step of the setting that fits (``before``), and the plan with them."""
+    knobs: list[str]
+    plan: Plan
+    before: Plan
+
+    @property
+    def speedup(self) -> float:
+        after = self.plan.time.step_s
+        return self.before.time.step_s / after if after > 0 and math.isfinite(after) else 1.0
+
+    @property
+    def reported(self) -> bool:
+        return bool(self.knobs) and self.speedup > REPORT_SPEEDUP
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_intermixed_args(argv)
     config, overrides = split_command_line(args.args, None)
@@ -84,13 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     lengths = Lengths.of(cfg, args.prompt_tokens, args.response_tokens)
     plan = plan_run(cfg, shapes, cluster, args.mfu, lengths)
     knobs, fitted = find_fit(Setting(cfg, cluster), shapes, args.mfu, lengths)
+    faster = None
+    if knobs is not None:
+        faster = Faster(*find_faster(apply(Setting(cfg, cluster), knobs), shapes, args.mfu, lengths), fitted)
+    limits = sequence_parallel_limits(Setting(cfg, cluster), shapes)
     measured = None
     if args.measure:
         from vcppo.plan.measure import measure
         measured = measure(cfg, lengths, train_ranks=ranks(cfg, cluster)[0], repeats=args.measure_repeats)
-    print(render(cfg, shapes, plan, knobs, fitted, args.mfu, measured))
+    print(render(cfg, shapes, plan, knobs, fitted, args.mfu, measured, faster, limits))
     if args.json:
-        out = as_json(cfg, shapes, plan, knobs, fitted, args.mfu, measured)
+        out = as_json(cfg, shapes, plan, knobs, fitted, args.mfu, measured, faster, limits)
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
@@ -109,11 +131,12 @@ def _params(n: int) -> str:
 
 
 def memory_table(plan: Plan) -> list[str]:
-    lines = ["| role | ranks | ZeRO | weights | grads | optimizer | gather | activations (ckpt off / on) "
-             "| micro-batch tokens | CPU per rank |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| role | ranks | ZeRO | SP | weights | grads | optimizer | gather | activations per rank (ckpt off / on) "
+             "| micro-batch tokens | CPU per rank |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for e in plan.engines:
         s = e.states
-        lines.append(f"| {e.role} | {e.ranks} | {e.zero_stage} | {_g(s.params_bytes)} | {_g(s.grads_bytes)} "
+        lines.append(f"| {e.role} | {e.ranks} | {e.zero_stage} | {e.sequence_parallel} | {_g(s.params_bytes)} "
+                     f"| {_g(s.grads_bytes)} "
                      f"| {_g(s.optimizer_bytes)} | {_g(s.gather_bytes)} | {_g(e.activations_no_ckpt_bytes)} / "
                      f"{_g(e.activations_ckpt_bytes)} | {e.micro_batch_tokens:,} | {_g(s.cpu_bytes)} |")
     v = plan.rollout
@@ -154,7 +177,7 @@ def _mfu_source(plan: Plan, mfu: float | None) -> str:
 
 
 def render(cfg: Config, shapes: Shapes, plan: Plan, knobs: list[str] | None, fitted: Plan, mfu: float | None,
-           measured=None) -> str:
+           measured=None, faster: "Faster | None" = None, limits: str = "") -> str:
     cl, policy = plan.cluster, shapes.policy
     dtype = {2: "bf16", 4: "fp32"}[plan.dtype_bytes]
     chunks = {e.role: e.logprob_chunk_size for e in plan.engines if e.role in ("actor", "reference")}
@@ -172,15 +195,27 @@ def render(cfg: Config, shapes: Shapes, plan: Plan, knobs: list[str] | None, fit
         out += ["", "**Verdict: does not fit, and no knob of vcppo/plan/knobs.py makes it fit.**"]
     else:
         out += ["", f"**Verdict: does not fit; the first setting that fits adds** `{' '.join(knobs)}`"]
+    if knobs is None or any("sequence_parallel_size" in k for k in knobs):
+        out += ["", f"Sequence parallelism: {limits}."]
+    if faster is not None and faster.reported:
+        out += ["", f"**Faster: adding** `{' '.join(faster.knobs)}` **cuts the planned step from "
+                    f"{_s(faster.before.time.step_s)} s to {_s(faster.plan.time.step_s)} s ({faster.speedup:.2f}x)**, "
+                    "and the run still fits (vcppo/plan/knobs.py: find_faster)."]
     out += ["", "| step time (s) | rollout | training | step |", "|---|---:|---:|---:|", time_rows("as configured", plan)]
     if knobs:
         out.append(time_rows("with the knobs above", fitted))
+    if faster is not None and faster.reported:
+        out.append(time_rows("with the faster knobs too" if knobs else "with the faster knobs", faster.plan))
     t = plan.time
     out += ["", f"{t.responses:,} responses a step; response lengths spread evenly up to "
                 f"{cfg.rollout.max_response_tokens:,} tokens (the step lasts as long as the longest); decode "
                 f"at peak memory bandwidth over {t.rollout_gpus} GPUs; training {t.train_tokens:,.0f} tokens "
                 f"(mean prompt {t.mean_prompt_tokens:,.0f}, response {t.mean_response_tokens:,.0f}) "
                 f"{_mfu_source(plan, mfu)} over {t.training_gpus} GPUs."]
+    if t.exchange_s > 0:
+        sps = ", ".join(f"{e.role} {e.sequence_parallel}" for e in plan.engines if e.sequence_parallel > 1)
+        out.append(f"Of the training time, {_s(t.exchange_s)} s is sequence parallelism's all-to-all (SP {sps}; "
+                   "at the datasheet link bandwidth, vcppo/plan/timing.py).")
     out += [f"Note: {n}" for n in plan.notes]
     if measured is not None:
         out += ["", measured_table(measured)]
@@ -222,10 +257,15 @@ def plan_json(plan: Plan) -> dict:
 
 
 def as_json(cfg: Config, shapes: Shapes, plan: Plan, knobs: list[str] | None, fitted: Plan, mfu: float | None,
-            measured=None) -> dict:
+            measured=None, faster: Faster | None = None, limits: str = "") -> dict:
     out = {"preset": cfg.preset, "shapes": dataclasses.asdict(shapes), "mfu": mfu,
            "params": {"policy": shapes.policy.params, "critic": shapes.critic.value_model_params},
-           "plan": plan_json(plan), "knobs": knobs, "fitted": plan_json(fitted) if knobs else None}
+           "plan": plan_json(plan), "knobs": knobs, "fitted": plan_json(fitted) if knobs else None,
+           "sequence_parallel_limits": limits, "faster": None}
+    if faster is not None and faster.knobs:
+        out["faster"] = {"knobs": faster.knobs, "step_s_before": faster.before.time.step_s,
+                         "step_s_after": faster.plan.time.step_s, "speedup": faster.speedup,
+                         "reported": faster.reported, "plan": plan_json(faster.plan)}
     if measured is not None:
         out["measure"] = {**dataclasses.asdict(measured), "training_s": measured.training_s,
                           "phases_s": {p.phase: p.planned_s for p in measured.phases}}

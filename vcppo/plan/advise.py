@@ -29,6 +29,12 @@ class Cluster:
     def world(self) -> int:
         return self.gpus_per_node * self.nodes
 
+    def group_link(self, size: int) -> float:
+        """Bytes/s one GPU sends to the others of a group of ``size`` consecutive ranks: NVLink when
+        every such group lies within a node, else the network adapter (the slowest hop decides)."""
+        within = size <= self.gpus_per_node and self.gpus_per_node % size == 0
+        return self.hardware.node_link if within else self.hardware.network_link
+
 
 @dataclass(frozen=True)
 class Shapes:
@@ -51,6 +57,7 @@ class EngineMemory:
     micro_batch_tokens: int
     logprob_chunk_size: int = 0         # the LM head's chunked path (0: full logits, or no LM head)
     logits_bytes: float = 0.0           # the head's share of activations_bytes
+    sequence_parallel: int = 1          # ranks sharing each micro-batch (activations are one rank's slice)
 
     @property
     def working_bytes(self) -> float:
@@ -84,6 +91,7 @@ class StepTime:
     training_mfu: float = 0.0           # the training FLOPs' share of the training GPUs' peak over training_s
     mean_prompt_tokens: float = 0.0
     mean_response_tokens: float = 0.0
+    exchange_s: float = 0.0             # of training_s: sequence parallelism's all-to-all (all passes)
 
 
 @dataclass(frozen=True)
@@ -131,9 +139,35 @@ def ranks(cfg: Config, cluster: Cluster) -> tuple[int, int]:
     return train, rollout
 
 
+def sequence_parallel(engine_cfg) -> int:
+    """``sequence_parallel_size`` of an engine section (1 where the schema has no such key: the
+    reference and reward model run whole sequences)."""
+    return int(getattr(engine_cfg, "sequence_parallel_size", 1) or 1)
+
+
+def sequence_parallel_problem(size: int, shape: ModelShape, train_ranks: int) -> str | None:
+    """Why ``size`` ranks cannot form SP groups for this model on ``train_ranks`` ranks, or None: the
+    size must divide the training ranks and, by Ulysses' rule, the query heads, while the KV heads
+    must be divisible by it or divide it (replicated); the rule of
+    vcppo.engines.sequence_parallel.head_problem, restated without torch (a test holds them together)."""
+    if train_ranks % size:
+        return f"{size} does not divide the {train_ranks} training ranks"
+    if shape.num_heads % size:
+        return f"{size} does not divide {shape.name}'s {shape.num_heads} attention heads"
+    if shape.num_kv_heads % size and size % shape.num_kv_heads:
+        return f"{size} neither divides nor is a multiple of {shape.name}'s {shape.num_kv_heads} KV heads"
+    return None
+
+
+def sequence_parallel_sizes(shape: ModelShape, train_ranks: int) -> list[int]:
+    """Every SP size this model and these ranks allow, ascending (1 first)."""
+    return [n for n in range(1, train_ranks + 1) if sequence_parallel_problem(n, shape, train_ranks) is None]
+
+
 def micro_batch_tokens(engine_cfg, max_sequence: int) -> int:
-    """Tokens of the largest micro-batch: the token budget (a longer sequence gets one of its own) or
-    micro_batch_size sequences all at the maximum length."""
+    """Tokens of the largest micro-batch (of an SP group, which counts the budget and micro-batch
+    size per group): the token budget (a longer sequence gets one of its own) or micro_batch_size
+    sequences all at the maximum length."""
     if engine_cfg.max_tokens_per_micro_batch > 0:
         return max(engine_cfg.max_tokens_per_micro_batch, max_sequence)
     return engine_cfg.micro_batch_size * max_sequence
@@ -186,13 +220,15 @@ def engine_memory(cfg: Config, shapes: Shapes, train_ranks: int, d: int) -> list
                                 trained_params=lora)
         tokens = micro_batch_tokens(ecfg, prompt + response)
         answer_tokens = tokens * response // (prompt + response)
+        sp = sequence_parallel(ecfg)
         acts = {ckpt: M.activations(shape, tokens, answer_tokens, d, checkpointing=ckpt, backward=trained,
                                     lm_head=lm_head, logprob_chunk_size=chunk,
-                                    head_trained=trained and lora is None) for ckpt in (False, True)}
+                                    head_trained=trained and lora is None, sequence_parallel=sp)
+                for ckpt in (False, True)}
         configured = acts[bool(getattr(ecfg, "gradient_checkpointing", False))]
         out.append(EngineMemory(role, train_ranks, stage, n, states, configured.total_bytes,
                                 acts[False].total_bytes, acts[True].total_bytes, tokens, chunk,
-                                configured.logits_bytes))
+                                configured.logits_bytes, sp))
     return out
 
 
@@ -257,22 +293,30 @@ def micro_batching(engine_cfg, sequences: int, lengths: Lengths, width: int) -> 
     return n, sequences * (real if getattr(engine_cfg, "packed", True) else width) / n
 
 
-def trained_models(cfg: Config, shapes: Shapes, lengths: Lengths, sequences_per_rank: int) -> list[T.TrainedModel]:
-    """The step's passes (vcppo.plan.timing.step_passes) as FLOP accounts with their micro-batches."""
+def trained_models(cfg: Config, shapes: Shapes, lengths: Lengths, responses: int, cluster: Cluster,
+                   d: int) -> list[T.TrainedModel]:
+    """The step's passes (vcppo.plan.timing.step_passes) as FLOP accounts with their micro-batches:
+    the step's ``responses`` dealt over the data-parallel groups (training ranks / SP; an SP group's
+    micro-batches are formed over its ranks' sequences together), one rank's tokens a micro-batch
+    (its 1/SP slice), and the all-to-all bytes and link of the SP group."""
     width = cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens
     sections = {"actor": cfg.actor, "critic": cfg.critic}
+    train_ranks, _ = ranks(cfg, cluster)
     models = []
     for role, (forward, train) in T.step_passes(cfg).items():
         shape = shapes.critic if role == "critic" else shapes.reward_model if role == "reward_model" else shapes.policy
         n = shape.params if role in ("actor", "reference") else shape.value_model_params
         # under LoRA the reference is the actor with its adapters off: the actor's micro-batches
         ecfg = cfg.actor if role == "reference" and not builds_reference(cfg) else getattr(cfg, role)
-        n_mb, mb_tokens = micro_batching(ecfg, sequences_per_rank, lengths, width)
+        sp = sequence_parallel(ecfg)
+        n_mb, mb_tokens = micro_batching(ecfg, math.ceil(responses / max(1, train_ranks // sp)), lengths, width)
         trained = role in sections
         models.append(T.TrainedModel(role, n, forward_passes=forward, train_passes=train,
                                      checkpointing=trained and sections[role].gradient_checkpointing,
                                      frozen_weights=trained and sections[role].lora.rank > 0,
-                                     num_layers=shape.num_layers, micro_batches=n_mb, micro_batch_tokens=mb_tokens))
+                                     num_layers=shape.num_layers, micro_batches=n_mb, micro_batch_tokens=mb_tokens / sp,
+                                     sequence_parallel=sp, link_bandwidth=cluster.group_link(sp),
+                                     exchange_bytes_per_token=T.alltoall_bytes_per_token(shape, d, sp)))
     return models
 
 
@@ -296,7 +340,7 @@ def step_time(cfg: Config, shapes: Shapes, cluster: Cluster, engines: list[Engin
     rollout_s = (T.rollout_seconds(setup, cluster.hardware, d, rollout_mfu) if vllm.max_length_sequences >= 1
                  else math.inf)
     tokens = responses * (lengths.prompt + lengths.response)
-    models = trained_models(cfg, shapes, lengths, math.ceil(responses / train_gpus))
+    models = trained_models(cfg, shapes, lengths, responses, cluster, d)
     if cfg.placement.mode == "split" and cfg.placement.critic_ranks:  # the two updates side by side
         sides = ([m for m in models if m.role != "critic"], [m for m in models if m.role == "critic"])
         training_s = max(T.training_seconds(side, tokens, cluster.hardware, d, train_gpus, mfu) for side in sides)
@@ -305,11 +349,13 @@ def step_time(cfg: Config, shapes: Shapes, cluster: Cluster, engines: list[Engin
         training_s = T.training_seconds(models, tokens, cluster.hardware, d, train_gpus, mfu)
         flop_gpus = train_gpus
     flops = sum(T.training_flops(m, tokens) for m in models)
+    exchange_s = sum(m.forward_passes * m.exchange_seconds("forward") + m.train_passes * m.exchange_seconds("update")
+                     for m in models)
     training_mfu = flops / (flop_gpus * cluster.hardware.flops(d) * training_s) if training_s > 0 else 0.0
     overlapped = cfg.placement.mode == "split" and cfg.trainer.max_staleness > 0
     step_s = max(rollout_s, training_s) if overlapped else rollout_s + training_s
     return StepTime(rollout_s, training_s, step_s, responses, tokens, rollout_gpus, train_gpus, training_mfu,
-                    lengths.prompt, lengths.response)
+                    lengths.prompt, lengths.response, exchange_s)
 
 
 def plan_run(cfg: Config, shapes: Shapes, cluster: Cluster, mfu: float | None = None,
@@ -321,6 +367,10 @@ def plan_run(cfg: Config, shapes: Shapes, cluster: Cluster, mfu: float | None = 
                           f"must divide the {cluster.world} GPUs")
     d = dtype_bytes(cfg.model.dtype, cluster.hardware)
     train_ranks, _ = ranks(cfg, cluster)
+    for role, ecfg, _, shape, trained, _ in engine_roles(cfg, shapes):
+        problem = sequence_parallel_problem(sequence_parallel(ecfg), shape, train_ranks) if trained else None
+        if problem:
+            raise ConfigError(f"config key '{role}.sequence_parallel_size': {problem}")
     engines = engine_memory(cfg, shapes, train_ranks, d)
     vllm = rollout_memory(cfg, shapes.policy, cluster, d)
     notes = []

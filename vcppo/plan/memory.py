@@ -153,16 +153,31 @@ class Activations:
         return self.layers_bytes + self.logits_bytes
 
 
+# Sequence parallelism (``sequence_parallel_size: sp``, vcppo.engines.sequence_parallel): each rank of
+# a group holds a contiguous slice of ceil(T / sp) of a micro-batch's T tokens, and of its response
+# positions those whose predicting token lies in the slice (~n / sp). What is per token divides by
+# sp: every layer's saved activations (Ulysses' all-to-all is linear and keeps no input for its
+# backward; flash attention saves the exchanged q, k, v and output, sp s tokens x heads / sp: as
+# many bytes as the slice's own), the checkpoints, the final norm, a scalar head's fp32 input, the
+# full-logits head and the chunked head's 8 kept bytes per position. What does not divide: the
+# chunked head's working set (one chunk of min(C, n / sp) rows: the same C rows while the slice has
+# that many) and the LM head's fp32 weight gradient (V H x 4), the ZeRO-3 gather buffer and the
+# model states (ZeRO-3 partitions them over all training ranks, SP or not). The logprobs / values
+# gathered back over the group are a few floats per token of the whole micro-batch: left out.
+
 def activations(shape: ModelShape, tokens: int, response_tokens: int, dtype_bytes: int, *,
                 checkpointing: bool, backward: bool = True, lm_head: bool = True,
-                logprob_chunk_size: int = 0, head_trained: bool = True) -> Activations:
-    """Activations of one micro-batch of ``tokens`` tokens, of which ``response_tokens`` get logits
-    (the actor computes logits only where a response token is predicted). ``backward=False``: a
-    forward-only pass (old logprobs, reference, reward model), whose peak is one layer's working set.
+                logprob_chunk_size: int = 0, head_trained: bool = True, sequence_parallel: int = 1) -> Activations:
+    """Activations on one rank of one micro-batch of ``tokens`` tokens, of which ``response_tokens``
+    get logits (the actor computes logits only where a response token is predicted). ``backward=False``:
+    a forward-only pass (old logprobs, reference, reward model), whose peak is one layer's working set.
     ``lm_head=False``: a scalar head (critic, reward model), which reads fp32 hidden states.
     ``logprob_chunk_size``: 0 counts the full-logits path (:func:`logits_bytes_per_token` for every
     response token), C > 0 the chunked path (:func:`chunked_head_bytes`); ``head_trained``: the
-    LM head's weight gets a gradient (the chunked path's fp32 buffer)."""
+    LM head's weight gets a gradient (the chunked path's fp32 buffer). ``sequence_parallel``: the
+    rank's slice of ceil(tokens / sp) tokens and ceil(response_tokens / sp) positions (see above)."""
+    sp = max(1, sequence_parallel)
+    tokens, response_tokens = -(-tokens // sp), -(-response_tokens // sp)
     per_layer = layer_bytes_per_token(shape, dtype_bytes) * tokens
     final = (4 + dtype_bytes) * shape.hidden_size * tokens  # the final RMSNorm
     if not backward:

@@ -139,7 +139,8 @@ GiB = 2 ** 30
 
 @dataclass(frozen=True)
 class Hardware:
-    """One accelerator: memory, dense matmul peak per dtype and memory bandwidth (datasheets).
+    """One accelerator: memory, dense matmul peak per dtype, memory bandwidth and the bandwidth of its
+    links to the other GPUs of its node and of other nodes (datasheets).
 
     ``memory_bytes`` is what the device reports as its total (vLLM's ``gpu_memory_utilization`` is a
     share of it); ``reserve_bytes`` is left out of what the planner fills (CUDA context, NCCL
@@ -151,6 +152,8 @@ class Hardware:
     bandwidth: float        # bytes/s of HBM (or DRAM)
     reserve_bytes: int
     is_cpu: bool = False
+    node_link: float = 450e9      # bytes/s one GPU sends to the others of its node (NVLink, per direction)
+    network_link: float = 50e9    # bytes/s one GPU sends to other nodes (its InfiniBand adapter, per direction)
 
     @property
     def usable_bytes(self) -> int:
@@ -165,11 +168,20 @@ class Hardware:
 # are what nvidia-smi reports (81559 MiB, 143771 MiB, 81920 MiB). cpu24 is this project's 2-core
 # CI machine treated as a 24 GiB "device": its figures are rough guesses of the right order
 # (2 cores x AVX2 FMA, one DDR channel's worth of bandwidth), for the CPU demo scale only.
+# Links, per GPU and per direction: NVLink 4 (H100 and H200 SXM) 900 GB/s bidirectional = 450 GB/s,
+# NVLink 3 (A100 SXM) 600 GB/s = 300 GB/s (NVIDIA datasheets); across nodes one InfiniBand adapter
+# per GPU as in a DGX: ConnectX-7 NDR 400 Gb/s = 50 GB/s (DGX H100 / H200), ConnectX-6 HDR 200 Gb/s =
+# 25 GB/s (DGX A100). cpu24's ranks exchange through gloo in one host's memory: a guess of the
+# same order as its DRAM figure, and it has no second node.
 HARDWARE: dict[str, Hardware] = {
-    "h100": Hardware("h100", 81559 * 2 ** 20, 989e12, 67e12, 3.35e12, int(1.5 * GiB)),
-    "h200": Hardware("h200", 143771 * 2 ** 20, 989e12, 67e12, 4.8e12, int(1.5 * GiB)),
-    "a100": Hardware("a100", 81920 * 2 ** 20, 312e12, 19.5e12, 2.0e12, int(1.5 * GiB)),
-    "cpu24": Hardware("cpu24", 24 * GiB, 0.1e12, 0.1e12, 20e9, 4 * GiB, is_cpu=True),
+    "h100": Hardware("h100", 81559 * 2 ** 20, 989e12, 67e12, 3.35e12, int(1.5 * GiB), node_link=450e9,
+                     network_link=50e9),
+    "h200": Hardware("h200", 143771 * 2 ** 20, 989e12, 67e12, 4.8e12, int(1.5 * GiB), node_link=450e9,
+                     network_link=50e9),
+    "a100": Hardware("a100", 81920 * 2 ** 20, 312e12, 19.5e12, 2.0e12, int(1.5 * GiB), node_link=300e9,
+                     network_link=25e9),
+    "cpu24": Hardware("cpu24", 24 * GiB, 0.1e12, 0.1e12, 20e9, 4 * GiB, is_cpu=True, node_link=10e9,
+                      network_link=10e9),
 }
 
 

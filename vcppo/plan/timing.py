@@ -47,6 +47,21 @@ replaces the curve by a constant. On a CPU "device" nothing was measured: a cons
 (:data:`CPU_MFU`) stands, and ``vcppo plan --measure`` times the real engines instead
 (vcppo.plan.measure).
 
+Sequence parallelism (``sequence_parallel_size: sp``). The data-parallel degree is training ranks /
+sp: a group of sp ranks takes the sequences of its sp ranks together and runs every micro-batch of
+them on all its ranks, each on a 1/sp slice of the tokens, so a rank's FLOPs are unchanged while it
+runs sp times as many micro-batches of 1/sp the tokens (the fixed cost per micro-batch grows: short
+slices run at a lower MFU). On top comes Ulysses' all-to-all, which attention waits for (not
+overlapped). Per layer and per token of a rank's slice, forward: q, k and v (q_dim + 2 kv_dim
+elements; KV heads fewer than sp are replicated to sp heads first, so kv_dim counts max(kv_heads,
+sp) heads) go out, the attention output (q_dim) comes back; of each the rank keeps its own 1/sp
+share and sends (sp - 1) / sp of it. So a forward sends d (2 q_dim + 2 kv_dim) (sp - 1) / sp
+bytes per layer per token (:func:`alltoall_bytes_per_token`); the backward sends the same again
+(the output's gradient one way, q's, k's and v's the other), and checkpointing's recomputed forward
+once more: 1, 2 or 3 such exchanges for a forward, an update, an update with checkpointing. At the
+link of the group's GPUs (:meth:`vcppo.plan.advise.Cluster.group_link`: NVLink when the group is
+within a node, the InfiniBand adapter when it spans nodes), at its datasheet peak: a lower bound.
+The logprobs / values gathered after the head (a few floats per token) are left out.
 """
 from __future__ import annotations
 
@@ -220,12 +235,34 @@ class TrainedModel:
     frozen_weights: bool = False  # LoRA: no weight gradients for the base weights
     num_layers: int = REFERENCE_LAYERS
     micro_batches: int = 1
-    micro_batch_tokens: float = 0.0
+    micro_batch_tokens: float = 0.0    # one rank's tokens of a micro-batch (its slice under SP)
+    sequence_parallel: int = 1
+    exchange_bytes_per_token: float = 0.0  # the all-to-all bytes a rank sends per layer per token, forward
+    link_bandwidth: float = math.inf       # bytes/s of the SP group's link
 
     @property
     def train_flops_per_token(self) -> int:
         """x N: 6 (4 with LoRA's frozen weights), 2 more with checkpointing."""
         return (4 if self.frozen_weights else 6) + (2 if self.checkpointing else 0)
+
+    def exchange_seconds(self, kind: str) -> float:
+        """Ulysses' all-to-all time of one pass over the rank's micro-batches (module docstring):
+        1 exchange per layer for a forward, 2 for an update, 3 with checkpointing."""
+        if self.sequence_parallel <= 1:
+            return 0.0
+        exchanges = 1 if kind == "forward" else 2 + int(self.checkpointing)
+        volume = exchanges * self.num_layers * self.micro_batches * self.micro_batch_tokens
+        return volume * self.exchange_bytes_per_token / self.link_bandwidth
+
+
+def alltoall_bytes_per_token(shape, dtype_bytes: int, sp: int) -> float:
+    """Bytes one rank of an SP group of ``sp`` sends per layer per token of its slice in a forward:
+    d (2 q_dim + 2 kv_dim) (sp - 1) / sp, KV heads replicated to sp when fewer (module docstring);
+    0 without SP."""
+    if sp <= 1:
+        return 0.0
+    kv_dim = max(shape.num_kv_heads, sp) * shape.head_dim
+    return dtype_bytes * (2 * shape.q_dim + 2 * kv_dim) * (sp - 1) / sp
 
 
 def training_flops(model: TrainedModel, tokens: float) -> float:
@@ -244,12 +281,15 @@ def phase_seconds(model: TrainedModel, kind: str, hw: Hardware, dtype_bytes: int
 def training_seconds(models: list[TrainedModel], tokens: float, hw: Hardware, dtype_bytes: int,
                      gpus: int, mfu: float | None = None) -> float:
     """All engines' passes of a step over ``gpus`` GPUs: at a constant ``mfu`` of the dense peak
-    (``CPU_MFU`` on a CPU "device" when None), else by the measured pass model per micro-batch."""
+    (``CPU_MFU`` on a CPU "device" when None), else by the measured pass model per micro-batch; plus
+    the sequence-parallel all-to-all (:meth:`TrainedModel.exchange_seconds`)."""
+    exchange = sum(m.forward_passes * m.exchange_seconds("forward") + m.train_passes * m.exchange_seconds("update")
+                   for m in models)
     if mfu is not None or hw.is_cpu:
         flops = sum(training_flops(m, tokens) for m in models)
-        return flops / (gpus * hw.flops(dtype_bytes) * (mfu if mfu is not None else CPU_MFU))
-    return sum(m.forward_passes * phase_seconds(m, "forward", hw, dtype_bytes)
-               + m.train_passes * phase_seconds(m, "update", hw, dtype_bytes) for m in models)
+        return flops / (gpus * hw.flops(dtype_bytes) * (mfu if mfu is not None else CPU_MFU)) + exchange
+    return exchange + sum(m.forward_passes * phase_seconds(m, "forward", hw, dtype_bytes)
+                          + m.train_passes * phase_seconds(m, "update", hw, dtype_bytes) for m in models)
 
 
 def replica_sequences(total_sequences: int, replicas: int) -> int:
