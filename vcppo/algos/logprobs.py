@@ -40,16 +40,23 @@ def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) ->
 
 
 def _chunk_forward(h, weight, targets, temperature, with_entropy):
-    """One chunk: (logp (n,), lse (n,), entropy (n,) or None), all fp32."""
+    """One chunk: (logp (n,), lse (n,), entropy (n,) or None), all fp32. Holds one (n, V) fp32 buffer
+    (two with the entropy): the logits are shifted and exponentiated in place."""
     z = _scaled_logits(h, weight, temperature)
-    lse = torch.logsumexp(z, dim=-1)
-    logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    entropy = None
-    if with_entropy:
-        z.sub_(lse.unsqueeze(-1))            # z is now log p
-        p = z.exp()
-        entropy = -p.mul_(z).sum(dim=-1)     # -sum p log p (p underflows to 0 where log p is very low)
-    return logp, lse, entropy
+    target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    top = z.amax(dim=-1, keepdim=True)
+    shifted = z.sub_(top)                    # z - max, in place
+    if not with_entropy:
+        log_sum = shifted.exp_().sum(dim=-1).log_()
+        lse = log_sum + top.squeeze(-1)
+        return target - lse, lse, None
+    e = shifted.exp()
+    sum_e = e.sum(dim=-1)
+    log_sum = sum_e.log()
+    lse = log_sum + top.squeeze(-1)
+    # H = lse - sum_v p_v z_v = log sum e - sum_v e_v (z_v - max) / sum e
+    entropy = log_sum - e.mul_(shifted).sum(dim=-1) / sum_e
+    return target - lse, lse, entropy
 
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):
@@ -102,16 +109,17 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
 
 
 def _chunk_grad_logits(z, lse, targets, g_lp, g_ent, entropy):
-    """dL/dz (n, V) fp32 of one chunk, in place over the recomputed scaled logits ``z``."""
+    """dL/dz (n, V) fp32 of one chunk, in place over the recomputed scaled logits ``z`` (one (n, V)
+    buffer; a second only when the entropy carries a gradient)."""
     logp = z.sub_(lse.unsqueeze(-1))
-    p = logp.exp()
-    if g_ent is not None:
-        # e * (-p (log p + H)), built in the log p buffer
+    if g_ent is None:
+        dz = logp.exp_().mul_(-g_lp.unsqueeze(-1))                     # -g p
+    else:
+        p = logp.exp()
+        # e * (-p (log p + H)), built in the log p buffer, then - g p added
         logp.add_(entropy.unsqueeze(-1)).mul_(p).mul_(-g_ent.unsqueeze(-1))
         dz = p.mul_(-g_lp.unsqueeze(-1)).add_(logp)
-    else:
-        dz = p.mul_(-g_lp.unsqueeze(-1))
-    dz.scatter_add_(-1, targets.unsqueeze(-1), g_lp.unsqueeze(-1))
+    dz.scatter_add_(-1, targets.unsqueeze(-1), g_lp.unsqueeze(-1))   # + g onehot(y)
     return dz
 
 
@@ -144,8 +152,10 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         (logprobs (N,) fp32, entropy (N,) fp32 or None), differentiable w.r.t. ``hidden`` and
         ``weight`` (the entropy too, for an entropy bonus).
 
-    Memory: ``chunk_size`` x V x (dtype + 2 x 4) bytes of working set in the forward, the same plus
-    4 x V x H (the fp32 weight-gradient accumulator) in the backward, 8 bytes per row kept between.
+    Memory: ``chunk_size`` x V x 4 bytes of fp32 working set (twice that when the entropy is asked
+    for in the forward, or carries a gradient in the backward; plus the head's output in the model's
+    dtype before its upcast when that is not fp32), 4 x V x H more in the backward (the fp32
+    weight-gradient accumulator), 8 bytes per row kept between the two.
     """
     if chunk_size <= 0:
         return full_token_logprobs(hidden, weight, targets, temperature, with_entropy)

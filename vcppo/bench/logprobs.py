@@ -171,7 +171,7 @@ def head_only(args) -> dict:
             token_logprobs(hidden, weight, targets, chunk_size=chunk, with_entropy=True)
 
     def backward(chunk):
-        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        h, w = hidden.detach().requires_grad_(True), weight.detach().requires_grad_(True)  # views, no copies
         logp, ent = token_logprobs(h, w, targets, chunk_size=chunk, with_entropy=True)
         (logp.sum() + ent.sum()).backward()
 
