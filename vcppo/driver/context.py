@@ -134,6 +134,23 @@ def init_run_distributed(cfg: Config) -> DistInfo:
                               split_critic_ranks=cfg.placement.critic_ranks)
 
 
+def _check_rank_counts(cfg: Config, world_size: int) -> None:
+    """The batch and sequence-parallel sizes the ranks must divide, each error naming its key."""
+    check_sequence_parallel_ranks(cfg, world_size)
+    if cfg.trainer.prompts_per_step % world_size:
+        raise ConfigError(f"config key 'trainer.prompts_per_step' ({cfg.trainer.prompts_per_step}) "
+                          f"must be divisible by the number of ranks ({world_size})")
+
+
+def _describe_prompts(cfg: Config, train_set, val_rows: list) -> str:
+    """The start-up line's account of the prompts (a split training rank reads none)."""
+    if train_set is None:
+        return f"split placement: {cfg.placement.rollout_ranks} rollout rank(s) sample" + \
+            (f", {cfg.placement.critic_ranks} critic rank(s) hold the critic" if cfg.placement.critic_ranks else "")
+    return (f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
+            f"{len(val_rows)} val prompts")
+
+
 @dataclass
 class RunContext:
     cfg: Config
@@ -161,10 +178,7 @@ class RunContext:
         from transformers import AutoTokenizer
 
         dist = init_run_distributed(cfg)
-        check_sequence_parallel_ranks(cfg, dist.world_size)
-        if cfg.trainer.prompts_per_step % dist.world_size:
-            raise ConfigError(f"config key 'trainer.prompts_per_step' ({cfg.trainer.prompts_per_step}) "
-                              f"must be divisible by the number of ranks ({dist.world_size})")
+        _check_rank_counts(cfg, dist.world_size)
         seed_process(cfg)
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path)
@@ -199,11 +213,8 @@ class RunContext:
             log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None, already_sent=sent)
             if dist.is_main:
                 record_config(cfg, run_dir, point, resumed, changes, log.info)
-            prompts = (f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
-                       f"{len(val_rows)} val prompts") if sampler else \
-                f"split placement: {cfg.placement.rollout_ranks} rollout rank(s) sample" + \
-                (f", {cfg.placement.critic_ranks} critic rank(s) hold the critic" if cfg.placement.critic_ranks else "")
-            log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | {prompts}")
+            log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "
+                     f"{_describe_prompts(cfg, train_set, val_rows)}")
             scorer = make_scorer(cfg)
             engines = build_engines(cfg, dist, log, resumed, resume_point=point)
             reward_model = ModelReward.build(cfg, dist, tokenizer, log.info)  # None without reward.model_path

@@ -101,24 +101,112 @@ def _vocab(model_dir: str) -> int:
     return int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
 
 
+@dataclass
+class _Workload:
+    """One rank's share of the step and the part of it that is timed."""
+    sequences: int
+    timed_sequences: int
+    rank_tokens: float
+    batch: object            # the timed ActorBatch, on the device
+    timed_tokens: float
+
+    @property
+    def scale(self) -> float:
+        return self.rank_tokens / self.timed_tokens
+
+
+def _workload(cfg: Config, lengths: Lengths, train_ranks: int, max_micro_batches: int, device) -> _Workload:
+    from vcppo.bench.train import batch_of_lengths
+
+    responses = cfg.trainer.prompts_per_step * cfg.rollout.n_samples_per_prompt
+    sequences = math.ceil(responses / max(1, train_ranks))
+    prompts, answers = step_lengths(sequences, lengths, cfg.data.max_prompt_tokens, cfg.rollout.max_response_tokens)
+    keep = max(sequences_for(cfg.actor, max_micro_batches, lengths),
+               sequences_for(cfg.critic, max_micro_batches, lengths))
+    rows = timed_rows(sequences, keep)
+    # one rank's whole share, and the timed part of it (the same batch when it is small enough)
+    batch = batch_of_lengths([prompts[i] for i in rows], [answers[i] for i in rows], cfg.trainer.seed,
+                             vocab=min(90, _vocab(cfg.model.policy_path)))
+    batch = batch.to(device) if hasattr(batch, "to") else batch
+    return _Workload(sequences, len(rows), float(sum(prompts) + sum(answers)), batch,
+                     float(batch.attention_mask.sum()))
+
+
+class _PhaseTimer:
+    """Times one phase's calls (see the module docstring for which seconds count) into ``phases``."""
+
+    def __init__(self, work: _Workload, repeats: int, threads: int):
+        self.work, self.repeats, self.threads = work, repeats, threads
+        self.phases: list[MeasuredPhase] = []
+
+    def __call__(self, phase: str, role: str, kind: str, fn) -> None:
+        import time
+
+        from vcppo.bench.train import timed
+        cpu = []
+
+        def call():
+            start = time.process_time()
+            fn()
+            cpu.append(time.process_time() - start)
+        walls, cpus = timed(call, self.repeats), cpu[1:]
+        # one thread: the CPU seconds are the call's time on a core of its own; several threads
+        # may not all be busy, so their wall time stands (see the module docstring)
+        busy = [min(w, c) if self.threads == 1 else w for w, c in zip(walls, cpus)]
+        best = min(range(len(busy)), key=busy.__getitem__)
+        self.phases.append(MeasuredPhase(phase, role, kind, self.work.timed_tokens, busy[best],
+                                         busy[best] * self.work.scale, cpus[best], walls[best]))
+
+
+def _time_phases(cfg: Config, plan, info, batch, run: _PhaseTimer, steps: int) -> None:
+    """The passes the step plan runs, each through the driver's own code."""
+    import torch
+
+    from vcppo.driver.critic_cache import critic_source
+    from vcppo.driver.plan import Source
+    from vcppo.driver.update import PolicyLoss, ValueLoss, run_update
+    from vcppo.engines.actor import ActorEngine
+    from vcppo.engines.critic import CriticEngine
+    from vcppo.experience import CriticBatch
+
+    alg = cfg.algorithm
+    actor = ActorEngine(cfg.model.policy_path, cfg.actor, info, total_optimizer_steps=steps, dtype=cfg.model.dtype,
+                        temperature=cfg.rollout.temperature)
+    with torch.no_grad():
+        batch.old_logprobs, _ = actor.forward_logprobs(batch)
+    batch.ref_logprobs = batch.old_logprobs if plan.kl_in_loss else None
+    if plan.pi_old is Source.PASS:
+        run("old_logprobs", "actor", "forward", lambda: actor.forward_logprobs(batch, with_entropy=True))
+    if plan.reference_pass:
+        run("ref_logprobs", "reference", "forward", lambda: actor.forward_logprobs(batch))
+    if plan.v_old is not Source.NONE:
+        init, path = critic_source(cfg)
+        critic = CriticEngine(init, path, cfg.critic, info, total_optimizer_steps=steps, dtype=cfg.model.dtype)
+        values = critic.forward_values(batch)
+        if plan.v_old is Source.PASS and not plan.critic_remote:
+            run("values", "critic", "forward", lambda: critic.forward_values(batch))
+        fields = {k: v for k, v in vars(batch).items() if k not in ("advantages", "old_logprobs", "ref_logprobs")}
+        cbatch = CriticBatch(**fields, returns=torch.randn_like(values) * batch.response_mask, old_values=values)
+        loss = ValueLoss(cfg.critic, alg.loss_agg, old_from_update=plan.v_old is Source.UPDATE)
+        run("critic_update", "critic", "update",
+            lambda: run_update(critic, loss, cfg.critic, cbatch, cfg.trainer.seed, 1, "critic"))
+    policy_loss = PolicyLoss(alg, old_from_update=plan.pi_old is Source.UPDATE,
+                             keep_outputs=plan.entropy is Source.UPDATE, kl_coef=alg.kl_coef)
+    run("actor_update", "actor", "update",
+        lambda: run_update(actor, policy_loss, cfg.actor, batch, cfg.trainer.seed, 1, "actor"))
+
+
 def measure(cfg: Config, lengths: Lengths, train_ranks: int = 1, repeats: int = 3, max_micro_batches: int = 4,
             device: str = "auto") -> Measurement:
     """Time the step's training phases of ``cfg`` on this machine (see the module docstring).
     ``train_ranks``: the step's sequences are shared out over that many ranks; one is timed."""
     import os
-    import time
     from pathlib import Path
 
     import torch
 
-    from vcppo.bench.train import batch_of_lengths, timed
-    from vcppo.driver.critic_cache import critic_source
-    from vcppo.driver.plan import Source, ppo_plan
-    from vcppo.driver.update import PolicyLoss, ValueLoss, run_update
+    from vcppo.driver.plan import ppo_plan
     from vcppo.engines import dist as D
-    from vcppo.engines.actor import ActorEngine
-    from vcppo.engines.critic import CriticEngine
-    from vcppo.experience import CriticBatch
 
     policy = cfg.model.policy_path
     if not policy or not (Path(policy) / "config.json").is_file():
@@ -131,67 +219,12 @@ def measure(cfg: Config, lengths: Lengths, train_ranks: int = 1, repeats: int = 
     info = D.init_distributed(device)
     try:
         plan = ppo_plan(cfg, info.device)
-        responses = cfg.trainer.prompts_per_step * cfg.rollout.n_samples_per_prompt
-        sequences = math.ceil(responses / max(1, train_ranks))
-        prompts, answers = step_lengths(sequences, lengths, cfg.data.max_prompt_tokens, cfg.rollout.max_response_tokens)
-        keep = max(sequences_for(cfg.actor, max_micro_batches, lengths),
-                   sequences_for(cfg.critic, max_micro_batches, lengths))
-        rows = timed_rows(sequences, keep)
-        # one rank's whole share, and the timed part of it (the same batch when it is small enough)
-        rank_tokens = float(sum(prompts) + sum(answers))
-        batch = batch_of_lengths([prompts[i] for i in rows], [answers[i] for i in rows], cfg.trainer.seed,
-                                 vocab=min(90, _vocab(policy)))
-        batch = batch.to(info.device) if hasattr(batch, "to") else batch
-        timed_tokens = float(batch.attention_mask.sum())
-        scale = rank_tokens / timed_tokens
-        alg = cfg.algorithm
+        work = _workload(cfg, lengths, train_ranks, max_micro_batches, info.device)
+        timer = _PhaseTimer(work, repeats, torch.get_num_threads())
         steps = 4 * (repeats + 1) * cfg.actor.ppo_epochs * cfg.actor.ppo_mini_batches + 8
-        actor = ActorEngine(policy, cfg.actor, info, total_optimizer_steps=steps, dtype=cfg.model.dtype,
-                            temperature=cfg.rollout.temperature)
-        critic = None
-        if plan.v_old is not Source.NONE:
-            init, path = critic_source(cfg)
-            critic = CriticEngine(init, path, cfg.critic, info, total_optimizer_steps=steps, dtype=cfg.model.dtype)
-        phases: list[MeasuredPhase] = []
-        threads = torch.get_num_threads()
-
-        def run(phase, role, kind, fn):
-            cpu = []
-
-            def call():
-                start = time.process_time()
-                fn()
-                cpu.append(time.process_time() - start)
-            walls, cpus = timed(call, repeats), cpu[1:]
-            # one thread: the CPU seconds are the call's time on a core of its own; several threads
-            # may not all be busy, so their wall time stands (see the module docstring)
-            busy = [min(w, c) if threads == 1 else w for w, c in zip(walls, cpus)]
-            best = min(range(len(busy)), key=busy.__getitem__)
-            phases.append(MeasuredPhase(phase, role, kind, timed_tokens, busy[best], busy[best] * scale,
-                                        cpus[best], walls[best]))
-
-        with torch.no_grad():
-            batch.old_logprobs, _ = actor.forward_logprobs(batch)
-        batch.ref_logprobs = batch.old_logprobs if plan.kl_in_loss else None
-        if plan.pi_old is Source.PASS:
-            run("old_logprobs", "actor", "forward", lambda: actor.forward_logprobs(batch, with_entropy=True))
-        if plan.reference_pass:
-            run("ref_logprobs", "reference", "forward", lambda: actor.forward_logprobs(batch))
-        if critic is not None:
-            values = critic.forward_values(batch)
-            if plan.v_old is Source.PASS and not plan.critic_remote:
-                run("values", "critic", "forward", lambda: critic.forward_values(batch))
-            fields = {k: v for k, v in vars(batch).items() if k not in ("advantages", "old_logprobs", "ref_logprobs")}
-            cbatch = CriticBatch(**fields, returns=torch.randn_like(values) * batch.response_mask, old_values=values)
-            from_update = plan.v_old is Source.UPDATE
-            run("critic_update", "critic", "update",
-                lambda: run_update(critic, ValueLoss(cfg.critic, alg.loss_agg, old_from_update=from_update),
-                                   cfg.critic, cbatch, cfg.trainer.seed, 1, "critic"))
-        run("actor_update", "actor", "update",
-            lambda: run_update(actor, PolicyLoss(alg, old_from_update=plan.pi_old is Source.UPDATE,
-                                                 keep_outputs=plan.entropy is Source.UPDATE, kl_coef=alg.kl_coef),
-                               cfg.actor, batch, cfg.trainer.seed, 1, "actor"))
-        return Measurement(str(info.device), torch.get_num_threads(), sequences, len(rows), rank_tokens, phases)
+        _time_phases(cfg, plan, info, work.batch, timer, steps)
+        return Measurement(str(info.device), torch.get_num_threads(), work.sequences, work.timed_sequences,
+                           work.rank_tokens, timer.phases)
     finally:
         D.shutdown()
 
