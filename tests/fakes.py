@@ -15,6 +15,7 @@ from vcppo.engines.deepspeed_engine import GlobalCounts, ModelOutputs, stitch_ro
 from vcppo.engines.dist import DistInfo
 from vcppo.experience import Rollout, make_layout
 from vcppo.schema import Config
+from vcppo.methods import uses_critic
 
 
 def scored(groups: list[list[float]], first: int = 0, lengths: list[int] | None = None,
@@ -94,7 +95,7 @@ class FakeRun:
         self.rollout = SimpleNamespace(sleep=record("sleep"), wake_up=record("wake_up"), replica=0)
         self.scorer = SimpleNamespace(num_failures=0, num_timeouts=0, num_scored=0)
         self.actor = FakeEngine("actor", self.calls)
-        gae = self.cfg.algorithm.advantage_estimator == "gae"
+        gae = uses_critic(self.cfg.algorithm.advantage_estimator)
         self.critic = FakeEngine("critic", self.calls) if gae else None
         self.reference = FakeEngine("reference", self.calls) if self.cfg.algorithm.kl_coef > 0 else None
         self.reward_model = None

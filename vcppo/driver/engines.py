@@ -22,6 +22,7 @@ from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.schema import Config
 from vcppo.tracking import MetricsLogger
+from vcppo.methods import uses_critic
 
 
 def optimizer_steps_per_rl_step(optim) -> int:
@@ -112,7 +113,7 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
                                 max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
                                 dtype=cfg.model.dtype, lora_rank=adapter_sync_rank(cfg))
     remote = None
-    if alg.advantage_estimator == "gae" and critic_on_own_ranks(cfg):  # they start while the actor does here
+    if uses_critic(alg.advantage_estimator) and critic_on_own_ranks(cfg):  # they start while the actor does here
         remote = RemoteCritic(D.get_critic_link())
         remote.start(resume_point)
     actor_steps = cfg.trainer.total_steps * optimizer_steps_per_rl_step(cfg.actor)
@@ -122,7 +123,7 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
     critic, from_cache = None, None
     if remote is not None:
         critic, from_cache = remote, remote.ready()
-    elif alg.advantage_estimator == "gae":
+    elif uses_critic(alg.advantage_estimator):
         critic, from_cache = build_critic(cfg, dist, log, resumed, resume_point)
     reference = None
     if alg.kl_coef > 0 and lora_enabled(cfg.actor.lora):

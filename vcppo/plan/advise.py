@@ -17,6 +17,7 @@ from vcppo.plan import memory as M
 from vcppo.plan import timing as T
 from vcppo.plan.shape import GiB, Hardware, ModelShape, dtype_bytes
 from vcppo.schema import Config, ConfigError
+from vcppo.methods import uses_critic
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ def builds_reference(cfg: Config) -> bool:
 def engine_roles(cfg: Config, shapes: Shapes) -> list[tuple[str, object, int, ModelShape, bool, bool]]:
     """(role, its config section, parameters, shape, trained, has an LM head) of every engine the run builds."""
     out = [("actor", cfg.actor, shapes.policy.params, shapes.policy, True, True)]
-    if cfg.algorithm.advantage_estimator == "gae":
+    if uses_critic(cfg.algorithm.advantage_estimator):
         out.append(("critic", cfg.critic, shapes.critic.value_model_params, shapes.critic, True, False))
     if builds_reference(cfg):
         out.append(("reference", cfg.reference, shapes.policy.params, shapes.policy, False, True))

@@ -42,6 +42,7 @@ from vcppo.plan import memory as M
 from vcppo.plan.advise import (Cluster, Plan, Shapes, builds_reference, plan_run, ranks, rollout_share,
                                sequence_parallel_problem, sequence_parallel_sizes)
 from vcppo.schema import Config
+from vcppo.methods import uses_critic
 
 MAX_NODES = 64
 MAX_ROUNDS = 24
@@ -71,7 +72,7 @@ def apply(setting: Setting, knob: list[str]) -> Setting:
 
 
 def trained_sections(cfg: Config) -> list[str]:
-    return ["actor"] + (["critic"] if cfg.algorithm.advantage_estimator == "gae" else [])
+    return ["actor"] + (["critic"] if uses_critic(cfg.algorithm.advantage_estimator) else [])
 
 
 def all_sections(cfg: Config) -> list[str]:

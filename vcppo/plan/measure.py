@@ -164,7 +164,7 @@ def _time_phases(cfg: Config, plan, info, batch, run: _PhaseTimer, steps: int) -
 
     from vcppo.driver.critic_cache import critic_source
     from vcppo.driver.plan import Source
-    from vcppo.driver.update import PolicyLoss, ValueLoss, run_update
+    from vcppo.driver.update import PolicyLoss, ValueLoss, norm_constant, run_update
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.experience import CriticBatch
@@ -187,11 +187,13 @@ def _time_phases(cfg: Config, plan, info, batch, run: _PhaseTimer, steps: int) -
             run("values", "critic", "forward", lambda: critic.forward_values(batch))
         fields = {k: v for k, v in vars(batch).items() if k not in ("advantages", "old_logprobs", "ref_logprobs")}
         cbatch = CriticBatch(**fields, returns=torch.randn_like(values) * batch.response_mask, old_values=values)
-        loss = ValueLoss(cfg.critic, alg.loss_agg, old_from_update=plan.v_old is Source.UPDATE)
+        loss = ValueLoss(cfg.critic, alg.loss_agg, old_from_update=plan.v_old is Source.UPDATE,
+                         norm=norm_constant(cfg))
         run("critic_update", "critic", "update",
             lambda: run_update(critic, loss, cfg.critic, cbatch, cfg.trainer.seed, 1, "critic"))
     policy_loss = PolicyLoss(alg, old_from_update=plan.pi_old is Source.UPDATE,
-                             keep_outputs=plan.entropy is Source.UPDATE, kl_coef=alg.kl_coef)
+                             keep_outputs=plan.entropy is Source.UPDATE, kl_coef=alg.kl_coef,
+                             norm=norm_constant(cfg))
     run("actor_update", "actor", "update",
         lambda: run_update(actor, policy_loss, cfg.actor, batch, cfg.trainer.seed, 1, "actor"))
 

@@ -69,6 +69,7 @@ import math
 from dataclasses import dataclass
 
 from vcppo.plan.shape import Hardware
+from vcppo.methods import uses_critic
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +213,7 @@ def step_passes(cfg) -> dict[str, tuple[int, int]]:
     kl_in_reward = kl_on and alg.kl_in == "reward"
     pi_old_pass = not (one(cfg.actor) and not kl_in_reward) and not alg.old_logprobs_from_sampler
     out = {"actor": (int(pi_old_pass), cfg.actor.ppo_epochs)}
-    if alg.advantage_estimator == "gae":
+    if uses_critic(alg.advantage_estimator):
         remote = cfg.placement.mode == "split" and cfg.placement.critic_ranks > 0
         values_pass = not (one(cfg.critic) and alg.lambda_critic == 1.0 and not remote)
         out["critic"] = (int(values_pass), cfg.critic.ppo_epochs)
