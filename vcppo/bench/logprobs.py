@@ -151,8 +151,9 @@ def _print(label: str, rows: dict, phases: list[str], base: int) -> None:
 
 def head_only(args) -> dict:
     """The logprob function alone (``--head-only TOKENS``): hidden states (TOKENS, H) and the head
-    (V, H) of ``--size`` in fp32, forward (no grad) and forward + backward (logprob and entropy
-    both carrying gradients), per chunk size, the sizes alternated ``--rounds`` times in this process."""
+    (V, H) of ``--size`` in fp32, forward (no grad) and forward + backward (``--entropy``: the entropy
+    too, carrying a gradient as an entropy bonus does), per chunk size, the sizes alternated
+    ``--rounds`` times in this process."""
     import time
 
     from vcppo.algos.logprobs import token_logprobs
@@ -168,12 +169,12 @@ def head_only(args) -> dict:
 
     def forward(chunk):
         with torch.no_grad():
-            token_logprobs(hidden, weight, targets, chunk_size=chunk, with_entropy=True)
+            token_logprobs(hidden, weight, targets, chunk_size=chunk, with_entropy=args.entropy)
 
     def backward(chunk):
         h, w = hidden.detach().requires_grad_(True), weight.detach().requires_grad_(True)  # views, no copies
-        logp, ent = token_logprobs(h, w, targets, chunk_size=chunk, with_entropy=True)
-        (logp.sum() + ent.sum()).backward()
+        logp, ent = token_logprobs(h, w, targets, chunk_size=chunk, with_entropy=args.entropy)
+        (logp.sum() + (ent.sum() if ent is not None else 0.0)).backward()
 
     chunks = [int(c) for c in args.chunks.split(",")]
     runs = {c: {"forward": [], "train_step": [], "forward_mib": 0.0, "train_step_mib": 0.0} for c in chunks}
