@@ -21,7 +21,8 @@ test: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not faults" $(PYTEST_ARGS)
 
 # Every preset's path killed at its own point on 2 ranks, then resumed (tests/driver/test_multirank_faults_e2e.py;
-# `make test` keeps one of them), and the larger rank layouts (tests/driver/test_critic_ranks_e2e.py).
+# `make test` keeps one of them), and the larger rank layouts (tests/driver/test_critic_ranks_e2e.py, 2 sequence-
+# parallel groups x 2 data-parallel in tests/engines/test_sequence_parallel.py).
 test-faults: install
 	$(PY) -m pytest -m faults $(PYTEST_ARGS)
 

@@ -91,6 +91,7 @@ class TestEquality:
         _assert_same(ref, _run(tiny_model_dir, str(tmp_path / "sp2"), "--lora", "--micro", "3", "--sp", "2",
                                world_size=2))
 
+    @pytest.mark.faults  # a larger rank layout: `make test-faults` runs it
     def test_two_sp_groups_by_two_data_parallel(self, tiny_model_dir, one_rank, tmp_path):
         """4 ranks: SP groups {0, 1} and {2, 3}, ZeRO-3 and the gradient mean over all four."""
         _assert_same(one_rank, _run(tiny_model_dir, str(tmp_path / "sp2x2"), "--sp", "2", world_size=4))

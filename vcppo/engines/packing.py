@@ -222,6 +222,11 @@ def use_packed_attention(model: torch.nn.Module, device: torch.device, dtype: to
             pass
     if name == VARLEN_ATTENTION and name not in AttentionInterface._global_mapping:
         AttentionInterface.register(name, varlen_sdpa_attention)
+    return set_attention(model, name)
+
+
+def set_attention(model, name: str) -> str:
+    """Every (sub)model config of ``model`` runs the registered attention ``name``; returns it."""
     for m in model.modules():
         cfg = getattr(m, "config", None)
         if cfg is not None and hasattr(cfg, "_attn_implementation"):

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 import torch.distributed as tdist
 
-from vcppo.engines.packing import PackedBatch
+from vcppo.engines.packing import PackedBatch, set_attention
 from vcppo.experience import Layout, concat_batches
 from vcppo.schema import ConfigError
 
@@ -201,8 +201,4 @@ def use_ulysses_attention(model: torch.nn.Module, sp: SPGroup, core: str) -> str
 
     name = f"vcppo_ulysses_{next(_NAMES)}"
     AttentionInterface.register(name, attention)
-    for m in model.modules():
-        c = getattr(m, "config", None)
-        if c is not None and hasattr(c, "_attn_implementation"):
-            c._attn_implementation = name
-    return name
+    return set_attention(model, name)
