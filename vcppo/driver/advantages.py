@@ -5,8 +5,8 @@ length-adaptive lambda), value targets with ``lambda_critic`` (VC-PPO sec. 4.2).
 estimators give every token a group- or batch-relative return: GRPO (and Dr. GRPO without the std),
 RLOO, REINFORCE++ and its group-baseline variant (:mod:`vcppo.methods` lists them, what each needs,
 and its paper). The estimators return raw advantages; whitening touches only the actor's advantages
-(DESIGN.md) and runs over the GLOBAL batch (every rank), so the result does not depend on how many
-ranks share the batch. REINFORCE++'s global normalisation is that whitening.
+(never the critic's targets, which stay on the return's scale) and runs over the GLOBAL batch (every
+rank), so the result does not depend on how many ranks share the batch. REINFORCE++'s global normalisation is that whitening.
 """
 from __future__ import annotations
 
