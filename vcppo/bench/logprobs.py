@@ -28,13 +28,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 import torch
 
-from vcppo.bench.train import PeakRSS
+from vcppo.bench.train import PeakRSS, spawn_worker
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -119,13 +118,7 @@ def run_one(model_dir: str, shape: str, chunk: int, args) -> dict:
 
 
 def _spawn(model_dir: str, shape: str, chunk: int, argv: list[str], threads: int) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = f.name
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    cmd = [sys.executable, "-m", "vcppo.bench.logprobs", *argv, "--worker", f"{model_dir}|{shape}|{chunk}|{out}"]
-    subprocess.run(cmd, check=True, env=env)
-    with open(out) as f:
-        return json.load(f)
+    return spawn_worker("vcppo.bench.logprobs", argv, [model_dir, shape, str(chunk)], "|", threads)
 
 
 def merge(runs: list[dict], phases: list[str]) -> dict:

@@ -161,14 +161,20 @@ def run_layout(model_dir: str, layout: str, args) -> dict:
     return res
 
 
-def _spawn(model_dir: str, layout: str, argv: list[str]) -> dict:
+def spawn_worker(module: str, argv: list[str], fields: list[str], sep: str, threads: int) -> dict:
+    """Run ``python -m module *argv --worker FIELDS+OUT`` in a fresh process (its own peak memory) with
+    ``threads`` OpenMP threads; the JSON it wrote to OUT (the last field, joined by ``sep``)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    env = dict(os.environ, OMP_NUM_THREADS=str(_parse(argv).threads))
-    cmd = [sys.executable, "-m", "vcppo.bench.train", *argv, "--worker", f"{model_dir},{layout},{out}"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    cmd = [sys.executable, "-m", module, *argv, "--worker", sep.join([*fields, out])]
     subprocess.run(cmd, check=True, env=env)
     with open(out) as f:
         return json.load(f)
+
+
+def _spawn(model_dir: str, layout: str, argv: list[str]) -> dict:
+    return spawn_worker("vcppo.bench.train", argv, [model_dir, layout], ",", _parse(argv).threads)
 
 
 def main(argv=None) -> dict:
