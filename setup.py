@@ -8,6 +8,9 @@ COMMON = [
     "deepspeed==0.19.8",
     "omegaconf==2.4.0",
     "datasets==5.2.0",
+    "huggingface_hub>=1.0,<3",     # hub ids as model / data set paths: snapshot_download into the local cache
+    "filelock>=3.12",              # one download per node (vcppo/models/hub.py)
+    "psutil>=5.9",
     "math-verify==0.9.0",
     "wandb==0.31.0",
     "tensorboard==2.21.0",         # logging.tensorboard (torch.utils.tensorboard writes the event files)

@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from vcppo.config_extends import read_yaml_chain
 from vcppo.config_parallel import check_sequence_parallel, check_sequence_parallel_heads
 from vcppo.config_provenance import check_allow_list, resume_classes
+from vcppo.models.hub import resolve_model_keys
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES, uses_critic
 from vcppo.schema import RESUME_CLASSES, Config, ConfigError
 
@@ -209,6 +210,7 @@ def load_command_config(argv: Sequence[str], command: str, default_config: str |
     if config is None:
         raise ConfigError("a CONFIG (preset name or YAML file) is required")
     cfg = load_config(config, overrides)
+    resolve_model_keys(cfg, command)  # hub ids -> snapshot directories, before any path is checked
     if command in _PATHS:
         check_paths(cfg, command)
     return cfg
@@ -449,6 +451,8 @@ def check_paths(cfg: Config, command: str = "train") -> None:
     """Fail at start-up on files ``command`` needs but that don't exist; the error names the key."""
     required, optional = _PATHS[command]
     required = list(required)
+    if command == "eval" and cfg.eval.benchmark:  # the benchmark's files come from the cache without it
+        required, optional = ["eval.model_path"], ["eval.data_files"]
     if command == "train" and uses_critic(cfg.algorithm.advantage_estimator) and cfg.model.critic_init != "policy":
         required.append("model.critic_path")
     for cmd, key in (("rm", "rm.output_dir"), ("sft", "sft.output_dir")):  # outputs: set, need not exist

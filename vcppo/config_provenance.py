@@ -133,15 +133,18 @@ def summary(changes: list[Change]) -> str:
 
 
 def record_segment(run_dir: Path, *, phase: str, step: int, global_step: int, resumed_from: Path | None,
-                   changes: list[Change], argv: list[str] | None = None) -> Path:
-    """Append this segment to ``<run_dir>/config_history.jsonl`` (main rank)."""
+                   changes: list[Change], argv: list[str] | None = None,
+                   models: dict[str, str] | None = None) -> Path:
+    """Append this segment to ``<run_dir>/config_history.jsonl`` (main rank); ``models``: the hub
+    snapshots the model keys resolved to (``{key: org/name@commit}``)."""
     path = Path(run_dir) / HISTORY_FILE
     segments = len(path.read_text().splitlines()) if path.exists() else 0
     record = {"segment": segments + 1, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "phase": phase, "step": step, "global_step": global_step,
               "resumed_from": str(resumed_from) if resumed_from is not None else None,
               "command": shlex.join(sys.argv if argv is None else argv),
-              "changes": {c.key: {"old": c.old, "new": c.new, "class": c.klass} for c in changes}}
+              "changes": {c.key: {"old": c.old, "new": c.new, "class": c.klass} for c in changes},
+              "models": models or {}}
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(record, default=str) + "\n")

@@ -49,14 +49,15 @@ def _f(default: Any, doc: str, *, resume: str, choices: tuple | None = None, low
 
 @dataclass
 class ModelConfig:
-    policy_path: str = _f("", "Local HF directory of the initial policy (the SFT / cold-start model).", resume="math")
-    tokenizer_path: Optional[str] = _f(None, "Local tokenizer directory; defaults to policy_path.", resume="math")
+    policy_path: str = _f("", "The initial policy (the SFT / cold-start model): a local HF directory, or a hub "
+                          "id org/name[@revision] resolved through the Hugging Face cache.", resume="math")
+    tokenizer_path: Optional[str] = _f(None, "Tokenizer directory or hub id; defaults to policy_path.", resume="math")
     critic_init: str = _f("policy", "Critic initialisation: 'policy' (backbone of the policy + fresh "
                           "value head), 'reward_model' (an RM incl. its head; the paper's PPO "
                           "baseline), or 'checkpoint' (a pretrained critic).",
                           choices=("policy", "reward_model", "checkpoint"), resume="math")
-    critic_path: Optional[str] = _f(None, "Directory of the RM or critic checkpoint when critic_init "
-                                    "is 'reward_model' or 'checkpoint'.", resume="math")
+    critic_path: Optional[str] = _f(None, "Directory (or hub id) of the RM or critic checkpoint when "
+                                    "critic_init is 'reward_model' or 'checkpoint'.", resume="math")
     dtype: str = _f("auto", "Training dtype: 'auto' = bf16 on CUDA, fp32 on CPU.",
                     choices=("auto", "float32", "bfloat16", "float16"), resume="math")
 
@@ -285,7 +286,7 @@ class RewardConfig:
                            "Entries of functions_by_source win. false (the default): our verifier scores them.",
                            resume="math")
     model_path: Optional[str] = _f(None, "A reward model that scores each response at its last token: a "
-                                   "`vcppo rm` directory, or an HF sequence-classification checkpoint with one "
+                                   "`vcppo rm` directory, or an HF sequence-classification checkpoint (or hub id) with one "
                                    "label. Runs on the training ranks (reward_model section).", resume="math")
     combine: Optional[str] = _f(None, "How the reward model meets the rule: 'rule' (the model's scores only "
                                 "logged), 'model', 'weighted_sum' (rule_weight * rule + model_weight * model), "
@@ -417,7 +418,7 @@ class LoggingConfig:
 @dataclass
 class SFTConfig(OptimConfig):
     """`vcppo sft`: cold-start SFT on the task's reasoning traces (data.train_files / val_files)."""
-    init_model: str = _f("", "HF directory of the model to fine-tune (e.g. from `vcppo model make`).", resume="free")
+    init_model: str = _f("", "HF directory or hub id of the model to fine-tune (e.g. from `vcppo model make`).", resume="free")
     output_dir: str = _f("${model.policy_path}", "Where the fine-tuned policy is saved (default: the "
                          "policy RL starts from).", resume="free")
     solution_field: str = _f("solution", "Column holding the target response (trace + answer).", resume="free")
@@ -466,10 +467,14 @@ class RMConfig(OptimConfig):
 @dataclass
 class EvalConfig:
     """`vcppo eval`: greedy pass@1 and sampled pass@k (sampling settings from `rollout`)."""
-    model_path: str = _f("${model.policy_path}", "HF directory of the policy to evaluate.", resume="free")
+    model_path: str = _f("${model.policy_path}", "The policy to evaluate: an HF directory or a hub id.", resume="free")
     data_files: str = _f("", "Prompts to evaluate on (same formats as data.train_files); several files separated "
                          "by commas are evaluated in one go, each reported on its own too.", resume="free")
-    max_prompts: int = _f(256, "Prompts used (from the start of the file).", low=1, resume="free")
+    benchmark: str = _f("", "Standard benchmarks to evaluate on: gsm8k, math500, aime24, aime25 (comma-separated), "
+                        "each with its own prompt format and verl-parity scorer; read from eval.data_files when "
+                        "set (one benchmark), else from the Hugging Face cache.", resume="free")
+    max_prompts: Optional[int] = _f(256, "Prompts used per file (from its start); null: all (the default with "
+                                    "eval.benchmark).", low=1, resume="free")
     n_samples: int = _f(8, "Samples per prompt for pass@k (0: greedy only).", low=0, resume="free")
     k: List[int] = _f([1, 4, 8], "k values of the unbiased pass@k estimator (<= n_samples).", resume="free")
     output_json: Optional[str] = _f(None, "Also write the metrics to this JSON file.", resume="free")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 
 from vcppo.config import load_command_config, split_paths
 from vcppo.data.checks import DataError
@@ -29,6 +30,7 @@ from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.validation import evaluate
 from vcppo.engines import dist as D
 from vcppo.engines.rollout import RolloutEngine
+from vcppo.models.hub import parse_id
 from vcppo.rewards.routing import data_source_of
 from vcppo.schema import Config, ConfigError
 
@@ -41,26 +43,58 @@ _TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "voc
 VERL_ANSWER = "reward_model.ground_truth"
 
 
+def _benchmark_flag(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``--benchmark NAMES`` (or ``--benchmark=NAMES``) taken out of ``argv``: (the rest, overrides:
+    ``eval.benchmark=NAMES``, and every prompt unless ``eval.max_prompts`` is given)."""
+    rest, names = [], None
+    args = iter(argv)
+    for a in args:
+        if a == "--benchmark":
+            names = next(args, None)
+            if names is None:
+                raise ConfigError(f"--benchmark needs a name (gsm8k, math500, aime24, aime25)\n{USAGE}")
+        elif a.startswith("--benchmark="):
+            names = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    if names is None:
+        return rest, []
+    extra = [f"eval.benchmark={names}"]
+    if not any(a.lstrip("+").startswith("eval.max_prompts=") for a in rest):
+        extra.append("eval.max_prompts=null")
+    return rest, extra
+
+
 def eval_argv(argv: list[str]) -> list[str]:
     """``[CONFIG] MODEL_DIR DATA [key=value ...]`` -> the config form ``CONFIG eval.model_path=...
     eval.data_files=... [key=value ...]`` (CONFIG defaults to ``base``); ``[CONFIG] [key=value
-    ...]`` is passed through. MODEL_DIR and DATA are checked here (one line naming them)."""
+    ...]`` is passed through. With ``--benchmark``, DATA may be left out, and a lone argument that
+    is a model directory or a hub id is MODEL. MODEL_DIR and DATA are checked here (one line naming them)."""
+    argv, bench = _benchmark_flag(list(argv))
     positional = [a for a in argv if "=" not in a]
-    overrides = [a for a in argv if "=" in a]
+    overrides = [a for a in argv if "=" in a] + bench
+    if bench and len(positional) in (1, 2) and _is_model(positional[-1]):
+        config, model = (["base"] + positional)[-2:]
+        return [config, f"eval.model_path={model}", *overrides]
     if len(positional) <= 1:
         if positional and os.path.isfile(os.path.join(positional[0], "config.json")):
             raise ConfigError(f"DATA is missing after MODEL_DIR {positional[0]}\n{USAGE}")
-        return list(argv)
+        return list(argv) + bench
     if len(positional) > 3:
         raise ConfigError(f"too many arguments: {positional}\n{USAGE}")
     config, model, data = (["base"] + positional)[-3:]
     for key in ("eval.model_path", "eval.data_files"):
         if any(a.lstrip("+").startswith(key + "=") for a in overrides):
             raise ConfigError(f"{key} is given twice: as an argument and as '{key}=...'")
-    check_model_dir(model, "MODEL_DIR")
+    if parse_id(model) is None:  # a hub id is checked once resolved to its snapshot
+        check_model_dir(model, "MODEL_DIR")
     for path in split_paths(data):
         check_data_path(path, "DATA")
     return [config, f"eval.model_path={model}", f"eval.data_files={data}", *overrides]
+
+
+def _is_model(arg: str) -> bool:
+    return parse_id(arg) is not None or os.path.isfile(os.path.join(arg, "config.json"))
 
 
 def check_model_dir(path: str, what: str) -> None:
@@ -147,7 +181,10 @@ def main(argv: list[str]) -> int:
     check_model_dir(cfg.eval.model_path, "config key 'eval.model_path'")
     for path in split_paths(cfg.eval.data_files):
         check_data_path(path, "config key 'eval.data_files'")
-    metrics = evaluate_policy(cfg)
+    with tempfile.TemporaryDirectory(prefix="vcppo-benchmark-") as workdir:
+        if cfg.eval.benchmark:
+            cfg = with_benchmarks(cfg, workdir)
+        metrics = evaluate_policy(cfg)
     if metrics is not None:
         print(json.dumps(metrics, indent=1))
         print(markdown_table(metrics, cfg.eval.k))
@@ -155,6 +192,18 @@ def main(argv: list[str]) -> int:
             with open(cfg.eval.output_json, "w") as f:
                 json.dump(metrics, f, indent=1)
     return 0
+
+
+def with_benchmarks(cfg: Config, workdir: str) -> Config:
+    """``cfg`` evaluating ``eval.benchmark``'s files (prepared under ``workdir``) with verl's scorers."""
+    from vcppo.data.hub_sources import benchmark_files
+
+    names = split_paths(cfg.eval.benchmark)
+    files = benchmark_files(names, split_paths(cfg.eval.data_files), workdir)
+    print(f"vcppo eval: {', '.join(names)}: {cfg.eval.n_samples} samples per prompt for pass@k "
+          f"(k = {cfg.eval.k}) and one greedy", flush=True)
+    return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, data_files=",".join(files)),
+                               reward=dataclasses.replace(cfg.reward, verl_parity=True))
 
 
 def load_rows(cfg: Config, tok) -> tuple[list[dict], list[str] | None]:

@@ -20,6 +20,7 @@ import math
 from pathlib import Path
 
 from vcppo.config import load_config, split_command_line
+from vcppo.models.hub import resolve_model_keys
 from vcppo.plan.advise import Cluster, Lengths, Plan, Shapes, gib, plan_run, ranks
 from vcppo.plan import timing as T
 from vcppo.plan.knobs import REPORT_SPEEDUP, Setting, apply, find_faster, find_fit, sequence_parallel_limits
@@ -97,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(x is not None and x < 0 for x in (args.prompt_tokens, args.response_tokens)) or args.measure_repeats < 1:
         raise ConfigError("--prompt-tokens and --response-tokens must be >= 0, --measure-repeats >= 1")
     cfg = load_config(config, overrides)
+    if not args.model_shape:  # a hub id: its config.json (the weights too for --measure's real engines)
+        resolve_model_keys(cfg, "plan", allow_patterns=None if args.measure else ["*.json"])
     shapes = resolve_shapes(cfg, args.model_shape)
     cluster = Cluster(HARDWARE[args.gpu], args.gpus_per_node, args.nodes)
     lengths = Lengths.of(cfg, args.prompt_tokens, args.response_tokens)

@@ -6,6 +6,7 @@
     vcppo data make --task add --out data/add_verl --format verl   # verl's parquet format
     vcppo data stats FILE.parquet [--tokenizer DIR]      # trace length min/median/max
     vcppo data prepare gsm8k --in gsm8k/train.parquet --out data/gsm8k/train.parquet   # verl's format
+    vcppo data prepare gsm8k --split test --out data/gsm8k/test.parquet   # from the Hugging Face cache
 
 ``prepare`` turns a standard math data set you downloaded (gsm8k, math, math500, dapo-math, aime;
 parquet / jsonl / json / a save_to_disk directory) into verl-format parquet as verl's own
@@ -74,8 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--tokenizer", default=None, help="count with this tokenizer (default: char-level)")
     pr = sub.add_parser("prepare", help="a standard math data set you downloaded -> verl-format parquet")
     pr.add_argument("dataset", metavar="{gsm8k,math,math500,dapo-math,aime}", help="the data set's upstream schema")
-    pr.add_argument("--in", dest="source", metavar="PATH", required=True,
-                    help="the downloaded data: .parquet / .jsonl / .json or a save_to_disk directory")
+    pr.add_argument("--in", dest="source", metavar="PATH", default=None,
+                    help="the downloaded data: .parquet / .jsonl / .json or a save_to_disk directory (default: "
+                         "the data set's files in the Hugging Face cache, downloaded there when online)")
     pr.add_argument("--out", metavar="FILE.parquet", required=True, help="the verl-format file to write")
     pr.add_argument("--split", default=None, choices=("train", "test"),
                     help="extra_info.split, and the split read from a saved DatasetDict (default: train; "
@@ -84,9 +86,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from vcppo.data.prepare import prepare
+    from vcppo.data.hub_sources import fetch, source_of
+    from vcppo.data.prepare import default_split, prepare
 
-    n, sources = prepare(args.dataset, args.source, args.out, args.split)
+    source = args.source
+    if source is None:
+        split = args.split or default_split(args.dataset)
+        source = fetch(source_of(args.dataset, split), f"prepare {args.dataset}")
+    n, sources = prepare(args.dataset, source, args.out, args.split)
     print(f"{args.dataset}: {n} rows -> {args.out}  data_source {', '.join(sources)}")
     return 0
 

@@ -164,15 +164,27 @@ def check_dataset(name: str) -> None:
         raise DataError(f"prepare: unknown dataset {name!r}{hint}; one of {', '.join(RECIPES)}")
 
 
-def prepare(name: str, source: str, out: str, split: str | None = None) -> tuple[int, list[str]]:
-    """Write ``source`` (data set ``name``'s upstream schema) to ``out`` in verl's format.
+def default_split(name: str) -> str:
+    """The split ``name`` is read as without ``--split`` (train; test for math500 and aime)."""
+    check_dataset(name)
+    return RECIPES[name][3]
+
+
+def prepare(name: str, source: str | list[str], out: str, split: str | None = None,
+            data_source: str | None = None) -> tuple[int, list[str]]:
+    """Write ``source`` (data set ``name``'s upstream schema: a path, or the shards of one split) to
+    ``out`` in verl's format; ``data_source`` replaces the recipe's (e.g. ``aime2025``).
     Returns (rows written, the data_sources written)."""
+    import datasets
+
     check_dataset(name)
     if not out.endswith(".parquet"):
         raise DataError(f"prepare: --out must be a .parquet file: {out}")
-    build, _, also_consumed, default_split = RECIPES[name]
-    split = split or default_split
-    table = _read(source, split)
+    build, _, also_consumed, _ = RECIPES[name]
+    split = split or default_split(name)
+    paths = [source] if isinstance(source, str) else list(source)
+    table = datasets.concatenate_datasets([_read(p, split) for p in paths]) if len(paths) > 1 else _read(paths[0], split)
+    source = paths[0] if len(paths) == 1 else os.path.dirname(paths[0])
     if name == "aime" and all(c in table.column_names for c in VERL_COLUMNS):
         build, name = _already_verl, "dapo-math"  # e.g. the DAPO authors' AIME-2024: verl's format already
     cols = _columns(name, list(table.column_names), source)
@@ -180,6 +192,8 @@ def prepare(name: str, source: str, out: str, split: str | None = None) -> tuple
         c for c in [*cols.values(), *also_consumed] if c in table.column_names]
     table = table.map(lambda row, index: build(row, cols, index, split, source), with_indices=True,
                       remove_columns=consumed, keep_in_memory=True, load_from_cache_file=False)
+    if data_source is not None:
+        table = table.map(lambda row: {"data_source": data_source}, keep_in_memory=True, load_from_cache_file=False)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     table.to_parquet(out)
     return len(table), sorted(set(table["data_source"]))

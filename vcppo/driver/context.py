@@ -29,6 +29,7 @@ from vcppo.driver.model_reward import ModelReward
 from vcppo.driver.remote_critic import RemoteCritic
 from vcppo.driver.resume_checks import check_resume
 from vcppo.driver.teardown import close_parts
+from vcppo.models.hub import model_sources
 from vcppo.driver.timeline import Timeline
 from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
 from vcppo.engines import dist as D
@@ -104,7 +105,8 @@ def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunSt
         say(f"resuming with a changed config: {summary(changes)}")
     phase = resumed.phase if resumed is not None else "start"
     record_segment(run_dir, phase=phase, step=resumed.step if resumed else 0,
-                   global_step=resumed.global_step if resumed else 0, resumed_from=point, changes=changes)
+                   global_step=resumed.global_step if resumed else 0, resumed_from=point, changes=changes,
+                   models=model_sources(cfg))
     save_config(cfg, run_dir)
 
 
