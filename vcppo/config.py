@@ -452,6 +452,10 @@ def check_paths(cfg: Config, command: str = "train") -> None:
     required, optional = _PATHS[command]
     required = list(required)
     if command == "eval" and cfg.eval.benchmark:  # the benchmark's files come from the cache without it
+        from vcppo.data.hub_sources import benchmark
+
+        for name in split_paths(cfg.eval.benchmark):
+            benchmark(name)
         required, optional = ["eval.model_path"], ["eval.data_files"]
     if command == "train" and uses_critic(cfg.algorithm.advantage_estimator) and cfg.model.critic_init != "policy":
         required.append("model.critic_path")

@@ -79,6 +79,20 @@ def test_argument_forms(art):
     assert evaluate.eval_argv(config_form) == config_form and evaluate.eval_argv(config_form[1:]) == config_form[1:]
 
 
+def test_benchmark_argument_forms(art):
+    m, d = str(art / "model"), str(art / "verl" / "test.parquet")
+    bench = ["eval.benchmark=gsm8k", "eval.max_prompts=null"]
+    assert evaluate.eval_argv(["Qwen/Qwen2.5-0.5B-Instruct", "--benchmark", "gsm8k"]) == \
+        ["base", "eval.model_path=Qwen/Qwen2.5-0.5B-Instruct", *bench]
+    assert evaluate.eval_argv(["grpo", m, "--benchmark=gsm8k"]) == ["grpo", f"eval.model_path={m}", *bench]
+    assert evaluate.eval_argv([m, d, "--benchmark", "gsm8k"]) == ["base", f"eval.model_path={m}",
+                                                                  f"eval.data_files={d}", *bench]
+    assert evaluate.eval_argv(["gsm8k_ppo", "--benchmark", "aime24", "eval.max_prompts=5"]) == \
+        ["gsm8k_ppo", "eval.max_prompts=5", "eval.benchmark=aime24"]  # a preset: its model.policy_path
+    with pytest.raises(evaluate.ConfigError, match="--benchmark needs a name"):
+        evaluate.eval_argv([m, "--benchmark"])
+
+
 @pytest.mark.parametrize("name,expected", [
     ("verl/test.parquet", "reward_model.ground_truth"), ("verl.jsonl", "reward_model.ground_truth"),
     ("plain.parquet", "answer"), ("plain.jsonl", "answer")])
