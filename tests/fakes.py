@@ -11,7 +11,9 @@ from types import SimpleNamespace
 
 import torch
 
-from vcppo.engines.deepspeed_engine import GlobalCounts, ModelOutputs, stitch_rows
+from vcppo.driver.critic_side import LocalCritic
+from vcppo.engines.deepspeed_engine import stitch_rows
+from vcppo.engines.loss_contract import GlobalCounts, ModelOutputs
 from vcppo.engines.dist import DistInfo
 from vcppo.experience import Rollout, make_layout
 from vcppo.schema import Config
@@ -96,7 +98,7 @@ class FakeRun:
         self.scorer = SimpleNamespace(num_failures=0, num_timeouts=0, num_scored=0)
         self.actor = FakeEngine("actor", self.calls)
         gae = uses_critic(self.cfg.algorithm.advantage_estimator)
-        self.critic = FakeEngine("critic", self.calls) if gae else None
+        self.critic = LocalCritic(self.cfg, FakeEngine("critic", self.calls)) if gae else None
         self.reference = FakeEngine("reference", self.calls) if self.cfg.algorithm.kl_coef > 0 else None
         self.reward_model = None
         self.dist = DistInfo(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"),

@@ -139,3 +139,13 @@ def test_no_import_points_up_a_floor():
     up = [f"{src} -> {dst}" for src, dsts in import_graph().items() for dst in dsts
           if floor(src) is not None and floor(dst) is not None and floor(dst) > floor(src)]
     assert not up, up
+
+
+def test_the_step_reads_the_same_whatever_the_placement():
+    """rl_step meets the critic through one protocol (driver/critic_side.py): no branch on where the
+    critic lives, and no engine class of its own in the step."""
+    source = (PKG / "driver" / "step.py").read_text()
+    for placement_word in ("critic_remote", "RemoteCritic", "CriticEngine", "critic_on_own_ranks", "isinstance("):
+        assert placement_word not in source, placement_word
+    worker = (PKG / "driver" / "critic_worker.py").read_text()
+    assert "CriticHalf(" in worker and "update_critic" not in worker  # the same half as the local critic's

@@ -3,8 +3,9 @@ import re
 import pytest
 import yaml
 
-from vcppo.config import (CONFIG_DIR, ConfigError, all_keys, check_paths, load_config, parse_overrides,
-                          save_config, schema_markdown)
+from vcppo.config import (CONFIG_DIR, ConfigError, all_keys, load_config, parse_overrides, save_config,
+                          schema_markdown)
+from vcppo.config_paths import check_paths
 
 PRESETS = ["vcppo", "ppo", "vcppo_no_dgae", "grpo", "vapo"]
 

@@ -180,13 +180,25 @@ class Advantages:
 
         advantages     (B, R) float  the actor's advantages as the loss uses them
         raw_advantages (B, R) float  before whitening (the position-profile diagnostic)
-        returns        (B, R) float  the critic's targets (GAE with lambda_critic); None for GRPO
         lambda_actor   (B,)   float  per-sequence lambda (VAPO's length-adaptive lambda), else None
+
+    The critic's targets are the critic side's (:class:`CriticResult`).
     """
     advantages: Tensor
     raw_advantages: Tensor
-    returns: Optional[Tensor] = None
     lambda_actor: Optional[Tensor] = None
+
+
+@dataclass
+class CriticResult:
+    """The critic's side of one step (:mod:`vcppo.driver.critic_side`).
+
+        returns  (B, R) float  the value targets it trained on: GAE with lambda_critic from V_old,
+                               or Monte-Carlo returns-to-go when it trained first; 0 off the mask
+        metrics  dict          its update's metrics (the critic ranks' timings too, when remote)
+    """
+    returns: Tensor
+    metrics: dict
 
 
 @dataclass

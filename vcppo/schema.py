@@ -1,7 +1,7 @@
 """The config schema of every vcppo command: one dataclass per section, one doc line per field.
 
 Each field carries ``metadata["doc"]`` (docs/config.md is generated from it), where it has one its
-valid range or choices, checked by :func:`vcppo.config.validate`, and ``metadata["resume"]``: what a
+valid range or choices, checked by :func:`vcppo.config_rules.validate`, and ``metadata["resume"]``: what a
 change of it does when a run resumes (:data:`RESUME_CLASSES`, enforced by
 :mod:`vcppo.config_provenance`). A section's metadata may set ``resume`` for every key inside it (the
 sections that `vcppo train` does not read). Loading, merging and

@@ -2,7 +2,6 @@
 their hub ids from a Hugging Face cache (a real cache layout, offline) where the tiny test model
 stands in for Qwen2.5-0.5B-Instruct; sizes appended for the CPU. Then `vcppo plan` by model id."""
 import json
-import os
 import re
 import shlex
 import subprocess

@@ -59,7 +59,7 @@ def remote_run(**overrides):
     run = FakeRun(**SPLIT, **overrides)
     loop = Loopback()
     loop.server = CriticServer(run.cfg, run.dist, loop.critic_end(), Timeline(None, "critic"))
-    loop.server.critic = run.critic
+    loop.server.critic = run.critic.engine
     run.critic = RemoteCritic(loop.actor_end())
     return run, loop.server
 
@@ -132,7 +132,7 @@ def test_commands_reach_the_critic_engine_and_a_checkpoint_holds_its_rng(tmp_pat
     run.critic.save_checkpoint(str(tmp_path / "critic"))
     drawn = torch.rand(3)  # the critic rank's stream after the checkpoint
     run.critic.check_finite_weights("the final critic export")
-    run.critic.load_checkpoint(str(tmp_path / "critic"))
+    run.critic.restore(tmp_path / "critic")
     assert torch.equal(torch.rand(3), drawn)  # restored to where the checkpoint left it
     assert seen == [("save", str(tmp_path / "critic")), ("finite", "the final critic export"),
                     ("load", str(tmp_path / "critic"), False)]

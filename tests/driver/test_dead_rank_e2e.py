@@ -16,7 +16,7 @@ from tests.driver.test_multirank_faults_e2e import start_two_ranks
 from tests.driver.test_train_e2e import base_overrides
 from vcppo.driver import manifest
 from vcppo.driver.checkpoint import checkpoint_root, list_complete
-from vcppo.engines.deepspeed_engine import lr_lambda_factory
+from vcppo.engines.engine_setup import lr_lambda_factory
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import torch
 from vcppo.config import load_config
 from vcppo.driver import checkpoint as ckpt
 from vcppo.driver.critic_cache import cache_key
-from vcppo.driver.metrics import PhaseTimer
+from vcppo.driver.timeline import PhaseTimer
 from vcppo.driver.sampling import collect_rollout, rank_slice
 from vcppo.driver.value_pretrain import settled
 from vcppo.rewards.verifier import RewardScorer

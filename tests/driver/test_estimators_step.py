@@ -13,12 +13,13 @@ from vcppo.algos import losses
 from vcppo.algos.gae import gae_reference
 from vcppo.algos.stats import masked_whiten
 from vcppo.config import load_config
-from vcppo.driver.advantages import ESTIMATE, estimate
+from vcppo.algos.gae import decoupled_gae
+from vcppo.driver.advantages import ESTIMATE, critic_targets, estimate
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.plan import Source, ppo_plan
 from vcppo.driver.step import rl_step
 from vcppo.driver.update import PolicyLoss
-from vcppo.engines.deepspeed_engine import GlobalCounts, ModelOutputs
+from vcppo.engines.loss_contract import GlobalCounts, ModelOutputs
 from vcppo.experience import ActorBatch
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES
 from vcppo.schema import AlgorithmConfig
@@ -143,12 +144,17 @@ def test_estimate_keeps_gae_and_grpo():
     """The dispatch leaves the shipped estimators' arithmetic as it was (decoupled GAE; GRPO's)."""
     r = scored(ROLLOUT, lengths=LENGTHS)
     values = 0.1 * r.response_mask
-    adv = estimate(r, r.token_rewards, values, AlgorithmConfig(lambda_actor=0.9), lambda_critic=1.0)
-    raw, ret = gae_reference(r.token_rewards, values, r.response_mask, 1.0, 0.9)
+    alg = AlgorithmConfig(lambda_actor=0.9)
+    adv = estimate(r, r.token_rewards, values, alg)
+    raw, _ = gae_reference(r.token_rewards, values, r.response_mask, 1.0, 0.9)
     torch.testing.assert_close(adv.raw_advantages, raw, rtol=1e-5, atol=1e-6)
-    assert adv.returns is not None and adv.lambda_actor is None
-    g = estimate(r, r.token_rewards, None, AlgorithmConfig(advantage_estimator="grpo", whiten_advantages=False), 1.0)
-    assert g.returns is None and torch.equal(g.advantages, g.raw_advantages)
+    assert adv.lambda_actor is None
+    _, targets = gae_reference(r.token_rewards, values, r.response_mask, 1.0, 1.0)  # the critic's, lambda_critic 1
+    torch.testing.assert_close(critic_targets(r, r.token_rewards, values, alg, 1.0), targets, rtol=1e-5, atol=1e-6)
+    joint = decoupled_gae(r.token_rewards, values, r.response_mask, 1.0, lam_actor=0.9, lam_critic=0.8)[1]
+    assert torch.equal(critic_targets(r, r.token_rewards, values, alg, 0.8), joint)  # the bits of a joint call
+    g = estimate(r, r.token_rewards, None, AlgorithmConfig(advantage_estimator="grpo", whiten_advantages=False))
+    assert torch.equal(g.advantages, g.raw_advantages)
 
 
 def _actor_batch(seed=0):

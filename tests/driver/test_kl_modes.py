@@ -12,7 +12,7 @@ from vcppo.driver.checkpoint import RunState
 from vcppo.driver.plan import Source, ppo_plan
 from vcppo.driver.step import rl_step
 from vcppo.driver.update import PolicyLoss
-from vcppo.engines.deepspeed_engine import RESPONSE, GlobalCounts, ModelOutputs
+from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs
 from vcppo.experience import ActorBatch, Rollout, make_layout
 from vcppo.schema import AlgorithmConfig, ConfigError
 
@@ -30,6 +30,7 @@ def step_with(state=None, **overrides):
         engine = getattr(run, name)
         if engine is None:
             continue
+        engine = getattr(engine, "engine", engine)  # the critic side's engine
         train_step = engine.train_step
         engine.train_step = (lambda ts, key: lambda mb, loss: seen.setdefault(key, mb) and ts(mb, loss))(train_step, name)
     plan = ppo_plan(run.cfg, CPU)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tests.fakes import scored
-from vcppo.config import check_paths, load_config
+from vcppo.config import load_config
+from vcppo.config_paths import check_paths
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.model_reward import ModelReward
 from vcppo.schema import Config, ConfigError

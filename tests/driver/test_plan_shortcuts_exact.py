@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vcppo.algos.gae import decoupled_gae
-from vcppo.driver.advantages import estimate, returns_to_go
+from vcppo.driver.advantages import critic_targets, estimate, returns_to_go
 from vcppo.driver.plan import Source, StepPlan
 from vcppo.driver.update import update_actor, update_critic
 from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout
@@ -71,7 +71,7 @@ def test_pi_old_from_the_actor_update_changes_no_loss_gradient_or_weight(info, t
         if plan.pi_old is Source.PASS:
             old, entropy = actor.forward_logprobs(r, with_entropy=True)
         batch = ActorBatch(**vars(r), advantages=advantages * r.response_mask, old_logprobs=old)
-        out = update_actor(_ctx(alg=alg, actor_cfg=actor_cfg, actor=actor), plan, batch, step=1)
+        out = update_actor(_ctx(alg=alg, actor_cfg=actor_cfg).cfg, actor, plan, batch, step=1)
         results[plan.pi_old] = (out.metrics, old if old is not None else out.logprobs,
                                 entropy if entropy is not None else out.entropy, actor.full_state_dict())
         actor.close()
@@ -98,7 +98,7 @@ def test_pi_old_from_the_sampler_still_reports_the_entropy(info, tiny_model_dir)
     _, expected_entropy = actor.forward_logprobs(r, with_entropy=True)
     plan = dataclasses.replace(PLAN, pi_old=Source.SAMPLER, kl_in_reward=True)
     batch = ActorBatch(**vars(r), advantages=torch.ones_like(r.response_mask), old_logprobs=r.sampler_logprobs)
-    out = update_actor(_ctx(alg=alg, actor_cfg=actor_cfg, actor=actor), plan, batch, step=1)
+    out = update_actor(_ctx(alg=alg, actor_cfg=actor_cfg).cfg, actor, plan, batch, step=1)
     actor.close()
     assert out.logprobs is None  # pi_old is the sampler's, not the update's
     torch.testing.assert_close(out.entropy, expected_entropy, rtol=1e-5, atol=1e-6)
@@ -116,28 +116,29 @@ def test_v_old_from_the_critic_update_changes_no_loss_gradient_weight_or_advanta
         # A first, identical step moves the zero-initialised head: the compared step has real values.
         warm, warm_rewards = _rollout(seed=1)
         warm_values = critic.forward_values(warm)
-        warm_adv = estimate(warm, warm_rewards, warm_values, alg, 1.0)
+        warm_returns = critic_targets(warm, warm_rewards, warm_values, alg, 1.0)
         update_critic(ctx.cfg, ctx.critic, PASSES,
-                      CriticBatch(**vars(warm), returns=warm_adv.returns, old_values=warm_values), step=1)
+                      CriticBatch(**vars(warm), returns=warm_returns, old_values=warm_values), step=1)
         r, rewards = _rollout()
         if plan.v_old is Source.PASS:
             values = critic.forward_values(r)
-            adv = estimate(r, rewards, values, alg, 1.0)
+            returns = critic_targets(r, rewards, values, alg, 1.0)
             out = update_critic(ctx.cfg, ctx.critic, plan,
-                                CriticBatch(**vars(r), returns=adv.returns, old_values=values), step=2)
+                                CriticBatch(**vars(r), returns=returns, old_values=values), step=2)
         else:
             returns = returns_to_go(rewards, r.response_mask, alg.gamma)
             out = update_critic(ctx.cfg, ctx.critic, plan, CriticBatch(**vars(r), returns=returns), step=2)
             values = out.values
-            adv = dataclasses.replace(estimate(r, rewards, values, alg, 1.0), returns=returns)
-        results[plan.v_old] = (out.metrics, values, adv, critic.full_state_dict())
+        adv = estimate(r, rewards, values, alg)
+        results[plan.v_old] = (out.metrics, values, (adv, returns), critic.full_state_dict())
         critic.close()
     (m_full, v_full, a_full, w_full), (m_upd, v_upd, a_upd, w_upd) = results[Source.PASS], results[Source.UPDATE]
     tol = dict(rtol=1e-5, atol=1e-6)
     assert v_full.abs().max() > 0.01  # the warm-up step gave the compared step real values
     torch.testing.assert_close(v_upd, v_full, **tol)
-    for field in ("returns", "raw_advantages", "advantages"):
-        torch.testing.assert_close(getattr(a_upd, field), getattr(a_full, field), **tol, msg=field)
+    torch.testing.assert_close(a_upd[1], a_full[1], **tol, msg="returns")
+    for field in ("raw_advantages", "advantages"):
+        torch.testing.assert_close(getattr(a_upd[0], field), getattr(a_full[0], field), **tol, msg=field)
     assert set(m_upd) == set(m_full)
     for key in m_full:  # value loss, clip fraction, grad norm, lr ...
         assert m_upd[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-6), key

@@ -6,7 +6,7 @@ import pytest
 
 from vcppo.config import load_config, save_config
 from vcppo.driver.resume_checks import RUN_CONFIG, check_resume, recorded_run_config, write_run_config
-from vcppo.engines.deepspeed_engine import CHECKPOINT_TAG
+from vcppo.engines.engine_setup import CHECKPOINT_TAG
 from vcppo.schema import ConfigError
 
 

@@ -66,8 +66,8 @@ def one_step(info, model_dir) -> dict:
     for step in (1, 2):  # the second step sees a critic whose head the first one moved
         returns = returns_to_go(r.token_rewards, r.response_mask, alg.gamma)
         critic = update_critic(ctx.cfg, ctx.critic, PLAN, CriticBatch(**vars(r), returns=returns), step)
-        adv = estimate(r, r.token_rewards, critic.values, alg, 1.0)
-        actor = update_actor(ctx, PLAN, ActorBatch(**vars(r), advantages=adv.advantages), step)
+        adv = estimate(r, r.token_rewards, critic.values, alg)
+        actor = update_actor(ctx.cfg, ctx.actor, PLAN, ActorBatch(**vars(r), advantages=adv.advantages), step)
         for k in ("critic/value_loss", "critic/grad_norm"):
             out[f"{k}@{step}"] = critic.metrics[k]
         for k in ("actor/pg_loss", "actor/grad_norm"):

@@ -446,7 +446,7 @@ def test_critic_learns_a_visible_outcome_and_never_peeks_ahead(info, tiny_model_
 
 
 def test_critic_train_export_and_reward_model_init(info, tiny_model_dir, tmp_path):
-    from vcppo.engines.deepspeed_engine import GlobalCounts, ModelOutputs
+    from vcppo.engines.loss_contract import GlobalCounts, ModelOutputs
     from vcppo.models.value_model import ValueModel
     r = Rollout.unscored(make_layout([[5, 6, 7], [8]], [[10, 11], [12, 13, 14]], pad_id=0))
     b = CriticBatch(**vars(r), returns=torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]]))

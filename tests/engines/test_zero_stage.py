@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.engines.token_loss import nll_loss
-from vcppo.engines.deepspeed_engine import checkpoint_zero_stage, resolve_zero_stage
+from vcppo.engines.engine_setup import checkpoint_zero_stage, resolve_zero_stage
 from vcppo.experience import make_layout
 
 pytestmark = [pytest.mark.integration]

@@ -1,5 +1,5 @@
 """A per-token loss for engine tests, following the engine's loss interface (EngineLoss)."""
-from vcppo.engines.deepspeed_engine import RESPONSE, response_counts
+from vcppo.engines.loss_contract import RESPONSE, response_counts
 
 
 class TokenLoss:

@@ -4,7 +4,8 @@ import pickle
 
 import pytest
 
-from vcppo.config import check_paths, load_config
+from vcppo.config import load_config
+from vcppo.config_paths import check_paths
 from vcppo.rewards.routing import GroundTruth, RewardRouter
 from vcppo.rewards.verifier import RewardScorer
 from vcppo.schema import ConfigError

@@ -24,7 +24,8 @@ import json
 import os
 import tempfile
 
-from vcppo.config import load_command_config, split_paths
+from vcppo.config import load_command_config
+from vcppo.config_paths import split_paths
 from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.validation import evaluate

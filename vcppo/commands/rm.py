@@ -20,7 +20,7 @@ from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_
 from vcppo.driver.sampling import collect_rollout, rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.critic import CriticEngine
-from vcppo.engines.deepspeed_engine import RESPONSE, GlobalCounts, ModelOutputs, response_counts
+from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs, response_counts
 from vcppo.engines.dist import DistInfo, gather_cat
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import Rollout

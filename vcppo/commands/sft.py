@@ -24,7 +24,7 @@ from vcppo.driver.validation import evaluate
 from vcppo.driver.sampling import rank_slice
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
-from vcppo.engines.deepspeed_engine import RESPONSE, GlobalCounts, ModelOutputs, response_counts
+from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs, response_counts
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import Layout, make_layout
 from vcppo.schema import Config

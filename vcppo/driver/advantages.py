@@ -33,37 +33,45 @@ def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> to
     return estimators.returns_to_go(rewards, mask, gamma)
 
 
-# Every estimator: (rollout, rewards (B, R), values (B, R) or None, alg, lambda_critic, for_update) ->
-# (raw advantages (B, R), the critic's targets (B, R) or None, per-sequence lambda (B,) or None).
+def critic_targets(rollout: Rollout, rewards: torch.Tensor, values: torch.Tensor, alg: AlgorithmConfig,
+                   lambda_critic: float) -> torch.Tensor:
+    """(B, R) the critic's regression targets: GAE with ``lambda_critic`` plus V_old (Decoupled-GAE's
+    second output; each lambda is its own scan, so these are the bits a joint call gives)."""
+    _, returns = decoupled_gae(rewards, values, rollout.response_mask, gamma=alg.gamma,
+                               lam_actor=lambda_critic, lam_critic=lambda_critic)
+    return returns
+
+
+# Every estimator: (rollout, rewards (B, R), values (B, R) or None, alg, for_update) ->
+# (raw advantages (B, R), per-sequence lambda (B,) or None).
 Estimated = tuple
 
 
 def _gae(rollout: Rollout, rewards: torch.Tensor, values: torch.Tensor | None, alg: AlgorithmConfig,
-         lambda_critic: float, for_update: bool) -> Estimated:
+         for_update: bool) -> Estimated:
     lam_actor = None
     if for_update and alg.length_adaptive_lambda:
         # VAPO: longer responses get lambda closer to 1 (less bias on long sequences).
         lam_actor = length_adaptive_lambda(rollout.response_mask.sum(1), alg.length_adaptive_alpha)
-    raw, returns = decoupled_gae(rewards, values, rollout.response_mask, gamma=alg.gamma,
-                                 lam_actor=alg.lambda_actor if lam_actor is None else lam_actor,
-                                 lam_critic=lambda_critic)
-    return raw, returns, lam_actor
+    lam = alg.lambda_actor if lam_actor is None else lam_actor
+    raw, _ = decoupled_gae(rewards, values, rollout.response_mask, gamma=alg.gamma, lam_actor=lam, lam_critic=lam)
+    return raw, lam_actor
 
 
 def _grpo(rollout: Rollout, rewards: torch.Tensor, values, alg: AlgorithmConfig, *unused) -> Estimated:
     # a sample's reward is the sum of its per-token rewards (verl's): the outcome, minus the KL
     # penalty when it is in the reward
     seq_adv = grpo_advantages(rewards.sum(-1), group_ids=rollout.group, scale_by_std=alg.grpo_scale_by_std)
-    return seq_adv[:, None] * rollout.response_mask, None, None
+    return seq_adv[:, None] * rollout.response_mask, None
 
 
 def _rloo(rollout: Rollout, rewards: torch.Tensor, *unused) -> Estimated:
     seq_adv = estimators.rloo_advantages(rewards.sum(-1), rollout.group)  # the sample's return, as GRPO's
-    return seq_adv[:, None] * rollout.response_mask, None, None
+    return seq_adv[:, None] * rollout.response_mask, None
 
 
 def _reinforce_pp(rollout: Rollout, rewards: torch.Tensor, values, alg: AlgorithmConfig, *unused) -> Estimated:
-    return estimators.returns_to_go(rewards, rollout.response_mask, alg.gamma), None, None
+    return estimators.returns_to_go(rewards, rollout.response_mask, alg.gamma), None
 
 
 def _reinforce_pp_baseline(rollout: Rollout, rewards: torch.Tensor, values, alg: AlgorithmConfig,
@@ -71,7 +79,7 @@ def _reinforce_pp_baseline(rollout: Rollout, rewards: torch.Tensor, values, alg:
     # the baseline is the group's mean OUTCOME; the KL penalty stays per token (OpenRLHF's)
     raw = estimators.reinforce_pp_baseline_returns(rewards, rollout.response_mask, rollout.token_rewards.sum(-1),
                                                    rollout.group, alg.gamma)
-    return raw, None, None
+    return raw, None
 
 
 # algorithm.advantage_estimator -> its computation (vcppo.methods.ESTIMATORS declares the same names)
@@ -80,17 +88,16 @@ ESTIMATE = {"gae": _gae, "grpo": _grpo, "rloo": _rloo, "reinforce_plus_plus": _r
 
 
 def estimate(rollout: Rollout, rewards: torch.Tensor, values: torch.Tensor | None, alg: AlgorithmConfig,
-             lambda_critic: float, for_update: bool = True) -> Advantages:
-    """The step's :class:`~vcppo.experience.Advantages` from ``rewards`` (B, R) (the outcome reward,
+             for_update: bool = True) -> Advantages:
+    """The actor's :class:`~vcppo.experience.Advantages` from ``rewards`` (B, R) (the outcome reward,
     minus the KL penalty when there is one) and ``values`` (B, R) V_old (None without a critic), by
-    ``alg.advantage_estimator``.
+    ``alg.advantage_estimator`` (the critic's targets: :func:`critic_targets`).
 
     ``for_update``: the actor trains on them: VAPO's length-adaptive lambda and whitening apply.
     Otherwise (value pretraining, actor frozen) they are only the position-profile diagnostic:
     plain ``lambda_actor``, not whitened."""
-    raw, returns, lam_actor = ESTIMATE[alg.advantage_estimator](rollout, rewards, values, alg, lambda_critic,
-                                                                for_update)
+    raw, lam_actor = ESTIMATE[alg.advantage_estimator](rollout, rewards, values, alg, for_update)
     advantages = raw
     if for_update and alg.whiten_advantages:
         advantages = global_whiten(raw, rollout.response_mask, zero_mean=alg.zero_mean_advantages)
-    return Advantages(advantages=advantages, raw_advantages=raw, returns=returns, lambda_actor=lam_actor)
+    return Advantages(advantages=advantages, raw_advantages=raw, lambda_actor=lam_actor)

@@ -24,9 +24,9 @@ from vcppo.config_provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver import reshard
 from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
+from vcppo.driver.critic_side import Critic
 from vcppo.driver.engines import build_engines
 from vcppo.driver.model_reward import ModelReward
-from vcppo.driver.remote_critic import RemoteCritic
 from vcppo.driver.resume_checks import check_resume
 from vcppo.driver.teardown import close_parts
 from vcppo.models.hub import model_sources
@@ -35,7 +35,6 @@ from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_l
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.bridge import Roles
-from vcppo.engines.critic import CriticEngine
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.lora import enabled as lora_enabled
 from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
@@ -164,7 +163,7 @@ class RunContext:
     scorer: RewardScorer
     rollout: RolloutEngine | None  # None on the training ranks of a split run
     actor: ActorEngine
-    critic: CriticEngine | RemoteCritic | None  # RemoteCritic: on its own ranks (placement.critic_ranks)
+    critic: Critic | None  # LocalCritic, or RemoteCritic on its own ranks (placement.critic_ranks)
     reference: ReferenceEngine | AdapterFreeReference | None
     log: MetricsLogger
     critic_from_cache: Path | None = None
@@ -263,8 +262,8 @@ class RunContext:
         """Tear the engines down (:func:`~vcppo.driver.teardown.close_parts`); ``clean``: the run
         ended without an error, so ranks meet first."""
         parts = [("logger", self.log.close), ("reward scorer", self.scorer.close), ("timeline", self.timeline.close)]
-        if clean and isinstance(self.critic, RemoteCritic):  # after an error they stop as this rank exits
-            parts.insert(0, ("critic ranks", self.critic.close))
+        if clean and self.critic is not None:  # critic ranks, if any: after an error they stop as this rank exits
+            parts.insert(0, ("critic", self.critic.close))
         if self.rollout is not None:
             parts.append(("vLLM engine", lambda: self.rollout.close(final=True)))
         try:

@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from vcppo.config import combine_mode
+from vcppo.config_rules import combine_mode
 from vcppo.schema import Config, CriticConfig
 
 COMPLETE_MARKER = "vcppo_pretrain.json"

@@ -4,7 +4,8 @@ Actor rank i -> critic rank i, in order: :class:`Start` once (the checkpoint the
 from), then per step a :class:`CriticStep` (rank i's share of the batch and its per-token rewards),
 a :class:`Command` wherever the driver calls the critic (save, load, export, the finite-weights
 check), and :class:`Stop` at the end. Critic rank i -> actor rank i, in order: :class:`Ready`
-after the start, per step the :class:`Values` (V_old) and then the update's :class:`UpdateDone`,
+after the start, per step the :class:`Values` (V_old) and then the update's :class:`UpdateDone` (the
+targets and the metrics),
 and per command :class:`Done`, or :class:`Failed` with the error the critic raised.
 
 Every actor rank sends every message to its own partner, so the critic ranks run each step and
@@ -47,6 +48,7 @@ class Values:
 
 @dataclass
 class UpdateDone:
+    returns: torch.Tensor  # (B, R) the value targets the critic trained on
     metrics: dict  # the critic update's metrics (and the critic rank's own timings)
 
 

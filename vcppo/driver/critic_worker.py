@@ -4,10 +4,9 @@ update, beside the actor's.
 Critic rank i serves actor rank i (:mod:`vcppo.driver.critic_protocol`): it builds the critic as
 the training ranks would (from the policy, a reward model, a checkpoint or the value-pretraining
 cache; restored where the run resumes), then per step takes rank i's share of the batch and its
-rewards, sends V_old back at once (a values pass; in value pretraining, where the actor does not
-train, the step plan decides as on the training ranks: with Monte-Carlo targets and one optimizer
-step the critic trains first and V_old is its update's own forward), computes the value targets with
-``lambda_critic`` from the same rewards and values, updates, and sends the update's metrics. The
+rewards, and runs the critic's half of the step that a training rank's local critic runs
+(:class:`~vcppo.driver.critic_side.CriticHalf`): V_old, sent back at once, then the targets with
+``lambda_critic`` from the same rewards and values and the update, whose targets and metrics follow. The
 critic ranks' ZeRO-3 collectives run among themselves, while the actor ranks train. A checkpoint
 also holds each critic rank's RNG states (``rng_critic{r}.json``: a critic with dropout, e.g.
 LoRA's, resumes exactly), restored unless the run resumes on another number of ranks.
@@ -19,20 +18,17 @@ import sys
 import time
 from pathlib import Path
 
-from vcppo.driver.advantages import estimate, returns_to_go
 from vcppo.driver.checkpoint import peek_state, rng_state, set_rng_state
 from vcppo.driver.context import init_run_distributed, seed_process
 from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Ready, Start, Stop, UpdateDone,
                                           Values)
+from vcppo.driver.critic_side import CriticHalf
 from vcppo.driver.engines import build_critic
-from vcppo.driver.metrics import PhaseTimer
 from vcppo.driver.plan import ppo_plan, pretrain_plan
-from vcppo.driver.resume import restore_engine
-from vcppo.driver.timeline import Timeline
-from vcppo.driver.update import update_critic
+from vcppo.driver.restore_engine import restore_engine
+from vcppo.driver.timeline import PhaseTimer, Timeline
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
-from vcppo.experience import CriticBatch
 from vcppo.schema import Config
 
 
@@ -63,30 +59,17 @@ class CriticServer:
         self.link.send(Ready(str(from_cache) if from_cache is not None else None))
 
     def step(self, msg: CriticStep) -> None:
-        plan, device = self.plans[msg.phase], self.dist.device
-        rollout, rewards = msg.rollout.to(device), msg.rewards.to(device)
+        """The critic's half of the step (the one the training ranks' local critic runs), V_old sent
+        as soon as it exists."""
         timer = PhaseTimer(timeline=self.timeline)
-        if plan.critic_first:  # Monte-Carlo targets need no values; V_old is the update's forward
-            returns = returns_to_go(rewards, rollout.response_mask, self.cfg.algorithm.gamma)
-            with timer("critic_update"):
-                result = update_critic(self.cfg, self.critic, plan, CriticBatch(**vars(rollout), returns=returns),
-                                       msg.step)
-            self.link.send(Values(result.values.cpu()))
-        else:
-            with timer("values"):
-                values = self.critic.forward_values(rollout)
-            self.link.send(Values(values.cpu()))
-            # the targets the training ranks' own step would compute from these values (whitening
-            # touches only the actor's advantages)
-            returns = estimate(rollout, rewards, values, self.cfg.algorithm, plan.lambda_critic,
-                               for_update=False).returns
-            with timer("critic_update"):
-                batch = CriticBatch(**vars(rollout), returns=returns, old_values=values)
-                result = update_critic(self.cfg, self.critic, plan, batch, msg.step)
+        half = CriticHalf(self.cfg, self.critic, self.plans[msg.phase], msg.step, msg.rollout.to(self.dist.device),
+                          msg.rewards.to(self.dist.device), timer)
+        self.link.send(Values(half.values().cpu()))
+        result = half.update()
         metrics = dict(result.metrics)
         metrics.update({"time/critic_rank_values_s": timer.seconds.get("values", 0.0),
                         "time/critic_rank_update_s": timer.seconds["critic_update"]})
-        self.link.send(UpdateDone(metrics))
+        self.link.send(UpdateDone(result.returns.cpu(), metrics))
 
     def command(self, msg: Command) -> None:
         with self.timeline.span(msg.name):

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.critic_cache import cached_critic, critic_source
+from vcppo.driver.critic_side import Critic, LocalCritic
 from vcppo.driver.plan import critic_on_own_ranks
 from vcppo.driver.remote_critic import RemoteCritic
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.critic import CriticEngine
-from vcppo.engines.deepspeed_engine import checkpoint_zero_stage, resolve_zero_stage
+from vcppo.engines.engine_setup import checkpoint_zero_stage, resolve_zero_stage
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.lora import enabled as lora_enabled
 from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
@@ -33,7 +34,7 @@ def optimizer_steps_per_rl_step(optim) -> int:
 class Engines:
     rollout: RolloutEngine | None
     actor: ActorEngine
-    critic: CriticEngine | RemoteCritic | None
+    critic: Critic | None            # LocalCritic or RemoteCritic (placement.critic_ranks)
     reference: ReferenceEngine | AdapterFreeReference | None
     critic_from_cache: Path | None   # a reused value-pretrained critic
 
@@ -64,7 +65,7 @@ def adapter_sync_rank(cfg: Config) -> int:
 
 def with_zero_stage(engine_cfg, dist: DistInfo, log: MetricsLogger, role: str, checkpoint: Path | None = None):
     """``engine_cfg`` with its ZeRO stage resolved (``zero_stage: null`` = auto, see
-    :func:`~vcppo.engines.deepspeed_engine.resolve_zero_stage`); the choice is logged once per engine.
+    :func:`~vcppo.engines.engine_setup.resolve_zero_stage`); the choice is logged once per engine.
     ``checkpoint``: the engine's directory in the resume point (its layout fixes an auto stage)."""
     stage = resolve_zero_stage(engine_cfg.zero_stage, dist.world_size, str(checkpoint) if checkpoint else None)
     if engine_cfg.zero_stage is not None:
@@ -124,7 +125,8 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
     if remote is not None:
         critic, from_cache = remote, remote.ready()
     elif uses_critic(alg.advantage_estimator):
-        critic, from_cache = build_critic(cfg, dist, log, resumed, resume_point)
+        engine, from_cache = build_critic(cfg, dist, log, resumed, resume_point)
+        critic = LocalCritic(cfg, engine)
     reference = None
     if alg.kl_coef > 0 and lora_enabled(cfg.actor.lora):
         log.info("reference policy: the actor with its LoRA adapters off (no second copy of the model)")

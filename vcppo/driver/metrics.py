@@ -1,9 +1,6 @@
 """What a step reports: phase timings, the collapse diagnostics over the global batch, validation."""
 from __future__ import annotations
 
-import contextlib
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,31 +12,8 @@ from vcppo.algos.mismatch import mismatch_stats, tis_weights
 from vcppo.driver.context import RunContext
 from vcppo.engines.dist import gather_cat
 from vcppo.driver.plan import Source, StepPlan
-from vcppo.driver.timeline import Timeline
-from vcppo.experience import Advantages, BeforeUpdate, Rollout
-
-
-@dataclass
-class PhaseTimer:
-    """Wall time per named phase of a step; ``with timer("rollout"): ...``. Each interval also
-    goes to ``timeline`` (``logging.timeline``) when given."""
-    seconds: dict = field(default_factory=dict)
-    timeline: Timeline | None = None
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        start, wall = time.perf_counter(), time.time()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-            if self.timeline is not None:
-                self.timeline.record(name, wall, time.time())
-
-    def metrics(self) -> dict:
-        out = {f"time/{k}_s": v for k, v in self.seconds.items()}
-        out["time/step_s"] = sum(self.seconds.values())
-        return out
+from vcppo.driver.timeline import PhaseTimer
+from vcppo.experience import Advantages, BeforeUpdate, CriticResult, Rollout
 
 
 def position_diagnostics(adv: torch.Tensor, mask: torch.Tensor, buckets: int) -> dict:
@@ -83,11 +57,11 @@ def mismatch_metrics(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
 
 
 def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: BeforeUpdate, adv: Advantages,
-                 timer: PhaseTimer) -> dict:
+                 timer: PhaseTimer, critic: CriticResult | None = None) -> dict:
     """The per-step diagnostics over the global batch (gathered from every rank). ``models``: what
-    the models said before the updates, with what the updates' own forwards gave filled in; a
-    quantity the plan does not produce (no critic in GRPO, no pi_old in value pretraining) is
-    not reported."""
+    the models said before the updates, with what the updates' own forwards gave filled in;
+    ``critic``: the critic side's targets; a quantity the plan does not produce (no critic in
+    GRPO, no pi_old in value pretraining) is not reported."""
     mask = gather_cat(rollout.response_mask)
     m: dict[str, Any] = _response_metrics(ctx, rollout, mask)
     raw = gather_cat(adv.raw_advantages)
@@ -95,7 +69,7 @@ def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Befo
     m["adv/std"] = stats.masked_var(raw, mask).sqrt().item()
     m.update(position_diagnostics(raw, mask, ctx.cfg.logging.profile_buckets))
     if plan.v_old is not Source.NONE:
-        m.update(_critic_metrics(gather_cat(models.old_values), gather_cat(adv.returns), mask))
+        m.update(_critic_metrics(gather_cat(models.old_values), gather_cat(critic.returns), mask))
     if plan.sampler_logprobs and plan.pi_old in (Source.PASS, Source.UPDATE):
         # (pi_old taken from the sampler: nothing to compare)
         m.update(mismatch_metrics(gather_cat(models.old_logprobs), gather_cat(rollout.sampler_logprobs), mask,

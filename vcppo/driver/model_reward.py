@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from vcppo.algos.rewards import Moments, batch_moments, combine_rewards, normalise
-from vcppo.config import combine_mode
+from vcppo.config_rules import combine_mode
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.experience_maker import overlong_shaping
 from vcppo.engines.dist import DistInfo, gather_cat

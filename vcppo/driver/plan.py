@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vcppo.config import logprob_users
-from vcppo.engines.deepspeed_engine import resolve_dtype
+from vcppo.config_rules import logprob_users
+from vcppo.engines.engine_setup import resolve_dtype
 from vcppo.methods import uses_critic
 from vcppo.schema import Config, UpdateConfig
 
@@ -80,6 +80,12 @@ class StepPlan:
                 f"entropy from {self.entropy.value}; {order}; KL to the reference: {self.kl_where}; actor trains: {'yes' if self.actor_trains else 'no'}; "
                 f"lambda_critic {self.lambda_critic}; sampler logprobs: {'yes' if self.sampler_logprobs else 'no'}")
 
+
+    @property
+    def critic_starts_at_sampling(self) -> bool:
+        """The critic's step begins once the rollout is scored; with the KL penalty in the reward it
+        waits for the reference pass (its targets are computed from the penalised rewards)."""
+        return not self.kl_in_reward
 
     @property
     def reference_pass(self) -> bool:

@@ -1,10 +1,11 @@
 """The critic as an actor rank sees it when the critic has ranks of its own (``placement.critic_ranks``).
 
-:class:`RemoteCritic` stands where a :class:`~vcppo.engines.critic.CriticEngine` would: the
-driver's calls (save, load, export, the finite-weights check) go to this rank's critic partner
-(:mod:`vcppo.driver.critic_worker`) and return when it has run them there. A step is two halves,
-so that the critic's update runs while the actor trains: :meth:`begin_step` hands over the batch
-share, :meth:`values` waits for V_old, :meth:`finish_step` for the update's metrics.
+:class:`RemoteCritic` is the :class:`~vcppo.driver.critic_side.Critic` of a rank whose critic lives on
+a rank of its own: the run's calls (save, restore, export, the finite-weights check) go to this rank's
+critic partner (:mod:`vcppo.driver.critic_worker`) and return when it has run them there. Its step
+is two halves, so that the critic's update runs while the actor trains: :meth:`begin_step` hands
+over the batch share, :meth:`values` waits for V_old, :meth:`finish_step` for the targets and the
+update's metrics.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Ready, Start, Stop, UpdateDone,
                                           Values)
-from vcppo.experience import Rollout
+from vcppo.experience import CriticResult, Rollout
 
 
 class RemoteCritic:
@@ -43,25 +44,33 @@ class RemoteCritic:
         msg = self._expect(Ready)
         return Path(msg.from_cache) if msg.from_cache is not None else None
 
-    # --- a step ------------------------------------------------------------------------------------
-    def begin_step(self, phase: str, step: int, rollout: Rollout, rewards: torch.Tensor) -> None:
+    # --- a step (vcppo.driver.critic_side.Critic) ------------------------------------------------
+    def begin_step(self, plan, step: int, rollout: Rollout, rewards: torch.Tensor, timer) -> None:
         """This rank's share of the step (``rewards`` (B, R)); the critic ranks start at once."""
-        self.link.send(CriticStep(phase, step, rollout.to("cpu"), rewards.detach().cpu()))
+        self._device, self._timer = rollout.response_mask.device, timer
+        self.link.send(CriticStep(plan.phase, step, rollout.to("cpu"), rewards.detach().cpu()))
 
-    def values(self, device: torch.device) -> torch.Tensor:
+    def values(self) -> torch.Tensor:
         """(B, R) V_old of the share, once the critic ranks have it."""
-        return self._expect(Values).values.to(device)
+        with self._timer("wait_critic_values"):
+            return self._expect(Values).values.to(self._device)
 
-    def finish_step(self) -> dict:
-        """The critic update's metrics, once it ended."""
-        return self._expect(UpdateDone).metrics
+    def update(self) -> None:
+        """Nothing here: the critic ranks update while this rank's actor trains."""
+
+    def finish_step(self) -> CriticResult:
+        """The targets the critic ranks trained on and their update's metrics, once it ended."""
+        with self._timer("wait_critic_update"):
+            done = self._expect(UpdateDone)
+        return CriticResult(done.returns.to(self._device), done.metrics)
 
     # --- what the driver calls on a critic engine --------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
         self._call("save_checkpoint", directory)
 
-    def load_checkpoint(self, directory: str, universal: bool = False) -> None:
-        self._call("load_checkpoint", directory, universal=universal)
+    def restore(self, directory: Path, universal: bool = False) -> None:
+        """Restored on the critic's own ranks (with their RNG states)."""
+        self._call("load_checkpoint", str(directory), universal=universal)
 
     def export(self, directory: str) -> None:
         self._call("export", directory)

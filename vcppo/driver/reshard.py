@@ -29,7 +29,7 @@ from pathlib import Path
 
 from vcppo.driver import manifest
 from vcppo.driver.checkpoint import CheckpointError
-from vcppo.engines.deepspeed_engine import CHECKPOINT_TAG, checkpoint_zero_stage, resolve_zero_stage
+from vcppo.engines.engine_setup import CHECKPOINT_TAG, checkpoint_zero_stage, resolve_zero_stage
 from vcppo.engines.safe_checkpoint import allow_deepspeed_state_types
 
 ROLES = ("actor", "critic")

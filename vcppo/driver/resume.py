@@ -6,22 +6,15 @@ goes in (engines, RNG, data position, :class:`~vcppo.driver.checkpoint.RunState`
 from __future__ import annotations
 
 import dataclasses
-import logging
-import pickle
 import time
-from pathlib import Path
 
 from vcppo.driver import checkpoint as ckpt
 from vcppo.driver import manifest, reshard
 from vcppo.driver.context import RunContext
-from vcppo.driver.remote_critic import RemoteCritic
 from vcppo.driver.resume_checks import write_run_config
+from vcppo.driver.restore_engine import restore_engine
 from vcppo.driver.sources import ExperienceSource
 from vcppo.engines import dist as D
-from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
-from vcppo.engines.safe_checkpoint import use_weights_only_loading
-
-logger = logging.getLogger(__name__)
 
 
 def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSource) -> None:
@@ -52,50 +45,6 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSou
     ctx.barrier()
 
 
-def refused_file(path: str | Path, error: BaseException) -> ckpt.CheckpointError:
-    """One line for a checkpoint file torch will not unpickle with ``weights_only``: the file, what it
-    holds, what to do; torch's own advice (load it with ``weights_only=False``) is not ours to give."""
-    logger.debug("weights-only load of %s failed", path, exc_info=(type(error), error, error.__traceback__))
-    lines = [ln.strip() for ln in str(error).splitlines()]
-    cause = next((ln.split("error:", 1)[-1].strip() for ln in lines if "WeightsUnpickler error" in ln),
-                 lines[0] if lines else type(error).__name__).split(". Please use")[0]
-    return ckpt.CheckpointError(
-        f"{path}: refusing to load this checkpoint file: it holds more than tensors and plain values ({cause[:300]}), "
-        "and unpickling it could run code from the file. If you did not put it there, the checkpoint was tampered "
-        "with: move its step_N directory out of checkpoints/ (the run resumes from the previous one) or start over "
-        "with trainer.resume=never")
-
-
-def _name_refused_files(engine: DeepSpeedModelEngine) -> None:
-    """Make the engine's checkpoint loader name the file it refuses (DeepSpeed reads many)."""
-    loader = engine.engine.checkpoint_engine
-    load = type(loader).load
-
-    def load_naming_the_file(path, map_location=None):
-        try:
-            return load(loader, path, map_location=map_location)
-        except pickle.UnpicklingError as e:
-            raise refused_file(path, e) from None
-
-    loader.load = load_naming_the_file
-
-
-def restore_engine(engine: DeepSpeedModelEngine, directory: Path, universal: bool = False) -> None:
-    """``engine``'s states from its checkpoint ``directory`` (``universal``: DeepSpeed's universal
-    format, written for another number of ranks), reading tensors and plain values only; a file
-    that holds anything else is a :class:`~vcppo.driver.checkpoint.CheckpointError` naming it."""
-    use_weights_only_loading(engine.engine)  # nothing in a checkpoint directory may run code
-    _name_refused_files(engine)
-    try:
-        if universal:
-            with reshard.weights_only_loading():  # DeepSpeed's universal reader calls torch.load itself
-                engine.load_checkpoint(str(directory), universal=True)
-        else:
-            engine.load_checkpoint(str(directory))
-    except pickle.UnpicklingError as e:  # read by DeepSpeed itself: name the directory
-        raise refused_file(directory, e) from None
-
-
 def resume_or_start(ctx: RunContext) -> ckpt.RunState:
     """The state to continue from: the resume point's (engines restored; the data position and
     the sampler's weights are the experience source's, :meth:`ExperienceSource.start`), or a fresh
@@ -123,8 +72,8 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
         if engine is None or not (point / role).exists():
             continue
         directory = universal.get(role, point / role)
-        if isinstance(engine, RemoteCritic):  # restored on the critic's own ranks
-            engine.load_checkpoint(str(directory), universal=role in universal)
+        if role == "critic":  # the critic side restores it where it lives
+            engine.restore(directory, universal=role in universal)
         else:
             restore_engine(engine, directory, universal=role in universal)
     ctx.log.info(f"restored the engines' states in {time.perf_counter() - started:.1f} s")

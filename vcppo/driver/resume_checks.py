@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from vcppo.config import SAVED_CONFIG, to_dict
 from vcppo.config_provenance import Change, diff_configs, refuse_changes
-from vcppo.engines.deepspeed_engine import checkpoint_zero_stage
+from vcppo.engines.engine_setup import checkpoint_zero_stage
 from vcppo.schema import Config, ConfigError
 
 RUN_CONFIG = "run_config.json"

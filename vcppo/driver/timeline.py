@@ -1,4 +1,4 @@
-"""Per-rank timelines: when each rank was busy, and with what (``logging.timeline``).
+"""A step's phase timer, and per-rank timelines: when each rank was busy, and with what (``logging.timeline``).
 
 One JSON line per interval, ``{"rank", "role", "name", "start", "end"}`` (wall-clock seconds), in
 ``<run dir>/timeline/rank<global rank>.jsonl``; time not covered by an interval is idle.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vcppo.engines.dist import global_rank
@@ -67,3 +68,26 @@ def busy_seconds(rows: list[dict]) -> dict[tuple[int, str], float]:
         key = (r["rank"], r["name"])
         out[key] = out.get(key, 0.0) + r["end"] - r["start"]
     return out
+
+
+@dataclass
+class PhaseTimer:
+    """Wall time per named phase of a step; ``with timer("rollout"): ...``. Each interval also
+    goes to ``timeline`` (``logging.timeline``) when given."""
+    seconds: dict = field(default_factory=dict)
+    timeline: Timeline | None = None
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start, wall = time.perf_counter(), time.time()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            if self.timeline is not None:
+                self.timeline.record(name, wall, time.time())
+
+    def metrics(self) -> dict:
+        out = {f"time/{k}_s": v for k, v in self.seconds.items()}
+        out["time/step_s"] = sum(self.seconds.values())
+        return out

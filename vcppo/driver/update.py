@@ -1,4 +1,4 @@
-"""The actor and critic updates: their losses (as :class:`~vcppo.engines.deepspeed_engine.EngineLoss`)
+"""The actor and critic updates: their losses (as :class:`~vcppo.engines.loss_contract.EngineLoss`)
 and the PPO epochs x mini-batches loop. Normalisation over ranks and micro-batches is the engine's
 job (:mod:`vcppo.engines.deepspeed_engine`); a loss only says what it averages over. Where pi_old
 and V_old come from is the step plan's decision (:mod:`vcppo.driver.plan`): an update whose plan
@@ -13,10 +13,9 @@ from vcppo.algos.dapo import mask_truncated
 from vcppo.algos.gspo import gspo_loss
 from vcppo.algos.kl import kl_estimate
 from vcppo.algos.mismatch import tis_weights
-from vcppo.driver.context import RunContext
 from vcppo.driver.plan import Source, StepPlan, one_optimizer_step
-from vcppo.engines.deepspeed_engine import (RESPONSE, DeepSpeedModelEngine, EngineLoss, GlobalCounts,
-                                            ModelOutputs, response_counts)
+from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
+from vcppo.engines.loss_contract import RESPONSE, EngineLoss, GlobalCounts, ModelOutputs, response_counts
 from vcppo.experience import ActorBatch, CriticBatch, UpdateResult
 from vcppo.schema import AlgorithmConfig, Config, CriticConfig, UpdateConfig
 
@@ -182,16 +181,17 @@ def update_critic(cfg: Config, critic: DeepSpeedModelEngine, plan: StepPlan, bat
     return UpdateResult(metrics, values=values)
 
 
-def update_actor(ctx: RunContext, plan: StepPlan, batch: ActorBatch, step: int, kl_coef: float = 0.0) -> UpdateResult:
+def update_actor(cfg: Config, actor: DeepSpeedModelEngine, plan: StepPlan, batch: ActorBatch, step: int,
+                 kl_coef: float = 0.0) -> UpdateResult:
     """The actor's update; with ``plan.pi_old`` UPDATE its own detached logprobs are pi_old, and with
     ``plan.entropy`` UPDATE its entropies are the step's, both returned. ``kl_coef``: the weight of
     the KL term when the batch carries the reference's logprobs."""
-    _check_one_step(plan.pi_old, ctx.cfg.actor, "actor")
-    _check_one_step(plan.entropy, ctx.cfg.actor, "actor")
-    loss = PolicyLoss(ctx.cfg.algorithm, old_from_update=plan.pi_old is Source.UPDATE,
-                      keep_outputs=plan.entropy is Source.UPDATE, kl_coef=kl_coef, norm=norm_constant(ctx.cfg))
-    metrics = run_update(ctx.actor, loss, ctx.cfg.actor, batch, ctx.cfg.trainer.seed, step, "actor")
+    _check_one_step(plan.pi_old, cfg.actor, "actor")
+    _check_one_step(plan.entropy, cfg.actor, "actor")
+    loss = PolicyLoss(cfg.algorithm, old_from_update=plan.pi_old is Source.UPDATE,
+                      keep_outputs=plan.entropy is Source.UPDATE, kl_coef=kl_coef, norm=norm_constant(cfg))
+    metrics = run_update(actor, loss, cfg.actor, batch, cfg.trainer.seed, step, "actor")
     if not loss.keep_outputs:
         return UpdateResult(metrics)
-    logprobs, entropy = kept_outputs(ctx.actor, batch, loss.kept)
+    logprobs, entropy = kept_outputs(actor, batch, loss.kept)
     return UpdateResult(metrics, logprobs=logprobs if plan.pi_old is Source.UPDATE else None, entropy=entropy)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from vcppo.algos.losses import entropy_from_logits
-from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine, ModelOutputs
+from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
+from vcppo.engines.loss_contract import ModelOutputs
 from vcppo.engines.dist import DistInfo, barrier
 from vcppo.engines import logprob_head
 from vcppo.engines.logprob_head import LogprobRequest, requesting

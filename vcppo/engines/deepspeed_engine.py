@@ -27,8 +27,7 @@ from __future__ import annotations
 import math
 import os
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Iterator
 
 import torch
 
@@ -36,136 +35,11 @@ from vcppo.engines import dist as D
 from vcppo.engines import lora as L
 from vcppo.engines import sequence_parallel as SP
 from vcppo.engines.dist import DistInfo
+from vcppo.engines.engine_setup import CHECKPOINT_TAG, lr_lambda_factory, resolve_dtype, resolve_zero_stage
+from vcppo.engines.loss_contract import EngineLoss, GlobalCounts, ModelOutputs
 from vcppo.engines.packing import sequence_lengths, token_budget_groups, use_packed_attention
 from vcppo.experience import Layout
 from vcppo.schema import ConfigError, EngineConfig, OptimConfig
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-
-
-CHECKPOINT_TAG = "ds"  # the tag every engine checkpoint is saved and loaded under
-
-
-def checkpoint_zero_stage(directory: str) -> int | None:
-    """The ZeRO stage a DeepSpeed checkpoint (``save_checkpoint``'s layout) was written with, read
-    from its file names: ZeRO-3 keeps per-rank model states, ZeRO-1/2 per-rank optimizer states next
-    to one model-states file, stage 0 only that file. None: no checkpoint there."""
-    ds = os.path.join(directory, CHECKPOINT_TAG)
-    names = os.listdir(ds) if os.path.isdir(ds) else []
-    if any(n.startswith("zero_pp_rank_") and n.endswith("_model_states.pt") for n in names):
-        return 3
-    if any(n.endswith("_optim_states.pt") for n in names):
-        return 2
-    return 0 if any(n.endswith("_model_states.pt") for n in names) else None
-
-
-def resolve_zero_stage(requested: int | None, world_size: int, checkpoint_dir: str | None = None) -> int:
-    """``zero_stage`` null means: the stage of the checkpoint the engine resumes from (its layout
-    decides), else 3 on several ranks and 0 on one. On one rank ZeRO only adds work: its
-    partitioning hooks gather every parameter before each layer and release it after, for nothing
-    to share (docs/performance.md, "How fast is a PPO step?")."""
-    if requested is not None:
-        return int(requested)
-    written = checkpoint_zero_stage(checkpoint_dir) if checkpoint_dir else None
-    if written is not None:
-        return written
-    return 3 if world_size > 1 else 0
-
-
-def lr_lambda_factory(warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> Callable:
-    """Multiplier of the peak lr after ``s`` optimizer steps (LambdaLR semantics).
-
-    Linear warm-up reaching the peak on step ``warmup_steps`` ((s+1)/warmup: the first step
-    is not wasted at lr 0), then constant / cosine / linear decay to ``min_lr_ratio`` at
-    ``total_steps``.
-    """
-    def f(s: int) -> float:
-        if warmup_steps > 0 and s < warmup_steps:
-            return (s + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        span = max(1, total_steps - warmup_steps)
-        p = min(1.0, max(0.0, (s - warmup_steps) / span))
-        if schedule == "cosine":
-            return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p))
-        if schedule == "linear":
-            return 1.0 - (1 - min_lr_ratio) * p
-        raise ValueError(f"unknown lr_schedule {schedule!r}")
-    return f
-
-
-# -------------------------------------------------------------------------------------------------
-# The loss interface
-
-RESPONSE = "response"  # the count mask of every response token
-
-
-def response_counts(minibatch: Layout) -> dict[str, torch.Tensor]:
-    """``count_masks`` of a loss that averages over every response token / sequence."""
-    return {RESPONSE: minibatch.response_mask}
-
-
-@dataclass(frozen=True)
-class GlobalCounts:
-    """Per named (B, R) mask: valid tokens and sequences with >= 1 valid token, summed over ranks.
-
-    ``tokens[name]`` is N_tok and ``sequences[name]`` N_seq of :func:`vcppo.algos.losses.aggregate_loss`
-    for the whole global mini-batch.
-    """
-    tokens: dict[str, float]
-    sequences: dict[str, float]
-
-    @classmethod
-    def over_ranks(cls, masks: dict[str, torch.Tensor]) -> "GlobalCounts":
-        names = sorted(masks)
-        local = [float((masks[n] != 0).sum()) for n in names] + \
-                [float(((masks[n] != 0).sum(-1) > 0).sum()) for n in names]
-        total = D.all_reduce_sum(torch.tensor(local, dtype=torch.float64, device=D.comm_device())).tolist()
-        k = len(names)
-        return cls(tokens=dict(zip(names, total[:k])), sequences=dict(zip(names, total[k:])))
-
-    def local_share(self, name: str, micro_mask: torch.Tensor, agg: str) -> float:
-        """Global count / this micro-batch's count: turns a micro-batch's share of the global loss
-        back into its own mean (for metrics)."""
-        if agg == "token-mean":
-            return self.tokens[name] / max(float((micro_mask != 0).sum()), 1.0)
-        return self.sequences[name] / max(float(((micro_mask != 0).sum(-1) > 0).sum()), 1.0)
-
-
-@dataclass
-class ModelOutputs:
-    """What an engine's forward pass gives a loss, aligned with ``Layout.responses``.
-
-        logprobs (b, R)  log pi(a_t | s_t) of the response tokens (actor)
-        entropy  (b, R)  per-token entropy, when the loss asked for it (actor)
-        values   (b, R)  V(s_t), the value of the state before response token t (critic)
-    All zero at padded response positions.
-    """
-    logprobs: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-
-
-class EngineLoss(Protocol):
-    """A loss :meth:`DeepSpeedModelEngine.train_step` can optimise.
-
-    ``needs_entropy``: the forward pass must also return the per-token entropy.
-    ``count_masks(minibatch)``: the (B, R) masks the loss averages over, by name (e.g. every
-        response token; VAPO's positive-example NLL averages over correct samples only). The
-        engine turns them into :class:`GlobalCounts`.
-    ``__call__(outputs, micro, counts)``: (0-d loss, metrics). The loss is normalised by
-        ``counts``, i.e. it is this micro-batch's share of the loss on the global mini-batch.
-    """
-    needs_entropy: bool
-
-    def count_masks(self, minibatch: Layout) -> dict[str, torch.Tensor]: ...
-
-    def __call__(self, outputs: ModelOutputs, micro: Layout,
-                 counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, Any]]: ...
 
 
 # -------------------------------------------------------------------------------------------------

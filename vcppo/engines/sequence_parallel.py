@@ -25,7 +25,7 @@ back-propagates it through its own slice only (``gather_slices``' backward keeps
 segment); Ulysses' all-to-all carries the attention gradients between the ranks. Summed over the
 group the parameter gradients are dL/dθ once, so the engine's gradient contract (loss x world
 size, DeepSpeed's mean over all ranks) holds unchanged, and so do the counts: each rank counts
-its own rows (:class:`~vcppo.engines.deepspeed_engine.GlobalCounts`).
+its own rows (:class:`~vcppo.engines.loss_contract.GlobalCounts`).
 """
 from __future__ import annotations
 

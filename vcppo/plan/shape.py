@@ -187,7 +187,7 @@ HARDWARE: dict[str, Hardware] = {
 
 def dtype_bytes(dtype: str, hardware: Hardware) -> int:
     """Bytes per element of ``model.dtype``; 'auto' is bf16 on a GPU, fp32 on CPU (as the engines
-    resolve it: vcppo.engines.deepspeed_engine.resolve_dtype)."""
+    resolve it: vcppo.engines.engine_setup.resolve_dtype)."""
     if dtype == "auto":
         return 4 if hardware.is_cpu else 2
     return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
