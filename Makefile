@@ -1,12 +1,13 @@
 # vcppo — the two commands a fresh machine needs:
 #   make demo   installs everything, then runs the CPU demo end to end (data -> SFT -> RM ->
 #               value pretraining -> VC-PPO -> eval -> report)
-#   make test   installs everything, then runs the test suite (all but `make test-faults`'s extra cases)
+#   make test   installs everything, then runs the test suite (all but `make test-faults`' and
+#               `make test-extended`'s extra cases)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast test-faults demo bench docs clean
+.PHONY: install test test-fast test-faults test-extended demo bench docs clean
 
 install: $(VENV)/.vcppo-installed
 
@@ -18,13 +19,19 @@ $(VENV)/.vcppo-installed: setup.py scripts/install.sh
 # time is processes starting vLLM and DeepSpeed, which two cores overlap.
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not faults" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not faults and not extended" $(PYTEST_ARGS)
 
 # Every preset's path killed at its own point on 2 ranks, then resumed (tests/driver/test_multirank_faults_e2e.py;
 # `make test` keeps one of them), and the larger rank layouts (tests/driver/test_critic_ranks_e2e.py, 2 sequence-
 # parallel groups x 2 data-parallel in tests/engines/test_sequence_parallel.py).
 test-faults: install
 	$(PY) -m pytest -m faults $(PYTEST_ARGS)
+
+# The heavier variants of features whose main case `make test` runs: the padded SP and packed
+# data-parallel equalities on two ranks, two ranks skipping a non-finite step together, a killed
+# rollout / critic / training rank resuming, the hostfile launcher, the mismatch and LoRA benches.
+test-extended: install
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m extended $(PYTEST_ARGS)
 
 # The edit-test loop: unit tests on fakes and plain tensors, no real engine, no second rank
 # (under 2 minutes on the 2-core CPU machine). `make test` runs these and the rest.

@@ -93,6 +93,7 @@ def test_reward_bench_compares_serial_and_pool_on_the_same_batch(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.extended
 def test_mismatch_bench_measures_both_dtypes(tmp_path):
     """vLLM and the DeepSpeed actor in fp32 agree to ~1e-6 on CPU (anything larger is a bug);
     in bf16 they differ by far more, and every figure is written."""
@@ -206,6 +207,7 @@ def test_train_bench_times_padded_and_packed_passes(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.extended
 def test_train_bench_compares_full_fine_tuning_with_lora(tmp_path):
     """`vcppo bench train --lora-ranks`: full and LoRA in their own processes; the adapters train a
     small share of the parameters, and the ratios against full fine-tuning are in the JSON."""

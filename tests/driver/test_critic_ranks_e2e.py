@@ -72,6 +72,7 @@ def test_critic_ranks_log_what_colocated_logs_and_resume(tiny_artifacts, tmp_pat
     assert [r["step"] for r in resumed] == [1, 2, 3] and resumed[:2] == ppo
 
 
+@pytest.mark.extended
 def test_a_killed_critic_rank_ends_the_job_and_the_run_resumes_exactly(tiny_artifacts, tmp_path):
     """One step ahead (max_staleness 1): the critic rank SIGKILLed after the first PPO checkpoint;
     its actor rank, waiting on it, exits non-zero (no launcher ends the ranks here), the rollout

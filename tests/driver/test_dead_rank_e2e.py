@@ -18,7 +18,7 @@ from vcppo.driver import manifest
 from vcppo.driver.checkpoint import checkpoint_root, list_complete
 from vcppo.engines.engine_setup import lr_lambda_factory
 
-pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow, pytest.mark.extended]
 
 
 def test_a_killed_rank_ends_its_peer_and_the_run_resumes_on_one_rank_then_two(tiny_artifacts, tmp_path):

@@ -100,6 +100,7 @@ def _children(pid):
     return [(int(line.split()[0]), line) for line in out.splitlines() if "vcppo.cli" in line]
 
 
+@pytest.mark.extended
 def test_a_killed_rollout_rank_ends_the_job_and_the_run_resumes_exactly(one_step_ahead, tmp_path):
     args, full = one_step_ahead
     args = [a if not a.startswith("trainer.output_root=") else f"trainer.output_root={tmp_path}" for a in args]

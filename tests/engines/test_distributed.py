@@ -94,6 +94,7 @@ def test_two_ranks_match_one_rank(tiny_model_dir, one_rank, tmp_path):
     assert r2["kept_groups_per_rank"] == [[0, 1], [2, 3]]
 
 
+@pytest.mark.extended
 def test_two_ranks_packed_under_a_token_budget_match_one_rank(tiny_model_dir, one_rank, tmp_path):
     """Exact global normalisation when ranks run different numbers of packed micro-batches: rank 0's
     sequences (9 and 7 real tokens) need two micro-batches under a 15-token budget, rank 1's (6 and

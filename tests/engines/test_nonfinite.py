@@ -80,6 +80,7 @@ def test_nonfinite_weights_are_never_written(zero_stage, info, tiny_model_dir, t
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.extended
 def test_two_ranks_skip_together_when_one_rank_is_nonfinite(tiny_model_dir, tmp_path):
     import json
 

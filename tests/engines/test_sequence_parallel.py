@@ -72,6 +72,7 @@ def one_rank(tiny_model_dir, tmp_path_factory):
 @pytest.mark.distributed
 @pytest.mark.slow
 class TestEquality:
+    @pytest.mark.extended
     def test_sp2_on_two_ranks_matches_one_rank_padded(self, tiny_model_dir, one_rank, tmp_path):
         """The padded config (packed: false): SP runs packed rows anyway; KV heads replicated."""
         got = _run(tiny_model_dir, str(tmp_path / "sp2"), "--sp", "2", world_size=2)

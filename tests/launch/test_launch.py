@@ -57,6 +57,7 @@ def test_multi_node_dry_run_prints_one_command_per_node(tmp_path):
 @pytest.mark.integration
 @pytest.mark.distributed
 @pytest.mark.slow
+@pytest.mark.extended
 def test_multi_node_script_with_localhost_hostfile(tiny_artifacts, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
