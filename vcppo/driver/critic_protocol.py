@@ -1,9 +1,9 @@
 """What an actor rank and its critic rank say to each other (``placement.critic_ranks``).
 
-Actor rank i -> critic rank i, in order: :class:`Start` once (the checkpoint the run resumes
+Actor rank i -> critic rank i, in order: :class:`StartCritic` once (the checkpoint the run resumes
 from), then per step a :class:`CriticStep` (rank i's share of the batch and its per-token rewards),
 a :class:`Command` wherever the driver calls the critic (save, load, export, the finite-weights
-check), and :class:`Stop` at the end. Critic rank i -> actor rank i, in order: :class:`Ready`
+check), and :class:`StopCritic` at the end. Critic rank i -> actor rank i, in order: :class:`Ready`
 after the start, per step the :class:`Values` (V_old) and then the update's :class:`UpdateDone` (the
 targets and the metrics),
 and per command :class:`Done`, or :class:`Failed` with the error the critic raised.
@@ -22,7 +22,7 @@ from vcppo.experience import Rollout
 
 
 @dataclass
-class Start:
+class StartCritic:
     resume_point: str | None  # the verified checkpoint the actor ranks resume from (None: fresh)
 
 
@@ -81,5 +81,5 @@ class Failed:
 
 
 @dataclass
-class Stop:
+class StopCritic:
     pass

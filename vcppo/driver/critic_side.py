@@ -49,8 +49,8 @@ class CriticHalf:
         if self.plan.critic_first:
             returns = returns_to_go(self.rewards, self.rollout.response_mask, self.cfg.algorithm.gamma)
             with self.timer("critic_update"):
-                out = update_critic(self.cfg, self.engine, self.plan, CriticBatch(**vars(self.rollout), returns=returns),
-                                    self.step)
+                batch = CriticBatch(**vars(self.rollout), returns=returns)
+                out = update_critic(self.cfg, self.engine, self.plan, batch, self.step)
             self.old_values, self.result = out.values, CriticResult(returns, dict(out.metrics))
         else:
             with self.timer("values"):

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from vcppo.driver.checkpoint import peek_state, rng_state, set_rng_state
 from vcppo.driver.context import init_run_distributed, seed_process
-from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Ready, Start, Stop, UpdateDone,
-                                          Values)
+from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Ready, StartCritic, StopCritic,
+                                          UpdateDone, Values)
 from vcppo.driver.critic_side import CriticHalf
 from vcppo.driver.engines import build_critic
 from vcppo.driver.plan import ppo_plan, pretrain_plan
@@ -50,9 +50,9 @@ class CriticServer:
     def __init__(self, cfg: Config, dist: DistInfo, link, timeline: Timeline):
         self.cfg, self.dist, self.link, self.timeline = cfg, dist, link, timeline
         self.plans = {"pretrain": pretrain_plan(cfg, dist.device), "ppo": ppo_plan(cfg, dist.device)}
-        self.critic = None  # built at Start
+        self.critic = None  # built at StartCritic
 
-    def start(self, msg: Start) -> None:
+    def start(self, msg: StartCritic) -> None:
         point = Path(msg.resume_point) if msg.resume_point is not None else None
         resumed = peek_state(point) if point is not None else None
         self.critic, from_cache = build_critic(self.cfg, self.dist, _Log(self.dist.is_main), resumed, point)
@@ -91,7 +91,7 @@ class CriticServer:
     def answer(self, msg) -> Exception | None:
         """Handle ``msg``; an error is sent to the actor rank (which raises it) and returned."""
         try:
-            if isinstance(msg, Start):
+            if isinstance(msg, StartCritic):
                 self.start(msg)
             elif isinstance(msg, CriticStep):
                 self.step(msg)
@@ -104,7 +104,7 @@ class CriticServer:
 
     def serve(self) -> None:
         """Until the actor rank says stop."""
-        while not isinstance(msg := self.link.receive(), Stop):
+        while not isinstance(msg := self.link.receive(), StopCritic):
             if (error := self.answer(msg)) is not None:
                 try:
                     self.link.flush()  # the actor rank raises the error sent; it may have exited already

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Ready, Start, Stop, UpdateDone,
-                                          Values)
+from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Ready, StartCritic, StopCritic,
+                                          UpdateDone, Values)
 from vcppo.experience import CriticResult, Rollout
 
 
@@ -37,7 +37,7 @@ class RemoteCritic:
     # --- start-up ----------------------------------------------------------------------------------
     def start(self, resume_point: Path | None) -> None:
         """The critic ranks build their engine (alongside the actor's start-up on these ranks)."""
-        self.link.send(Start(str(resume_point) if resume_point is not None else None))
+        self.link.send(StartCritic(str(resume_point) if resume_point is not None else None))
 
     def ready(self) -> Path | None:
         """Wait for the critic ranks' engine; the cached pretrained critic it started from, if any."""
@@ -79,5 +79,5 @@ class RemoteCritic:
         self._call("check_finite_weights", what)
 
     def close(self) -> None:
-        self.link.send(Stop())
+        self.link.send(StopCritic())
         self.link.flush()
