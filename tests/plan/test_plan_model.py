@@ -53,7 +53,7 @@ CONFIGS = [("vcppo", []), ("ppo", []), ("grpo", []), ("vapo", []), ("vcppo_no_dg
 
 @pytest.mark.parametrize("preset,overrides", CONFIGS, ids=[f"{p}:{' '.join(o)}" for p, o in CONFIGS])
 def test_the_planned_passes_are_the_driver_step_plans(preset, overrides):
-    """timing.step_passes restates vcppo.driver.plan.ppo_plan without torch: the same passes."""
+    """timing.step_passes reads vcppo.driver.plan.ppo_plan: the passes of the plan a run on a device builds."""
     cfg = load_config(preset, overrides)
     plan = ppo_plan(cfg, torch.device("cpu"))
     passes = T.step_passes(cfg)
@@ -125,3 +125,14 @@ def test_the_cpu_device_keeps_a_constant_and_mfu_overrides_the_curve():
     constant = plan_run(cfg, shapes, Cluster(HARDWARE["h100"], 1, 1), mfu=0.35)
     assert constant.time.training_mfu == pytest.approx(0.35)
     assert gpu.time.training_s > 3 * constant.time.training_s  # ~7% measured at this micro-batch
+
+
+def test_the_planner_reads_the_step_plans_of_every_preset_without_torch():
+    """`vcppo plan` asks the driver's step plan which passes run; the plan imports without torch."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom vcppo.config import CONFIG_DIR, load_config\nfrom vcppo.plan import timing\n"
+            "for p in sorted(CONFIG_DIR.glob('*.yaml')):\n    assert timing.step_passes(load_config(p.stem))['actor']\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]

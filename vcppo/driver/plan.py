@@ -26,10 +26,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-import torch
-
 from vcppo.config_rules import logprob_users
-from vcppo.engines.engine_setup import resolve_dtype
 from vcppo.methods import uses_critic
 from vcppo.schema import Config, UpdateConfig
 
@@ -106,7 +103,7 @@ def critic_on_own_ranks(cfg: Config) -> bool:
     return cfg.placement.mode == "split" and cfg.placement.critic_ranks > 0
 
 
-def wants_sampler_logprobs(cfg: Config, device: torch.device) -> bool:
+def wants_sampler_logprobs(cfg: Config, device) -> bool:
     """Whether a training step asks vLLM for the sampled tokens' logprobs (``rollout.sampler_logprobs``).
     null (auto): when a config key uses them, or when the sampler runs in bf16 / fp16
     (``model.dtype``), where sampler and trainer differ enough for the mismatch/* metrics to
@@ -116,7 +113,12 @@ def wants_sampler_logprobs(cfg: Config, device: torch.device) -> bool:
         return cfg.rollout.sampler_logprobs
     if cfg.rollout.top_p < 1.0:  # nucleus logprobs vs full-softmax ones: the metrics would show the truncation
         return False
-    return bool(logprob_users(cfg)) or resolve_dtype(cfg.model.dtype, device) != torch.float32
+    if logprob_users(cfg):
+        return True
+    import torch  # here, not at import: the capacity planner reads the plans without torch
+
+    from vcppo.engines.engine_setup import resolve_dtype
+    return resolve_dtype(cfg.model.dtype, device) != torch.float32
 
 
 def _v_old(cfg: Config, lambda_critic: float, overlap: bool = False) -> Source:
@@ -128,8 +130,10 @@ def _v_old(cfg: Config, lambda_critic: float, overlap: bool = False) -> Source:
     return Source.PASS
 
 
-def ppo_plan(cfg: Config, device: torch.device) -> StepPlan:
-    """The PPO phase's plan (every preset and estimator)."""
+def ppo_plan(cfg: Config, device=None) -> StepPlan:
+    """The PPO phase's plan (every preset and estimator) on ``device`` (a torch.device). ``device``
+    None: the passes only (what `vcppo plan` counts), ``sampler_logprobs`` left False (it needs the
+    dtype resolved on a device)."""
     kl_on = cfg.algorithm.kl_coef > 0
     kl_in_reward = kl_on and cfg.algorithm.kl_in == "reward"
     one_step = one_optimizer_step(cfg.actor)
@@ -149,14 +153,15 @@ def ppo_plan(cfg: Config, device: torch.device) -> StepPlan:
                     critic_first=v_old is Source.UPDATE, kl_in_reward=kl_in_reward,
                     kl_in_loss=kl_on and cfg.algorithm.kl_in == "loss", actor_trains=True,
                     lambda_critic=cfg.algorithm.lambda_critic,
-                    sampler_logprobs=wants_sampler_logprobs(cfg, device), critic_remote=remote)
+                    sampler_logprobs=device is not None and wants_sampler_logprobs(cfg, device), critic_remote=remote)
 
 
-def pretrain_plan(cfg: Config, device: torch.device) -> StepPlan:
+def pretrain_plan(cfg: Config, device=None) -> StepPlan:
     """Value pretraining's plan: the PPO step with the actor frozen and Monte-Carlo targets."""
     lam = cfg.value_pretrain.lambda_critic
     v_old = _v_old(cfg, lam)
     return StepPlan(phase="pretrain", pi_old=Source.NONE, v_old=v_old, entropy=Source.NONE,
                     critic_first=v_old is Source.UPDATE, kl_in_reward=False, kl_in_loss=False,
-                    actor_trains=False, lambda_critic=lam, sampler_logprobs=wants_sampler_logprobs(cfg, device),
+                    actor_trains=False, lambda_critic=lam,
+                    sampler_logprobs=device is not None and wants_sampler_logprobs(cfg, device),
                     critic_remote=critic_on_own_ranks(cfg))

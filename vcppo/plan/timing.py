@@ -69,7 +69,6 @@ import math
 from dataclasses import dataclass
 
 from vcppo.plan.shape import Hardware
-from vcppo.methods import uses_critic
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,23 +200,17 @@ def rollout_seconds(s: DecodeSetup, hw: Hardware, dtype_bytes: int, mfu: float) 
 
 
 def step_passes(cfg) -> dict[str, tuple[int, int]]:
-    """{role: (forward-only passes, training passes)} over one PPO step's tokens, as the driver's
-    step plan runs them (vcppo.driver.plan.ppo_plan, restated here without torch; a test holds the
-    two together): pi_old from a pass unless the actor's update makes one optimizer step (and the KL
-    is not in the reward) or the sampler's logprobs are trusted; V_old from a pass unless the critic
-    makes one optimizer step with lambda_critic = 1 on the actor's ranks; a reference pass when a
-    KL is on (through the actor's weights under LoRA); the reward model scores every step."""
-    alg = cfg.algorithm
-    one = lambda sec: sec.ppo_epochs == 1 and sec.ppo_mini_batches == 1  # noqa: E731
-    kl_on = alg.kl_coef > 0
-    kl_in_reward = kl_on and alg.kl_in == "reward"
-    pi_old_pass = not (one(cfg.actor) and not kl_in_reward) and not alg.old_logprobs_from_sampler
-    out = {"actor": (int(pi_old_pass), cfg.actor.ppo_epochs)}
-    if uses_critic(alg.advantage_estimator):
-        remote = cfg.placement.mode == "split" and cfg.placement.critic_ranks > 0
-        values_pass = not (one(cfg.critic) and alg.lambda_critic == 1.0 and not remote)
-        out["critic"] = (int(values_pass), cfg.critic.ppo_epochs)
-    if kl_on:
+    """{role: (forward-only passes, training passes)} over one PPO step's tokens, read from the
+    driver's own step plan (:func:`vcppo.driver.plan.ppo_plan`, which imports without torch): pi_old
+    and V_old from a pass where the plan says so, a reference pass when a KL is on (through the
+    actor's weights under LoRA), and the reward model's scoring every step."""
+    from vcppo.driver.plan import Source, ppo_plan
+
+    plan = ppo_plan(cfg)
+    out = {"actor": (int(plan.pi_old is Source.PASS), cfg.actor.ppo_epochs)}
+    if plan.v_old is not Source.NONE:
+        out["critic"] = (int(plan.v_old is Source.PASS), cfg.critic.ppo_epochs)
+    if plan.reference_pass:
         out["reference"] = (1, 0)
     if cfg.reward.model_path:
         out["reward_model"] = (1, 0)
