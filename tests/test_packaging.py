@@ -35,6 +35,7 @@ where = Path(vcppo.__file__).resolve()
 assert venv in where.parents and repo not in where.parents, f"vcppo imported from {where}, not the wheel"
 
 from vcppo import config, sweep
+from vcppo.commands import sweep as sweep_command
 assert venv in config.CONFIG_DIR.resolve().parents, config.CONFIG_DIR
 presets = sorted(p.stem for p in config.CONFIG_DIR.glob("*.yaml"))
 assert presets == expected["presets"], f"presets in the wheel: {presets}, in the repo: {expected['presets']}"
@@ -50,7 +51,7 @@ for name in sweeps:
     runs = sweep.expand(spec)  # validates every run's config
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = sweep.main([name, "--dry-run"])  # what `vcppo sweep NAME --dry-run` does
+        rc = sweep_command.main([name, "--dry-run"])  # what `vcppo sweep NAME --dry-run` does
     assert rc == 0 and len(out.getvalue().splitlines()) == len(runs) > 0, (name, rc, out.getvalue())
     n_runs[name] = len(runs)
 print(json.dumps({"vcppo": str(where), "presets": presets, "runs": n_runs}))

@@ -3,7 +3,8 @@ plot the records allow. Fast: matplotlib only, no engine (the demo's end-to-end 
 report from a real run)."""
 import json
 
-from vcppo.report import main, run_summary
+from vcppo.commands.report import main
+from vcppo.report import run_summary
 
 
 def _write_run(run, n_pre=3, n_ppo=5):

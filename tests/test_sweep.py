@@ -5,7 +5,8 @@ import pytest
 import yaml
 
 from tests.conftest import vcppo
-from vcppo import sweep as sweep_cli
+from vcppo import sweep
+from vcppo.commands import sweep as sweep_cli
 from vcppo.config import ConfigError
 from vcppo.sweep import SWEEP_DIR, expand, load_sweep, resolve_sweep, shipped_sweeps
 
@@ -31,7 +32,7 @@ def test_sweep_typos_fail_before_running():
 
 def test_sweeps_ship_inside_the_package():
     """The sweeps the docs and launch/ablation.sh run by name live in vcppo/configs/sweeps/."""
-    assert SWEEP_DIR == Path(sweep_cli.__file__).resolve().parent / "configs" / "sweeps"
+    assert SWEEP_DIR == Path(sweep.__file__).resolve().parent / "configs" / "sweeps"
     assert {"ablation", "lambda_actor", "slow_critic"} <= set(shipped_sweeps())
     assert not (Path(__file__).resolve().parents[1] / "configs").exists()  # no stale top-level copy
 

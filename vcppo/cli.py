@@ -15,17 +15,17 @@ from vcppo.schema import ConfigError
 
 # command -> (module with a `main(argv: list[str]) -> int | None`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("vcppo.demo", "the CPU demo end to end: data -> SFT -> [RM] -> VC-PPO -> eval -> report"),
-    "data": ("vcppo.data.cli", "task data: vcppo data make --task NAME --out FILE; gsm8k/math/... to verl's format: vcppo data prepare"),
-    "model": ("vcppo.models.cli", "build a local tokenizer + model of a named size: vcppo model make"),
+    "demo": ("vcppo.commands.demo", "the CPU demo end to end: data -> SFT -> [RM] -> VC-PPO -> eval -> report"),
+    "data": ("vcppo.commands.data", "task data: vcppo data make --task NAME --out FILE; gsm8k/math/... to verl's format: vcppo data prepare"),
+    "model": ("vcppo.commands.model", "build a local tokenizer + model of a named size: vcppo model make"),
     "sft": ("vcppo.commands.sft", "cold-start SFT of the policy: vcppo sft [CONFIG] sft.init_model=DIR [k=v ...]"),
     "rm": ("vcppo.commands.rm", "train an outcome reward model (scalar head at the last token): vcppo rm [CONFIG] [k=v ...]"),
-    "train": ("vcppo.driver.ppo", "value pretraining + PPO / GRPO / VAPO: vcppo train CONFIG [k=v ...]"),
+    "train": ("vcppo.commands.train", "value pretraining + PPO / GRPO / VAPO: vcppo train CONFIG [k=v ...]"),
     "eval": ("vcppo.commands.evaluate", "pass@1 / pass@k of any HF causal LM: vcppo eval MODEL_DIR DATA [k=v ...]"),
     "plan": ("vcppo.commands.plan", "does a run fit its GPUs, and how long is a step: vcppo plan CONFIG [k=v ...] --gpu h100"),
     "bench": ("vcppo.bench", "benchmarks: vcppo bench NAME [options] (vcppo bench -h lists them)"),
-    "report": ("vcppo.report", "markdown + PNG report of one or more run directories"),
-    "sweep": ("vcppo.sweep", "expand a sweep file into runs, run them, collect a table"),
+    "report": ("vcppo.commands.report", "markdown + PNG report of one or more run directories"),
+    "sweep": ("vcppo.commands.sweep", "expand a sweep file into runs, run them, collect a table"),
 }
 
 

@@ -11,7 +11,6 @@ Reads each run's ``metrics.jsonl`` (and ``final_metrics.json``) and draws, one l
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -186,20 +185,3 @@ def make_report(run_dirs: list[Path], out_dir: Path, title: str = "vcppo report"
     page.write_text(_markdown(title, summaries, plots))
     (out_dir / "summary.json").write_text(json.dumps(summaries, indent=1))
     return page
-
-
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="vcppo report", description=__doc__.split("\n")[0])
-    p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
-    p.add_argument("--out", help="output dir (default: <run>/report for one run, ./report otherwise)")
-    p.add_argument("--title", default="vcppo report")
-    args = p.parse_args(argv)
-    dirs = [Path(r) for r in args.runs]
-    for d in dirs:
-        if not (d / "metrics.jsonl").exists():
-            print(f"vcppo report: {d} has no metrics.jsonl")
-            return 2
-    out = Path(args.out) if args.out else (dirs[0] / "report" if len(dirs) == 1 else Path("report"))
-    page = make_report(dirs, out, args.title)
-    print(f"wrote {page}")
-    return 0

@@ -32,12 +32,9 @@ out) beside the validation figures.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import itertools
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
@@ -212,52 +209,3 @@ def seed_summary(rows: list[dict]) -> str:
                 cells.append(f"{statistics.mean(vals):.3f} ± {statistics.stdev(vals):.3f}")
         lines.append(f"| {name} | {len(rs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="vcppo sweep", description=__doc__.split("\n")[0])
-    p.add_argument("sweep", help="sweep YAML path, or the name of a shipped sweep "
-                                 f"({', '.join(shipped_sweeps())})")
-    p.add_argument("set", nargs="*", metavar="KEY=VALUE", help="a top-level sweep key, grid.KEY (one grid axis), "
-                                                              "or a config override for every run")
-    p.add_argument("--dry-run", action="store_true", help="print the launch commands, run nothing")
-    p.add_argument("--collect-only", action="store_true", help="only (re)build the results table")
-    p.add_argument("--launcher", help="override the sweep file's launcher")
-    p.add_argument("--keep-going", action="store_true", help="continue with the next run when one fails")
-    args = p.parse_intermixed_args(argv)
-    try:
-        path, sweep = load_sweep(args.sweep)
-        sweep = with_overrides(sweep, args.set)
-    except ConfigError as e:
-        print(f"vcppo sweep: {e}", file=sys.stderr)
-        return 2
-    try:
-        runs = expand(sweep)
-    except ConfigError as e:
-        print(f"vcppo sweep: {path}: {e}", file=sys.stderr)
-        return 2
-    launcher = args.launcher or sweep.get("launcher") or f"{shlex.quote(sys.executable)} -m vcppo.cli"
-    out_root = Path(sweep.get("output_root", f"runs/{sweep.get('name', 'sweep')}"))
-    failed = []
-    for i, r in enumerate(runs, 1):
-        cmd = launch_command(r, launcher)
-        if args.dry_run:
-            print(shlex.join(cmd))
-            continue
-        if args.collect_only:
-            continue
-        if (Path(r["run_dir"]) / "final_metrics.json").exists():
-            print(f"[sweep {i}/{len(runs)}] {r['name']}: finished, skipped", flush=True)
-            continue
-        print(f"[sweep {i}/{len(runs)}] {r['name']}: {shlex.join(cmd)}", flush=True)
-        rc = subprocess.run(cmd).returncode
-        if rc != 0:
-            failed.append(r["name"])
-            print(f"[sweep] {r['name']} failed with exit code {rc}", file=sys.stderr)
-            if not args.keep_going:
-                break
-    if args.dry_run:
-        return 0
-    md, csv_path, rows = collect(runs, out_root)
-    print(f"[sweep] {sum(r['finished'] for r in rows)}/{len(rows)} runs finished; table: {md} and {csv_path}")
-    return 1 if failed else 0

@@ -8,7 +8,7 @@ import pytest
 from tests.hub_cache import add_snapshot
 from vcppo.data import hub_sources
 from vcppo.data.checks import DataError
-from vcppo.data.cli import main as data_main
+from vcppo.commands.data import main as data_main
 from vcppo.models import hub
 from vcppo.schema import ConfigError
 

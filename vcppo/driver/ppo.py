@@ -1,4 +1,4 @@
-"""`vcppo train CONFIG [key=value ...]`: value pretraining, then the PPO loop with Decoupled-GAE.
+"""The run of `vcppo train` (:mod:`vcppo.commands.train`): value pretraining, then the PPO loop with Decoupled-GAE.
 
 Runs on every rank (SPMD) under the deepspeed launcher, torchrun, or plain python. Each step is
 :func:`vcppo.driver.step.rl_step` (sample, score, pi_old and V_old, advantages, critic update,
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vcppo.config import load_command_config
 from vcppo.driver.checkpoint import RunState, checkpoint_root, list_complete
 from vcppo.driver.context import RunContext, init_run_distributed
 from vcppo.driver.critic_worker import serve_critic
@@ -25,12 +24,6 @@ from vcppo.driver.sources import ExperienceSource, make_source
 from vcppo.driver.step import rl_step
 from vcppo.driver.value_pretrain import reuse_pretrained_critic, value_pretrain
 from vcppo.schema import Config
-
-
-def main(argv: list[str]) -> int:
-    # Checked before any engine starts: a typo must not cost a vLLM start-up.
-    train(load_command_config(argv, "train", default_config=None))
-    return 0
 
 
 def run_dir_of(cfg: Config) -> Path:
