@@ -58,8 +58,8 @@ def test_dynamic_sampling_is_a_no_op_when_every_group_is_informative_or_when_off
     _, batch, m = make([scored([[1, 1]] * 4)])
     assert not any(k.startswith("dynamic_sampling/") for k in m) and batch.size == 4 * N
     # value pretraining samples the policy's own prompt distribution: never filtered
-    pre, batch, _ = make([scored([[1, 1]] * 4)], phase="pretrain", **{"trainer.dynamic_sampling": True})
-    assert batch.size == 4 * N and pre.calls == ["sample:pretrain"]
+    pre, batch, _ = make([scored([[1, 1]] * 4)], phase="value_pretrain", **{"trainer.dynamic_sampling": True})
+    assert batch.size == 4 * N and pre.calls == ["sample:value_pretrain"]
 
 
 def test_overlong_penalty_shifts_scores_and_the_last_token_reward():
@@ -123,3 +123,14 @@ def test_rollout_sleeps_only_on_gpu_and_when_configured():
         e = engine(on_gpu, free)
         e.sleep(), e.sleep(), e.wake_up(), e.wake_up()  # idempotent: one sleep, one wake
         assert e.calls == expected, (on_gpu, free)
+
+
+def test_value_pretraining_keeps_its_sampling_seed_key():
+    """The phase is named value_pretrain everywhere; its seeds keep the key they were drawn with, so a
+    run's samples (and the demo's figures) do not move."""
+    from vcppo.driver.experience_maker import sample_seed
+    from vcppo.driver.phase import Phase, seed_key
+    assert seed_key(Phase.VALUE_PRETRAIN) == seed_key("value_pretrain") == "pretrain"
+    assert [seed_key(p) for p in (Phase.PPO, "ppo/retry1", "val")] == ["ppo", "ppo/retry1", "val"]
+    assert sample_seed(0, seed_key(Phase.VALUE_PRETRAIN), 3, 0) == sample_seed(0, "pretrain", 3, 0)
+    assert sample_seed(0, seed_key(Phase.VALUE_PRETRAIN), 3, 0) != sample_seed(0, "ppo", 3, 0)

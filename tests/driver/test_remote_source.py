@@ -3,7 +3,8 @@ asks, trains on, and logs a result when it has arrived; at a checkpoint and at t
 from types import SimpleNamespace
 
 from vcppo.driver.remote_source import RemoteSource
-from vcppo.driver.split_protocol import PPO, SampledBatch, Validate, ValidationResult
+from vcppo.driver.phase import Phase
+from vcppo.driver.split_protocol import SampledBatch, Validate, ValidationResult
 from vcppo.driver.timeline import Timeline
 
 
@@ -33,13 +34,13 @@ def source(is_main=True, val_files="val.parquet") -> RemoteSource:
     src = RemoteSource.__new__(RemoteSource)
     src.cfg = SimpleNamespace(data=SimpleNamespace(val_files=val_files))
     src.dist = SimpleNamespace(is_main=is_main)
-    src.bridge, src.mailbox, src.phase, src.asked = FakeBridge(), {}, PPO, []
+    src.bridge, src.mailbox, src.phase, src.asked = FakeBridge(), {}, Phase.PPO, []
     src.ctx = SimpleNamespace(timeline=Timeline(None, "train"))
     return src
 
 
 def batch(step):
-    return SampledBatch(phase=PPO, step=step, version=0, rollout=None, metrics={}, prompt_state={}, seconds=0.0)
+    return SampledBatch(phase=Phase.PPO, step=step, version=0, rollout=None, metrics={}, prompt_state={}, seconds=0.0)
 
 
 def result(step):
@@ -53,7 +54,7 @@ def test_the_trainer_asks_and_goes_on_then_logs_what_has_arrived():
     assert src.finished_validations(wait=False) == []  # nothing arrived: no wait
     src.bridge.arrived += [batch(1), result(0)]  # the rollout rank sampled the next batch first
     assert src.finished_validations(wait=False) == [(0, {"val/greedy_pass@1": 0.0})]
-    assert ("batch", PPO, 1) in src.mailbox  # kept for the step that needs it
+    assert ("batch", Phase.PPO, 1) in src.mailbox  # kept for the step that needs it
     assert src.finished_validations(wait=False) == []
 
 
@@ -63,7 +64,7 @@ def test_waiting_receives_every_validation_asked_for_in_step_order():
     src.validate(4)
     src.bridge.in_transit += [batch(5), result(2), batch(6), result(4)]
     assert [step for step, _ in src.finished_validations(wait=True)] == [2, 4]
-    assert {k for k in src.mailbox} == {("batch", PPO, 5), ("batch", PPO, 6)}
+    assert {k for k in src.mailbox} == {("batch", Phase.PPO, 5), ("batch", Phase.PPO, 6)}
     assert src.asked == []
 
 

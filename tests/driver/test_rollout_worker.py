@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from vcppo.driver.rollout_worker import RolloutServer
-from vcppo.driver.split_protocol import PPO, Start, StepDone, Stop, Validate
+from vcppo.driver.phase import Phase
+from vcppo.driver.split_protocol import Start, StepDone, Stop, Validate
 from vcppo.driver.timeline import Timeline
 
 
@@ -23,10 +24,10 @@ class SimulatedRun(RolloutServer):
                                    value_pretrain=SimpleNamespace(steps=0))
         self.bridge, self.timeline = self, Timeline(None, "rollout")
         self.prompts, self.initial_prompt_state = SimpleNamespace(load_state_dict=lambda state: None), None
-        self.phase, self.next_step, self.trainer_done, self.version = PPO, 1, 0, 0
+        self.phase, self.next_step, self.trainer_done, self.version = Phase.PPO, 1, 0, 0
         self.started = self.stopped = False
         self.trainer_ahead, self.trained = trainer_ahead, 0
-        self.queue = [Start(phase=PPO, next_step=1, trainer_done=0, version=0, prompt_state=None)]
+        self.queue = [Start(phase=Phase.PPO, next_step=1, trainer_done=0, version=0, prompt_state=None)]
         self.sampled: list[tuple[int, int]] = []  # (batch, the step whose weights sampled it)
         # the trainer asks for a validation at step 0 and after every val_every-th step, and goes on
         self.val_every, self.validated = val_every, []  # (step, the weights' step, batches sampled by then)
@@ -39,7 +40,7 @@ class SimulatedRun(RolloutServer):
             self.queue.append(Stop())
         elif self.trained < len(self.sampled):  # its batch has arrived
             self.trained += 1
-            self.queue.append(StepDone(phase=PPO, step=self.trained))
+            self.queue.append(StepDone(phase=Phase.PPO, step=self.trained))
             if self.val_every and self.trained % self.val_every == 0:
                 self.queue.append(Validate(step=self.trained))
         else:

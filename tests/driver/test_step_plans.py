@@ -61,8 +61,8 @@ def test_the_pretraining_plan_is_the_ppo_step_with_the_actor_frozen():
     ("ppo", {"algorithm.kl_coef": 0.1, "algorithm.old_logprobs_from_sampler": True},
      ["reference:forward", "critic:train_step", "actor:train_step", "wake_up", "weight_sync"]),
     ("ppo", {"algorithm.advantage_estimator": "grpo"}, ["actor:train_step", "wake_up", "weight_sync"]),
-    ("pretrain", {}, ["critic:train_step", "wake_up"]),
-    ("pretrain", {"value_pretrain.lambda_critic": 0.99}, ["critic:forward", "critic:train_step", "wake_up"]),
+    ("value_pretrain", {}, ["critic:train_step", "wake_up"]),
+    ("value_pretrain", {"value_pretrain.lambda_critic": 0.99}, ["critic:forward", "critic:train_step", "wake_up"]),
 ])
 def test_each_plan_runs_its_passes_in_order_and_vllm_sleeps_through_the_updates(phase, overrides, calls):
     run, _, _ = run_step(phase=phase, **overrides)
@@ -76,7 +76,7 @@ def test_what_each_plan_reports():
     assert not any(k.startswith(("mismatch/", "actor/kl_ref")) for k in m)  # fp32: no sampler logprobs
     _, _, m = run_step(**{"rollout.sampler_logprobs": True, "algorithm.kl_coef": 0.1})
     assert {"mismatch/kl_k3", "actor/kl_ref", "time/ref_logprobs_s"} <= set(m)
-    _, _, m = run_step(phase="pretrain")
+    _, _, m = run_step(phase="value_pretrain")
     assert not any(k.startswith("actor/") or k == "time/weight_sync_s" for k in m)
     assert "critic/explained_variance" in m and "adv/position_profile" in m
     _, _, m = run_step(**{"algorithm.advantage_estimator": "grpo"})

@@ -24,6 +24,7 @@ from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Rea
                                           UpdateDone, Values)
 from vcppo.driver.critic_side import CriticHalf
 from vcppo.driver.engines import build_critic
+from vcppo.driver.phase import Phase
 from vcppo.driver.plan import ppo_plan, pretrain_plan
 from vcppo.driver.restore_engine import restore_engine
 from vcppo.driver.timeline import PhaseTimer, Timeline
@@ -49,7 +50,7 @@ class CriticServer:
 
     def __init__(self, cfg: Config, dist: DistInfo, link, timeline: Timeline):
         self.cfg, self.dist, self.link, self.timeline = cfg, dist, link, timeline
-        self.plans = {"pretrain": pretrain_plan(cfg, dist.device), "ppo": ppo_plan(cfg, dist.device)}
+        self.plans = {Phase.VALUE_PRETRAIN: pretrain_plan(cfg, dist.device), Phase.PPO: ppo_plan(cfg, dist.device)}
         self.critic = None  # built at StartCritic
 
     def start(self, msg: StartCritic) -> None:

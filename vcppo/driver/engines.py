@@ -11,6 +11,7 @@ from pathlib import Path
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.critic_cache import cached_critic, critic_source
 from vcppo.driver.critic_side import Critic, LocalCritic
+from vcppo.driver.phase import Phase
 from vcppo.driver.plan import critic_on_own_ranks
 from vcppo.driver.remote_critic import RemoteCritic
 from vcppo.engines import dist as D
@@ -41,7 +42,7 @@ class Engines:
 
 def pretrained_itself(resumed: RunState | None) -> bool:
     """A resumed run that ran value pretraining itself (it never reused a cached critic)."""
-    return resumed is not None and (resumed.phase == "value_pretrain" or resumed.pretrain_step > 0)
+    return resumed is not None and (resumed.phase == Phase.VALUE_PRETRAIN or resumed.pretrain_step > 0)
 
 
 def critic_pretrain_steps(cfg: Config, resumed: RunState | None, from_cache: Path | None) -> int:

@@ -25,6 +25,7 @@ import torch
 from vcppo.algos.dapo import informative_groups, overlong_penalty
 from vcppo.data.dataset import PromptStream
 from vcppo.driver.guards import reward_tally, step_reward_failures
+from vcppo.driver.phase import Phase, seed_key
 from vcppo.driver.sampling import balance_across_ranks, collect_rollout, rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
@@ -91,7 +92,7 @@ class ExperienceMaker:
         self.rollout, self.scorer, self.pad_id, self.logprobs = rollout, scorer, pad_id, logprobs
 
     def seed(self, phase: str, step: int) -> int:
-        return sample_seed(self.cfg.trainer.seed, phase, step, self.rollout.replica)
+        return sample_seed(self.cfg.trainer.seed, seed_key(phase), step, self.rollout.replica)
 
     def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
         """The step's scored batch on this rank and its sampling metrics: dynamic sampling in the
@@ -99,7 +100,7 @@ class ExperienceMaker:
         phases: the critic learns the reward PPO optimises)."""
         tally = reward_tally(self.scorer)
         metrics: dict = {}
-        if phase == "ppo" and self.cfg.trainer.dynamic_sampling:
+        if phase == Phase.PPO and self.cfg.trainer.dynamic_sampling:
             batch, metrics = self.dynamic_sample(phase, step)
         else:
             batch = self.sample_round(phase, step)

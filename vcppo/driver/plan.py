@@ -27,6 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from vcppo.config_rules import logprob_users
+from vcppo.driver.phase import Phase
 from vcppo.methods import uses_critic
 from vcppo.schema import Config, UpdateConfig
 
@@ -54,7 +55,7 @@ class StepPlan:
     ``critic_remote``: the critic's passes and update run on its own ranks
     (:mod:`vcppo.driver.critic_worker`), V_old comes back from there.
     """
-    phase: str
+    phase: Phase
     pi_old: Source
     v_old: Source
     entropy: Source
@@ -149,7 +150,7 @@ def ppo_plan(cfg: Config, device=None) -> StepPlan:
         entropy = Source.UPDATE if one_step else Source.NONE
     remote = critic_on_own_ranks(cfg)
     v_old = _v_old(cfg, cfg.algorithm.lambda_critic, overlap=remote)
-    return StepPlan(phase="ppo", pi_old=pi_old, v_old=v_old, entropy=entropy,
+    return StepPlan(phase=Phase.PPO, pi_old=pi_old, v_old=v_old, entropy=entropy,
                     critic_first=v_old is Source.UPDATE, kl_in_reward=kl_in_reward,
                     kl_in_loss=kl_on and cfg.algorithm.kl_in == "loss", actor_trains=True,
                     lambda_critic=cfg.algorithm.lambda_critic,
@@ -160,7 +161,7 @@ def pretrain_plan(cfg: Config, device=None) -> StepPlan:
     """Value pretraining's plan: the PPO step with the actor frozen and Monte-Carlo targets."""
     lam = cfg.value_pretrain.lambda_critic
     v_old = _v_old(cfg, lam)
-    return StepPlan(phase="pretrain", pi_old=Source.NONE, v_old=v_old, entropy=Source.NONE,
+    return StepPlan(phase=Phase.VALUE_PRETRAIN, pi_old=Source.NONE, v_old=v_old, entropy=Source.NONE,
                     critic_first=v_old is Source.UPDATE, kl_in_reward=False, kl_in_loss=False,
                     actor_trains=False, lambda_critic=lam,
                     sampler_logprobs=device is not None and wants_sampler_logprobs(cfg, device),

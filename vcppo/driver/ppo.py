@@ -17,6 +17,7 @@ from vcppo.driver.critic_worker import serve_critic
 from vcppo.driver.divergence import check_divergence
 from vcppo.driver.guards import update_streaks
 from vcppo.driver.metrics import log_validations, validate
+from vcppo.driver.phase import Phase
 from vcppo.driver.plan import StepPlan, ppo_plan, pretrain_plan
 from vcppo.driver.resume import resume_or_start, save_checkpoint
 from vcppo.driver.rollout_worker import serve_rollouts
@@ -43,18 +44,18 @@ def train(cfg: Config) -> Path:
     finished = False
     try:
         state = resume_or_start(ctx)
-        plans = {"value_pretrain": pretrain_plan(cfg, ctx.dist.device), "ppo": ppo_plan(cfg, ctx.dist.device)}
-        if state.phase == "value_pretrain" and ctx.critic_from_cache is not None:
+        pretrain, ppo = pretrain_plan(cfg, ctx.dist.device), ppo_plan(cfg, ctx.dist.device)
+        if state.phase == Phase.VALUE_PRETRAIN and ctx.critic_from_cache is not None:
             reuse_pretrained_critic(ctx)
-            state.phase = "ppo"
-        source = make_source(ctx, plans["ppo"])  # both plans ask vLLM for the same logprobs
+            state.phase = Phase.PPO
+        source = make_source(ctx, ppo)  # both plans ask vLLM for the same logprobs
         source.start(state, resumed=ctx.resume_point is not None)
-        if state.phase == "value_pretrain":
-            value_pretrain(ctx, source, plans["value_pretrain"], state)
-            state.phase, state.step = "ppo", 0
-            source.begin_phase("ppo")
-        ctx.log.info(plans["ppo"].describe())
-        ppo_loop(ctx, source, plans["ppo"], state)
+        if state.phase == Phase.VALUE_PRETRAIN:
+            value_pretrain(ctx, source, pretrain, state)
+            state.phase, state.step = Phase.PPO, 0
+            source.begin_phase(Phase.PPO)
+        ctx.log.info(ppo.describe())
+        ppo_loop(ctx, source, ppo, state)
         source.close()
         finished = True
     finally:
@@ -72,12 +73,12 @@ def ppo_loop(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: R
     total = cfg.trainer.total_steps
     if state.step == 0:
         validate(ctx, source, step=0)
-    ctx.log.start_phase("ppo", total=total, initial=state.step)
+    ctx.log.start_phase(Phase.PPO, total=total, initial=state.step)
     while state.step < total:
         step = state.step + 1
         metrics = rl_step(ctx, source, plan, state, step)
         state.step = step
-        ctx.log.log(metrics, step=step, phase="ppo")
+        ctx.log.log(metrics, step=step, phase=Phase.PPO)
         log_validations(ctx, source)  # split: those the rollout ranks finished during the step
         update_streaks(state, metrics, cfg.trainer, f"PPO step {step}", ctx.log.info)  # may abort, before any save
         check_divergence(cfg, state, metrics, step, last_checkpoint(ctx.run_dir), ctx.log.info)  # may abort too

@@ -21,8 +21,9 @@ import torch
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.sampling import share_of_step
-from vcppo.driver.split_protocol import (PPO, BeginPhase, SampledBatch, Start, StepDone, Stop, Validate,
-                                         ValidationResult, held_after_checkpoint, phase_of)
+from vcppo.driver.phase import Phase
+from vcppo.driver.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate, ValidationResult,
+                                         held_after_checkpoint)
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.bridge import pack_weights
@@ -50,7 +51,7 @@ class RemoteSource:
         self.ctx, self.cfg, self.dist = ctx, ctx.cfg, ctx.dist
         self.bridge = D.get_bridge()  # trainer 0 only
         self.mailbox: dict[tuple, SampledBatch | ValidationResult] = {}
-        self.phase = PPO
+        self.phase = Phase.PPO
         self.consumed_state: dict | None = None  # the prompt position after the last batch trained on
         self.asked: list[int] = []  # main rank: the steps whose validation has not been logged yet
 
@@ -86,17 +87,17 @@ class RemoteSource:
 
     # --- the source ------------------------------------------------------------------------------
     def start(self, state: RunState, resumed: bool) -> None:
-        self.phase = phase_of(state.phase)
-        done = state.step if self.phase == PPO else state.pretrain_step
+        self.phase = Phase(state.phase)
+        done = state.step if self.phase == Phase.PPO else state.pretrain_step
         held = self._load_inflight() if resumed else []
-        layout, buckets = self._weights(self.ctx.actor) if (self.phase == PPO and state.step > 0) else (None, [])
+        layout, buckets = self._weights(self.ctx.actor) if (self.phase == Phase.PPO and state.step > 0) else (None, [])
         self.consumed_state = state.data if resumed else None
         if self.dist.is_main:
             for msg in held:
                 self.mailbox[("batch", msg.phase, msg.step)] = msg
             prompt_state = held[-1].prompt_state if held else self.consumed_state
             self._send(Start(phase=self.phase, next_step=done + 1 + len(held), trainer_done=done,
-                             version=state.step if self.phase == PPO else 0, prompt_state=prompt_state,
+                             version=state.step if self.phase == Phase.PPO else 0, prompt_state=prompt_state,
                              weights=layout), buckets)
 
     def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
@@ -107,7 +108,7 @@ class RemoteSource:
         metrics = dict(msg.metrics)
         metrics["time/sample_s"] = msg.seconds
         metrics["time/wait_rollout_s"] = time.perf_counter() - start
-        if phase == PPO:  # actor updates between the sampling weights and the training ones
+        if phase == Phase.PPO:  # actor updates between the sampling weights and the training ones
             metrics["staleness/steps_behind"] = float(step - 1 - msg.version)
         return batch.to(self.dist.device), metrics
 
@@ -145,9 +146,9 @@ class RemoteSource:
 
     def checkpoint(self, stage: Path, state: RunState) -> dict:
         """Main rank: the in-flight batches saved with the checkpoint; the prompt position after them."""
-        phase = phase_of(state.phase)
-        done = state.step if phase == PPO else state.pretrain_step
-        total = self.cfg.trainer.total_steps if phase == PPO else self.cfg.value_pretrain.steps
+        phase = Phase(state.phase)
+        done = state.step if phase == Phase.PPO else state.pretrain_step
+        total = self.cfg.trainer.total_steps if phase == Phase.PPO else self.cfg.value_pretrain.steps
         held = [self._fetch(("batch", phase, j))
                 for j in held_after_checkpoint(phase, done, total, self.cfg.trainer.max_staleness)]
         if held:

@@ -11,6 +11,7 @@ import time
 from vcppo.driver import checkpoint as ckpt
 from vcppo.driver import manifest, reshard
 from vcppo.driver.context import RunContext
+from vcppo.driver.phase import Phase
 from vcppo.driver.resume_checks import write_run_config
 from vcppo.driver.restore_engine import restore_engine
 from vcppo.driver.sources import ExperienceSource
@@ -29,7 +30,7 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSou
     started = time.perf_counter()
     stage = ckpt.staging_dir(ctx.run_dir, state.global_step)
     ckpt.write_rank_files(stage, ctx.dist.rank)
-    if state.phase == "ppo":  # during value pretraining the actor is frozen: nothing to save
+    if state.phase == Phase.PPO:  # during value pretraining the actor is frozen: nothing to save
         ctx.actor.save_checkpoint(str(stage / "actor"))
     if ctx.critic is not None:
         ctx.critic.save_checkpoint(str(stage / "critic"))
@@ -50,7 +51,7 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
     the sampler's weights are the experience source's, :meth:`ExperienceSource.start`), or a fresh
     start (stale partial checkpoints removed)."""
     cfg = ctx.cfg
-    first_phase = "value_pretrain" if (ctx.critic is not None and cfg.value_pretrain.enabled) else "ppo"
+    first_phase = Phase.VALUE_PRETRAIN if (ctx.critic is not None and cfg.value_pretrain.enabled) else Phase.PPO
     point = ctx.resume_point  # found and verified once, before the engines started
     if ctx.dist.is_main:  # what a crash left behind (unsealed, half-deleted) is never resumed from
         ckpt.clean_partial(ckpt.checkpoint_root(ctx.run_dir))

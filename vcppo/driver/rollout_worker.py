@@ -18,7 +18,8 @@ import torch
 from vcppo.driver.context import init_run_distributed, load_prompt_set, make_scorer, pad_token_id
 from vcppo.driver.experience_maker import ExperienceMaker
 from vcppo.driver.plan import wants_sampler_logprobs
-from vcppo.driver.split_protocol import (PPO, BeginPhase, SampledBatch, Start, StepDone, Stop, Validate,
+from vcppo.driver.phase import Phase
+from vcppo.driver.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate,
                                          ValidationResult, handle_now, lookahead, may_sample)
 from vcppo.driver.timeline import Timeline
 from vcppo.driver.validation import validate_run
@@ -50,12 +51,12 @@ class RolloutServer:
         self.maker = ExperienceMaker(cfg, self.dist, self.prompts, self.engine, self.scorer, pad_token_id(tokenizer),
                                      logprobs=wants_sampler_logprobs(cfg, self.dist.device))
         self.timeline = Timeline(run_dir if cfg.logging.timeline else None, "rollout")
-        self.phase, self.next_step, self.trainer_done, self.version = PPO, 1, 0, 0
+        self.phase, self.next_step, self.trainer_done, self.version = Phase.PPO, 1, 0, 0
         self.started = self.stopped = False  # nothing is sampled before the trainer's Start
 
     # --- control ---------------------------------------------------------------------------------
     def total(self) -> int:
-        return self.cfg.value_pretrain.steps if self.phase != PPO else self.cfg.trainer.total_steps
+        return self.cfg.value_pretrain.steps if self.phase != Phase.PPO else self.cfg.trainer.total_steps
 
     def can_sample(self) -> bool:
         ahead = lookahead(self.phase, self.cfg.trainer.max_staleness)
@@ -79,7 +80,7 @@ class RolloutServer:
             self.prompts.load_state_dict(msg.prompt_state or self.initial_prompt_state)
         elif isinstance(msg, StepDone):
             self.trainer_done = msg.step
-            if msg.phase == PPO:  # new weights or none (the actor did not train): those of step msg.step
+            if msg.phase == Phase.PPO:  # new weights or none (the actor did not train): those of step msg.step
                 self.version = msg.step
         elif isinstance(msg, BeginPhase):  # what was sampled ahead of the old phase is dropped
             self.phase, self.next_step, self.trainer_done = msg.phase, 1, 0

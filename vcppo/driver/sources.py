@@ -20,6 +20,7 @@ from typing import Protocol
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.experience_maker import ExperienceMaker
+from vcppo.driver.phase import Phase
 from vcppo.driver.plan import StepPlan
 from vcppo.driver.validation import validate_run
 from vcppo.engines.actor import ActorEngine
@@ -52,7 +53,7 @@ class ColocatedSource:
     def start(self, state: RunState, resumed: bool) -> None:
         if resumed:
             self.ctx.prompts.load_state_dict(state.data)
-            if state.phase == "ppo" and state.step > 0:
+            if state.phase == Phase.PPO and state.step > 0:
                 self.ctx.sync_weights()  # vLLM started from the initial policy; give it the resumed actor
 
     def make(self, phase: str, step: int) -> tuple[Rollout, dict]:

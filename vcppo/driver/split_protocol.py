@@ -20,20 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vcppo.driver.phase import Phase
 from vcppo.engines.bridge import WeightsLayout
 from vcppo.experience import Rollout
 
-PRETRAIN, PPO = "pretrain", "ppo"  # the step plans' phase names, which key the sampling seeds
-
-
-def phase_of(run_phase: str) -> str:
-    """The protocol's name for a checkpoint's phase ("value_pretrain" or "ppo")."""
-    return PRETRAIN if run_phase == "value_pretrain" else run_phase
-
-
 def lookahead(phase: str, max_staleness: int) -> int:
     """Batches the rollout ranks may sample beyond the one the trainer needs next."""
-    return max(1, max_staleness) if phase == PRETRAIN else max_staleness
+    return max(1, max_staleness) if phase == Phase.VALUE_PRETRAIN else max_staleness
 
 
 def may_sample(step: int, trainer_done: int, ahead: int) -> bool:
@@ -54,7 +47,7 @@ def handle_now(msg, can_sample: bool) -> bool:
     """
     if not can_sample:
         return True
-    return not (isinstance(msg, Validate) or (isinstance(msg, StepDone) and msg.phase == PPO))
+    return not (isinstance(msg, Validate) or (isinstance(msg, StepDone) and msg.phase == Phase.PPO))
 
 
 def held_after_checkpoint(phase: str, step: int, total: int, max_staleness: int) -> range:
@@ -62,7 +55,7 @@ def held_after_checkpoint(phase: str, step: int, total: int, max_staleness: int)
     older than the checkpoint's (steps ``step + 1 .. step + s``), which a resumed run could not
     sample again. Value-pretraining batches come from the frozen policy: sampled again from
     their seeds, never saved."""
-    if phase != PPO:
+    if phase != Phase.PPO:
         return range(0)
     return range(step + 1, min(step + max_staleness, total) + 1)
 

@@ -19,6 +19,7 @@ from vcppo.driver import critic_cache
 from vcppo.driver.checkpoint import RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.guards import update_streaks
+from vcppo.driver.phase import Phase
 from vcppo.driver.plan import StepPlan
 from vcppo.driver.resume import save_checkpoint
 from vcppo.driver.sources import ExperienceSource
@@ -50,7 +51,7 @@ def value_pretrain(ctx: RunContext, source: ExperienceSource, plan: StepPlan, st
     rollouts of the policy; publishes a reusable critic."""
     vp = ctx.cfg.value_pretrain
     ctx.log.info(plan.describe())
-    ctx.log.start_phase("value_pretrain", total=vp.steps, initial=state.pretrain_step)
+    ctx.log.start_phase(Phase.VALUE_PRETRAIN, total=vp.steps, initial=state.pretrain_step)
     stop_reason = "step budget"
     while state.pretrain_step < vp.steps:
         step = state.pretrain_step + 1
@@ -58,7 +59,7 @@ def value_pretrain(ctx: RunContext, source: ExperienceSource, plan: StepPlan, st
         state.pretrain_step = step
         state.pretrain_ev.append(metrics["critic/explained_variance"])
         state.pretrain_loss.append(metrics.get("critic/value_loss", float("nan")))
-        ctx.log.log(metrics, step=step, phase="value_pretrain")
+        ctx.log.log(metrics, step=step, phase=Phase.VALUE_PRETRAIN)
         update_streaks(state, metrics, ctx.cfg.trainer, f"value-pretraining step {step}", ctx.log.info)  # may abort
         if ctx.cfg.trainer.save_every and step % ctx.cfg.trainer.save_every == 0 and step < vp.steps:
             save_checkpoint(ctx, state, source)
