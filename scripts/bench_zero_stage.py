@@ -23,7 +23,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from vcppo.bench.train import long_tailed_batch
-    from vcppo.driver.update import PolicyLoss
+    from vcppo.driver.step.update import PolicyLoss
     from vcppo.engines import dist
     from vcppo.engines.actor import ActorEngine
     from vcppo.models.factory import count_params, make_model

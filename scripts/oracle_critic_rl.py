@@ -91,12 +91,12 @@ def run(args: argparse.Namespace) -> None:
 
     from vcppo.algos.stats import explained_variance
     from vcppo.config import load_command_config
-    from vcppo.driver.advantages import estimate
+    from vcppo.driver.step.advantages import estimate
     from vcppo.driver.context import RunContext
-    from vcppo.driver.experience_maker import ExperienceMaker
-    from vcppo.driver.metrics import log_validation
-    from vcppo.driver.plan import Source, ppo_plan
-    from vcppo.driver.update import update_actor
+    from vcppo.driver.step.experience_maker import ExperienceMaker
+    from vcppo.driver.step.metrics import log_validation
+    from vcppo.driver.step.plan import Source, ppo_plan
+    from vcppo.driver.step.update import update_actor
     from vcppo.experience import ActorBatch
 
     cfg = load_command_config([args.config, *args.overrides], "train", default_config=None)

@@ -47,11 +47,11 @@ class TokenLoss:
     needs_entropy = False
 
     def count_masks(self, minibatch):
-        from vcppo.engines.deepspeed_engine import response_counts
+        from vcppo.engines.loss_contract import response_counts
         return response_counts(minibatch)
 
     def __call__(self, outputs, micro, counts):
-        from vcppo.engines.deepspeed_engine import RESPONSE
+        from vcppo.engines.loss_contract import RESPONSE
         loss = (-outputs.logprobs * micro.response_mask).sum() / counts.tokens[RESPONSE]
         return loss, {}
 

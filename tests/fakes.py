@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from vcppo.driver.critic_side import LocalCritic
+from vcppo.driver.step.critic_side import LocalCritic
 from vcppo.engines.deepspeed_engine import stitch_rows
 from vcppo.engines.loss_contract import GlobalCounts, ModelOutputs
 from vcppo.engines.dist import DistInfo
@@ -111,10 +111,10 @@ class FakeRun:
 
 
 class ScriptedMaker:
-    """An :class:`~vcppo.driver.experience_maker.ExperienceMaker` whose sampling rounds are scripted."""
+    """An :class:`~vcppo.driver.step.experience_maker.ExperienceMaker` whose sampling rounds are scripted."""
 
     def __new__(cls, run: FakeRun, rounds: list[Rollout], logprobs: bool = True):
-        from vcppo.driver.experience_maker import ExperienceMaker
+        from vcppo.driver.step.experience_maker import ExperienceMaker
 
         class Maker(ExperienceMaker):
             def sample_round(self, phase, step, balance=True):
@@ -129,5 +129,5 @@ class ScriptedMaker:
 
 def scripted_source(run: FakeRun, rounds: list[Rollout], logprobs: bool = True):
     """A colocated experience source (what `vcppo train` steps with) over a :class:`ScriptedMaker`."""
-    from vcppo.driver.sources import ColocatedSource
+    from vcppo.driver.step.sources import ColocatedSource
     return ColocatedSource(run, ScriptedMaker(run, rounds, logprobs=logprobs))

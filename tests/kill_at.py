@@ -73,7 +73,8 @@ def _kill_after(fn, when):
 
 
 def install(point: str, step: int) -> None:
-    from vcppo.driver import manifest, ppo
+    from vcppo.driver.durability import manifest
+    from vcppo.driver import ppo
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.rollout import RolloutEngine
 

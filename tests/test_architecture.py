@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "vcppo"
-DRIVER_MODULES = sorted(p.stem for p in (PKG / "driver").glob("*.py") if p.stem != "__init__")
+DRIVER_MODULES = sorted(".".join(p.relative_to(PKG / "driver").with_suffix("").parts)
+                        for p in (PKG / "driver").rglob("*.py") if p.stem != "__init__")
+DRIVER_ROOMS = ("step", "placement", "durability")  # the driver's sub-packages, as docs/architecture.md names them
 
 
 def _module_name(path: Path) -> str:
@@ -92,10 +94,14 @@ def test_each_driver_module_imports_on_its_own():
 
 def test_driver_modules_and_functions_stay_small():
     too_long = []
-    for path in (PKG / "driver").glob("*.py"):
+    for path in (PKG / "driver").rglob("*.py"):
         lines = path.read_text().splitlines()
         if len(lines) > 300:
-            too_long.append(f"{path.name}: {len(lines)} lines")
+            too_long.append(f"{path.relative_to(PKG)}: {len(lines)} lines")
+    for path in PKG.rglob("*.py"):  # no module of the package above 450 lines
+        n = len(path.read_text().splitlines())
+        if n > 450:
+            too_long.append(f"{path.relative_to(PKG)}: {n} lines")
     for path in PKG.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -142,10 +148,19 @@ def test_no_import_points_up_a_floor():
 
 
 def test_the_step_reads_the_same_whatever_the_placement():
-    """rl_step meets the critic through one protocol (driver/critic_side.py): no branch on where the
+    """rl_step meets the critic through one protocol (driver/step/critic_side.py): no branch on where the
     critic lives, and no engine class of its own in the step."""
-    source = (PKG / "driver" / "step.py").read_text()
+    source = (PKG / "driver" / "step" / "rl_step.py").read_text()
     for placement_word in ("critic_remote", "RemoteCritic", "CriticEngine", "critic_on_own_ranks", "isinstance("):
         assert placement_word not in source, placement_word
-    worker = (PKG / "driver" / "critic_worker.py").read_text()
+    worker = (PKG / "driver" / "placement" / "critic_worker.py").read_text()
     assert "CriticHalf(" in worker and "update_critic" not in worker  # the same half as the local critic's
+
+
+def test_the_driver_is_its_three_rooms():
+    """driver/ holds the run's wiring (ppo, context, engines, teardown) and three sub-packages: the step,
+    placement and durability; a new module goes into one of them."""
+    top = sorted(p.stem for p in (PKG / "driver").glob("*.py") if p.stem != "__init__")
+    rooms = sorted(p.name for p in (PKG / "driver").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert top == ["context", "engines", "ppo", "teardown"] and rooms == sorted(DRIVER_ROOMS), (top, rooms)
+    assert not any(any((PKG / "driver" / room).glob("*/__init__.py")) for room in DRIVER_ROOMS)  # one level

@@ -5,7 +5,7 @@ to P and responses RIGHT-padded to R (verl's layout), so response token t (0-bas
 P + t and is predicted by the logits at column P + t - 1: response logprobs / values are read at
 columns P-1 .. P+R-2. Every (B, R) tensor is zero at padded response positions.
 
-The stages of one RL step (:mod:`vcppo.driver.step`), each returning what it adds:
+The stages of one RL step (:mod:`vcppo.driver.step.rl_step`), each returning what it adds:
 
     sampling + scoring      -> :class:`Rollout`        (the layout and the verifier's reward)
     the current models      -> :class:`BeforeUpdate`   (pi_old, entropy, KL, V_old, as the plan takes them)
@@ -88,7 +88,7 @@ class Layout:
 
 @dataclass(kw_only=True)
 class Rollout(Layout):
-    """A step's samples on this rank, sampled and scored (:func:`vcppo.driver.sampling.collect_rollout`).
+    """A step's samples on this rank, sampled and scored (:func:`vcppo.driver.step.sampling.collect_rollout`).
 
         scores           (B,)   float  verifier reward of the whole response (+ overlong shaping)
         token_rewards    (B, R) float  the score on the last response token, 0 elsewhere
@@ -158,7 +158,7 @@ class CriticBatch(Rollout):
 class BeforeUpdate:
     """What the models said about a rollout with the weights of before this step's updates.
     The step fills it from passes before the updates (or the sampler), and, where the step plan
-    takes a quantity from an update's own forward (:class:`vcppo.driver.plan.StepPlan`), from that
+    takes a quantity from an update's own forward (:class:`vcppo.driver.step.plan.StepPlan`), from that
     update's :class:`UpdateResult` once it ran; None where the plan produces it nowhere.
 
         old_logprobs (B, R) float  pi_old: an actor pass, the sampler's logprobs, or the update's forward
@@ -176,7 +176,7 @@ class BeforeUpdate:
 
 @dataclass
 class Advantages:
-    """Advantage estimation's output (:func:`vcppo.driver.advantages.estimate`).
+    """Advantage estimation's output (:func:`vcppo.driver.step.advantages.estimate`).
 
         advantages     (B, R) float  the actor's advantages as the loss uses them
         raw_advantages (B, R) float  before whitening (the position-profile diagnostic)
@@ -191,7 +191,7 @@ class Advantages:
 
 @dataclass
 class CriticResult:
-    """The critic's side of one step (:mod:`vcppo.driver.critic_side`).
+    """The critic's side of one step (:mod:`vcppo.driver.step.critic_side`).
 
         returns  (B, R) float  the value targets it trained on: GAE with lambda_critic from V_old,
                                or Monte-Carlo returns-to-go when it trained first; 0 off the mask

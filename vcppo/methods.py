@@ -5,8 +5,8 @@
 (no torch, so the config checks and ``vcppo plan`` read it without importing the math): whether
 the run builds a critic, needs several samples per prompt, and whitens over the global batch as
 part of the method. The math is in :mod:`vcppo.algos` (``gae``, ``stats.grpo_advantages``,
-``estimators``, ``losses``, ``gspo``); :mod:`vcppo.driver.advantages` and
-:mod:`vcppo.driver.update` select it by these names.
+``estimators``, ``losses``, ``gspo``); :mod:`vcppo.driver.step.advantages` and
+:mod:`vcppo.driver.step.update` select it by these names.
 """
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ valid range or choices, checked by :func:`vcppo.config_rules.validate`, and ``me
 change of it does when a run resumes (:data:`RESUME_CLASSES`, enforced by
 :mod:`vcppo.config_provenance`). A section's metadata may set ``resume`` for every key inside it (the
 sections that `vcppo train` does not read). Loading, merging and
-type coercion are OmegaConf's (:mod:`vcppo.config`); this module only declares.
+type coercion are OmegaConf's (:mod:`vcppo.config`); this module only declares (the shared
+settings and the field helper in :mod:`vcppo.schema_base`, the other commands' sections in
+:mod:`vcppo.schema_commands`).
 
 A default written as ``"${section.key}"`` is an OmegaConf interpolation: it follows that key
 unless set (e.g. SFT saves to ``model.policy_path``, the policy RL starts from).
@@ -13,38 +15,13 @@ unless set (e.g. SFT saves to ``model.policy_path``, the policy RL starts from).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES
-
-
-class ConfigError(ValueError):
-    """A config problem the user must fix; the message names the key / file."""
-
-
-# What a change of a key on resume does (vcppo.config_provenance); every field names one:
-RESUME_CLASSES = {
-    "math": "changes what the run computes (the algorithm, the batch, the data, the rewards): refused on "
-            "resume unless listed in trainer.resume_allow_changes",
-    "numerics": "the same computation with other float rounding or another layout (micro-batching, packing, "
-                "sharding, placement): accepted and recorded; the resumed run is no longer bit-exact",
-    "free": "does not touch what is computed (logging, checkpoint cadence, validation, limits, run length): "
-            "accepted and recorded",
-    "fixed": "the checkpoint's tensors have another shape: it cannot be loaded, so the change is refused "
-             "whatever trainer.resume_allow_changes says",
-}
-
-
-def _f(default: Any, doc: str, *, resume: str, choices: tuple | None = None, low: float | None = None,
-       high: float | None = None, low_open: bool = False) -> Any:
-    """A schema field with its doc line, its valid range or choices, and ``resume``: what changing it
-    on resume does (a key of :data:`RESUME_CLASSES`; required, so a new key must be classified)."""
-    if resume not in RESUME_CLASSES:
-        raise ValueError(f"resume={resume!r} is not one of {list(RESUME_CLASSES)}")
-    meta = {"doc": doc, "choices": choices, "low": low, "high": high, "low_open": low_open, "resume": resume}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
-    return field(default=default, metadata=meta)
+# ConfigError, RESUME_CLASSES and the shared settings are the schema's public names too
+from vcppo.schema_base import (RESUME_CLASSES, ConfigError, EngineConfig, LoRAConfig, OptimConfig,  # noqa: F401
+                               UpdateConfig, _f)
+from vcppo.schema_commands import DemoConfig, EvalConfig, RMConfig, SFTConfig
 
 
 @dataclass
@@ -111,75 +88,6 @@ class RolloutConfig:
                                           "algorithm.old_logprobs_from_sampler, critic.confidence_features) "
                                           "or samples in bf16 / fp16, where the mismatch/* metrics earn their "
                                           "cost (docs/performance.md).", resume="free")
-
-
-@dataclass
-class EngineConfig:
-    """What every DeepSpeed engine needs, trained or frozen (the reference policy)."""
-    micro_batch_size: int = _f(8, "Sequences per forward/backward per rank (gradient accumulation "
-                               "makes up the mini-batch).", low=1, resume="numerics")
-    zero_stage: Optional[int] = _f(None, "DeepSpeed ZeRO stage; null = auto: 3 with several ranks, 0 (no "
-                                   "partitioning hooks, measured faster) on one rank, and on resume the "
-                                   "stage the checkpoint was written with.", choices=(None, 0, 1, 2, 3),
-                                   resume="numerics")
-    offload_params: bool = _f(False, "ZeRO-3: keep parameters in CPU memory.", resume="numerics")
-    gradient_checkpointing: bool = _f(False, "Recompute activations in backward (saves memory).", resume="numerics")
-    packed: bool = _f(True, "Padding-free passes: a micro-batch's sequences concatenated into one row, "
-                      "attention kept within each sequence; false: the padded (B, P+R) layout. Faster the "
-                      "more padding a batch has (docs/performance.md, 'How fast is a packed pass').", resume="numerics")
-    max_tokens_per_micro_batch: int = _f(0, "Form micro-batches by a budget of real (prompt + response) "
-                                         "tokens instead of micro_batch_size sequences (use with packed, for "
-                                         "long-tailed lengths); 0: off. A longer "
-                                         "sequence gets a micro-batch of its own.", low=0, resume="numerics")
-    logprob_chunk_size: int = _f(1024, "Actor and reference: response logprobs and entropies are computed from the "
-                                 "last hidden states this many tokens at a time, so the (tokens x vocab) logits are "
-                                 "never held whole; the backward recomputes each chunk. 0: the full-logits path "
-                                 "(every response position's fp32 logits and log-softmax at once). No effect on "
-                                 "the critic and reward model (no vocabulary).", low=0, resume="numerics")
-
-
-@dataclass
-class OptimConfig(EngineConfig):
-    """A trained engine: AdamW + learning-rate schedule (actor, critic, SFT, reward model)."""
-    lr: float = _f(1e-6, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0,
-                   resume="math")
-    weight_decay: float = _f(0.0, "AdamW weight decay.", low=0.0, resume="math")
-    betas: List[float] = _f([0.9, 0.95], "AdamW betas.", resume="math")
-    warmup_steps: int = _f(0, "Linear learning-rate warm-up, in optimizer steps.", low=0, resume="math")
-    lr_schedule: str = _f("constant", "Schedule after warm-up.", choices=("constant", "cosine", "linear"),
-                          resume="math")
-    min_lr_ratio: float = _f(0.0, "Floor of cosine / linear decay, as a fraction of lr.", low=0.0, high=1.0,
-                             resume="math")
-    grad_clip: float = _f(1.0, "Global gradient-norm clip (0 disables).", low=0.0, resume="math")
-    offload_optimizer: bool = _f(False, "ZeRO-3: keep optimizer states in CPU memory.", resume="numerics")
-
-
-@dataclass
-class LoRAConfig:
-    """Low-rank adapters (Hu et al. 2021, via peft): the base weights stay frozen, W + (alpha / rank) B A
-    is what the model computes, and only A, B (and a critic's heads) carry gradients and optimizer states."""
-    rank: int = _f(0, "Adapter rank r; 0 = off (every weight trains).", low=0, resume="fixed")
-    alpha: float = _f(32.0, "Scaling numerator: the adapter's update is scaled by alpha / rank.", low=0.0,
-                      low_open=True, resume="math")
-    dropout: float = _f(0.0, "Dropout on the adapters' input while training.", low=0.0, high=1.0, resume="math")
-    target_modules: List[str] = _f(["all-linear"], "Linear layers that get adapters, by the last part of their "
-                                   "name (e.g. [q_proj, v_proj]); [all-linear]: every linear layer but the LM head.",
-                                   resume="fixed")
-
-
-@dataclass
-class UpdateConfig(OptimConfig):
-    """An engine that PPO updates (actor, critic): epochs x mini-batches of optimizer steps."""
-    ppo_mini_batches: int = _f(1, "Optimizer steps per PPO epoch (the step's batch is split into this many).", low=1,
-                               resume="math")
-    ppo_epochs: int = _f(1, "Passes over each step's batch.", low=1, resume="math")
-    sequence_parallel_size: int = _f(1, "Ranks that run one set of sequences together, each a contiguous slice of "
-                                     "every sequence's tokens (DeepSpeed Ulysses: attention exchanges heads for "
-                                     "sequence); activations per rank / this. 1: off. Must divide the training "
-                                     "ranks and the model's attention heads; runs packed rows; micro_batch_size "
-                                     "and max_tokens_per_micro_batch then count per SP group "
-                                     "(docs/launching.md).", low=1, resume="numerics")
-    lora: LoRAConfig = field(default_factory=LoRAConfig, metadata={"doc": "LoRA adapters (off by default)."})
 
 
 @dataclass
@@ -382,7 +290,7 @@ class TrainerConfig:
                                          "recorded in <run dir>/config_history.jsonl. Without it such a resume is "
                                          "refused, naming each changed key (docs/robustness.md).", resume="free")
     abort_on_divergence: bool = _f(False, "Stop the run (exit 2) at the first step whose metrics leave their sane "
-                                   "range (vcppo.driver.divergence: entropy collapse, value loss or gradient "
+                                   "range (vcppo.driver.durability.divergence: entropy collapse, value loss or gradient "
                                    "norm blow-up, KL, non-finite values), before that step's checkpoint, so the "
                                    "last checkpoint is one from before it. false: warn and go on.", resume="free")
 
@@ -413,80 +321,6 @@ class LoggingConfig:
     profile_buckets: int = _f(16, "Buckets of the advantage-vs-position profile.", low=1, resume="free")
     timeline: bool = _f(False, "Write every rank's busy intervals by phase (sampling, scoring, waiting, each "
                         "update) to <run dir>/timeline/rank<N>.jsonl; `vcppo bench split` draws them.", resume="free")
-
-
-@dataclass
-class SFTConfig(OptimConfig):
-    """`vcppo sft`: cold-start SFT on the task's reasoning traces (data.train_files / val_files)."""
-    init_model: str = _f("", "HF directory or hub id of the model to fine-tune (e.g. from `vcppo model make`).", resume="free")
-    output_dir: str = _f("${model.policy_path}", "Where the fine-tuned policy is saved (default: the "
-                         "policy RL starts from).", resume="free")
-    solution_field: str = _f("solution", "Column holding the target response (trace + answer).", resume="free")
-    steps: int = _f(600, "Optimizer steps (the learning-rate schedule spans them).", low=1, resume="free")
-    batch_size: int = _f(32, "Sequences per optimizer step, over all ranks.", low=1, resume="free")
-    max_minutes: float = _f(0.0, "Stop training after this wall time (0: off).", low=0.0, resume="free")
-    eval_every: int = _f(0, "Greedy val accuracy every N steps (0: at the end only).", low=0, resume="free")
-    eval_after: int = _f(0, "No periodic eval before this step: a model that has not learned the format yet "
-                         "writes every prompt to max length, the slowest eval there is.", low=0, resume="free")
-    target_accuracy: float = _f(0.0, "Stop once greedy val accuracy reaches this (0: off). A cold start "
-                                "for RL should leave room to improve.", low=0.0, high=1.0, resume="free")
-    eval_prompts: int = _f(200, "Validation prompts for the greedy accuracy.", low=1, resume="free")
-    save_every: int = _f(0, "Also keep a checkpoint every N steps in output_dir/step_N, e.g. to start RL from "
-                         "several points of one run (0: only the final one).", low=0, resume="free")
-    lr: float = _f(2e-3, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0,
-                   resume="free")
-    warmup_steps: int = _f(30, "Linear learning-rate warm-up, in optimizer steps.", low=0, resume="free")
-    lr_schedule: str = _f("cosine", "Schedule after warm-up.", choices=("constant", "cosine", "linear"), resume="free")
-    min_lr_ratio: float = _f(0.1, "Floor of cosine / linear decay, as a fraction of lr.", low=0.0, high=1.0,
-                             resume="free")
-    betas: List[float] = _f([0.9, 0.98], "AdamW betas.", resume="free")
-    weight_decay: float = _f(0.01, "AdamW weight decay.", low=0.0, resume="free")
-    micro_batch_size: int = _f(32, "Sequences per forward/backward per rank.", low=1, resume="free")
-
-
-@dataclass
-class RMConfig(OptimConfig):
-    """`vcppo rm`: an outcome reward model trained only at the final token (VC-PPO sec. 3.1)."""
-    policy_path: str = _f("${model.policy_path}", "Policy that samples the training responses; its "
-                          "backbone initialises the RM.", resume="free")
-    output_dir: Optional[str] = _f("${model.critic_path}", "Where the RM is saved (default: the critic "
-                                   "path the `ppo` preset starts from).", resume="free")
-    prompts: int = _f(512, "Training prompts to sample from (a share is held out).", low=1, resume="free")
-    samples_per_prompt: int = _f(4, "Responses sampled per prompt.", low=1, resume="free")
-    heldout_frac: float = _f(0.2, "Share of prompts held out for accuracy.", low=0.0, high=1.0, low_open=True,
-                             resume="free")
-    epochs: int = _f(4, "Passes over the sampled responses.", low=1, resume="free")
-    batch_size: int = _f(32, "Sequences per optimizer step, over all ranks.", low=1, resume="free")
-    lr: float = _f(3e-4, "Peak learning rate (at most 1: AdamW moves every weight by about lr per step).", low=0.0, high=1.0,
-                   resume="free")
-    warmup_steps: int = _f(10, "Linear learning-rate warm-up, in optimizer steps.", low=0, resume="free")
-    lr_schedule: str = _f("cosine", "Schedule after warm-up.", choices=("constant", "cosine", "linear"), resume="free")
-    micro_batch_size: int = _f(32, "Sequences per forward/backward per rank.", low=1, resume="free")
-
-
-@dataclass
-class EvalConfig:
-    """`vcppo eval`: greedy pass@1 and sampled pass@k (sampling settings from `rollout`)."""
-    model_path: str = _f("${model.policy_path}", "The policy to evaluate: an HF directory or a hub id.", resume="free")
-    data_files: str = _f("", "Prompts to evaluate on (same formats as data.train_files); several files separated "
-                         "by commas are evaluated in one go, each reported on its own too.", resume="free")
-    benchmark: str = _f("", "Standard benchmarks to evaluate on: gsm8k, math500, aime24, aime25 (comma-separated), "
-                        "each with its own prompt format and verl-parity scorer; read from eval.data_files when "
-                        "set (one benchmark), else from the Hugging Face cache.", resume="free")
-    max_prompts: Optional[int] = _f(256, "Prompts used per file (from its start); null: all (the default with "
-                                    "eval.benchmark).", low=1, resume="free")
-    n_samples: int = _f(8, "Samples per prompt for pass@k (0: greedy only).", low=0, resume="free")
-    k: List[int] = _f([1, 4, 8], "k values of the unbiased pass@k estimator (<= n_samples).", resume="free")
-    output_json: Optional[str] = _f(None, "Also write the metrics to this JSON file.", resume="free")
-
-
-@dataclass
-class DemoConfig:
-    """`vcppo demo`: data -> model -> SFT -> [RM, if the critic starts from it] -> RL -> eval -> report."""
-    workdir: str = _f("artifacts", "Where data, models and checkpoints go.", resume="free")
-    task: str = _f("add", "Synthetic task of the data stage (`vcppo data make --task`).", resume="free")
-    model_size: str = _f("small", "Size of the initial model (`vcppo model make --size`; tiny for a smoke run).",
-                         resume="free")
 
 
 @dataclass

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vcppo.driver import checkpoint as ckpt
-from vcppo.driver import manifest
+from vcppo.driver.durability import checkpoint as ckpt
+from vcppo.driver.durability import manifest
 
 SHARD = "actor/ds/zero_pp_rank_0_mp_rank_00_optim_states.pt"
 
@@ -49,7 +49,7 @@ def test_a_damaged_checkpoint_is_reported_and_skipped_for_the_previous_one(tmp_p
     newest = _checkpoint(tmp_path, 2)
     assert ckpt.find_resume_point(tmp_path, "auto") == newest
     damage(newest / SHARD)
-    with caplog.at_level(logging.WARNING, logger="vcppo.driver.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="vcppo.driver.durability.checkpoint"):
         assert ckpt.find_resume_point(tmp_path, "auto").name == "step_000001"
     assert f"checkpoint {newest} is damaged" in caplog.text and reported in caplog.text
     with pytest.raises(ckpt.CheckpointError, match=f"{newest} is damaged.*{reported[:20]}"):
@@ -83,7 +83,7 @@ def test_a_checkpoint_from_before_manifests_still_resumes(tmp_path, caplog):
     torch.save(ckpt.rng_state(), stage / "rng_rank0.pt")  # the old format: pickled RNG, no manifest
     (stage / "state.json").write_text(json.dumps({"phase": "ppo", "step": 5}))
     os.replace(stage, stage.with_suffix(""))
-    with caplog.at_level(logging.WARNING, logger="vcppo.driver.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="vcppo.driver.durability.checkpoint"):
         assert ckpt.find_resume_point(tmp_path, "auto").name == "step_000005"
     assert "predates checkpoint manifests" in caplog.text
 
@@ -108,7 +108,7 @@ def test_ranks_share_the_hashing_and_every_rank_sees_the_verdict(tmp_path):
 WRITER = textwrap.dedent('''
     import os, sys
     from pathlib import Path
-    from vcppo.driver import checkpoint as ckpt
+    from vcppo.driver.durability import checkpoint as ckpt
     run, step = Path(sys.argv[1]), 0
     while True:
         step += 1

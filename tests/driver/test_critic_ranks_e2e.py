@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.conftest import run_ranks, start_ranks
-from vcppo.driver.checkpoint import checkpoint_root, list_complete
+from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
 from tests.driver.test_exact_resume_e2e import assert_same, records
 from tests.driver.test_split_e2e import ONE_THREAD, SPLIT_ONLY, final_actor, in_step_order, overrides
 

@@ -5,7 +5,7 @@ survivor fails at its next collective (gloo: the peer's connection closes) and e
 checkpoint left is complete and intact, and there is no final export. (A hung but living peer is
 bounded by trainer.collective_timeout_s: tests/engines/test_collective_timeout.py.) The run then
 resumes on the one rank left, and later on two again, each time from a checkpoint written on the
-other number of ranks (vcppo/driver/reshard.py)."""
+other number of ranks (vcppo/driver/durability/reshard.py)."""
 import time
 
 import pytest
@@ -14,8 +14,8 @@ from tests.conftest import vcppo
 from tests.driver.test_exact_resume_e2e import cut_after, records
 from tests.driver.test_multirank_faults_e2e import start_two_ranks
 from tests.driver.test_train_e2e import base_overrides
-from vcppo.driver import manifest
-from vcppo.driver.checkpoint import checkpoint_root, list_complete
+from vcppo.driver.durability import manifest
+from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
 from vcppo.engines.engine_setup import lr_lambda_factory
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow, pytest.mark.extended]

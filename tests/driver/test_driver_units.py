@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from vcppo.config import load_config
-from vcppo.driver import checkpoint as ckpt
-from vcppo.driver.critic_cache import cache_key
-from vcppo.driver.timeline import PhaseTimer
-from vcppo.driver.sampling import collect_rollout, rank_slice
-from vcppo.driver.value_pretrain import settled
+from vcppo.driver.durability import checkpoint as ckpt
+from vcppo.driver.durability.critic_cache import cache_key
+from vcppo.driver.step.timeline import PhaseTimer
+from vcppo.driver.step.sampling import collect_rollout, rank_slice
+from vcppo.driver.step.value_pretrain import settled
 from vcppo.rewards.verifier import RewardScorer
 from vcppo.schema import RolloutConfig
 from vcppo.tracking import MetricsLogger, read_metrics
@@ -180,7 +180,7 @@ def test_metrics_logger_wandb_offline(tmp_path):
 def test_a_policy_initialised_critic_starts_from_the_policy_even_when_a_critic_path_is_set():
     """The demo preset sets model.critic_path (for critic_init=reward_model); with the default
     critic_init=policy the critic must still start from the SFT policy's backbone, not the RM's."""
-    from vcppo.driver.critic_cache import critic_source
+    from vcppo.driver.durability.critic_cache import critic_source
     demo = load_config("demo", ["demo.workdir=/w"])
     assert demo.model.critic_path == "/w/rm"
     assert critic_source(demo) == ("policy", "/w/sft")

@@ -14,11 +14,11 @@ from vcppo.algos.gae import gae_reference
 from vcppo.algos.stats import masked_whiten
 from vcppo.config import load_config
 from vcppo.algos.gae import decoupled_gae
-from vcppo.driver.advantages import ESTIMATE, critic_targets, estimate
-from vcppo.driver.checkpoint import RunState
-from vcppo.driver.plan import Source, ppo_plan
-from vcppo.driver.step import rl_step
-from vcppo.driver.update import PolicyLoss
+from vcppo.driver.step.advantages import ESTIMATE, critic_targets, estimate
+from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.step.plan import Source, ppo_plan
+from vcppo.driver.step.rl_step import rl_step
+from vcppo.driver.step.update import PolicyLoss
 from vcppo.engines.loss_contract import GlobalCounts, ModelOutputs
 from vcppo.experience import ActorBatch
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES

@@ -7,7 +7,7 @@ import torch
 
 from tests.fakes import FakeRun, ScriptedMaker, scored
 from tests.gloo_ranks import run_on_two_ranks
-from vcppo.driver.experience_maker import apply_overlong_penalty
+from vcppo.driver.step.experience_maker import apply_overlong_penalty
 from vcppo.schema import Config
 
 N = 2  # samples per prompt
@@ -128,8 +128,8 @@ def test_rollout_sleeps_only_on_gpu_and_when_configured():
 def test_value_pretraining_keeps_its_sampling_seed_key():
     """The phase is named value_pretrain everywhere; its seeds keep the key they were drawn with, so a
     run's samples (and the demo's figures) do not move."""
-    from vcppo.driver.experience_maker import sample_seed
-    from vcppo.driver.phase import Phase, seed_key
+    from vcppo.driver.step.experience_maker import sample_seed
+    from vcppo.driver.step.phase import Phase, seed_key
     assert seed_key(Phase.VALUE_PRETRAIN) == seed_key("value_pretrain") == "pretrain"
     assert [seed_key(p) for p in (Phase.PPO, "ppo/retry1", "val")] == ["ppo", "ppo/retry1", "val"]
     assert sample_seed(0, seed_key(Phase.VALUE_PRETRAIN), 3, 0) == sample_seed(0, "pretrain", 3, 0)

@@ -1,9 +1,9 @@
-"""The step guards (vcppo.driver.guards): streaks of non-finite steps and of all-failed rewards
+"""The step guards (vcppo.driver.durability.guards): streaks of non-finite steps and of all-failed rewards
 abort the run at their limit, reset on a good step, and follow the state across a resume."""
 import pytest
 
-from vcppo.driver.checkpoint import RunState
-from vcppo.driver.guards import RewardFailureError, step_reward_failures, update_streaks
+from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.durability.guards import RewardFailureError, step_reward_failures, update_streaks
 from vcppo.engines.deepspeed_engine import NonFiniteError
 from vcppo.schema import ConfigError, TrainerConfig
 

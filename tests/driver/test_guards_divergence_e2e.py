@@ -4,7 +4,7 @@ checkpoint from before it; a run at the demo's learning rates never trips it."""
 import pytest
 
 from tests.driver.test_train_e2e import base_overrides, train
-from vcppo.driver.checkpoint import checkpoint_root, list_complete
+from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
 
 pytestmark = [pytest.mark.integration]
 LR_1 = {"actor.lr": 1, "critic.lr": 1, "value_pretrain.enabled": False, "trainer.total_steps": 3}

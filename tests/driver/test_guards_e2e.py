@@ -5,7 +5,7 @@ good checkpoint (none written while steps are being skipped) and writing no fina
 import pytest
 
 from tests.driver.test_train_e2e import base_overrides, train
-from vcppo.driver.checkpoint import checkpoint_root, list_complete
+from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
 from vcppo.tracking import read_metrics
 
 pytestmark = [pytest.mark.integration]

@@ -8,10 +8,10 @@ from tests.fakes import FakeRun, scored, scripted_source
 from vcppo.algos import losses
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
 from vcppo.config import load_config
-from vcppo.driver.checkpoint import RunState
-from vcppo.driver.plan import Source, ppo_plan
-from vcppo.driver.step import rl_step
-from vcppo.driver.update import PolicyLoss
+from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.step.plan import Source, ppo_plan
+from vcppo.driver.step.rl_step import rl_step
+from vcppo.driver.step.update import PolicyLoss
 from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs
 from vcppo.experience import ActorBatch, Rollout, make_layout
 from vcppo.schema import AlgorithmConfig, ConfigError
@@ -135,7 +135,7 @@ def test_kl_settings_that_cannot_work_are_config_errors():
 
 
 def test_a_stored_coefficient_counts_only_while_the_controller_is_on():
-    from vcppo.driver.step import kl_coef_now
+    from vcppo.driver.step.rl_step import kl_coef_now
     state = RunState(phase="ppo", kl_coef=0.3)  # a checkpoint of a run with the controller
     assert kl_coef_now(state, AlgorithmConfig(kl_coef=0.1, kl_target=0.05)) == 0.3
     assert kl_coef_now(state, AlgorithmConfig(kl_coef=0.1)) == 0.1  # resumed without it: the config's

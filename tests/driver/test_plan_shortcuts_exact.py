@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from vcppo.algos.gae import decoupled_gae
-from vcppo.driver.advantages import critic_targets, estimate, returns_to_go
-from vcppo.driver.plan import Source, StepPlan
-from vcppo.driver.update import update_actor, update_critic
+from vcppo.driver.step.advantages import critic_targets, estimate, returns_to_go
+from vcppo.driver.step.plan import Source, StepPlan
+from vcppo.driver.step.update import update_actor, update_critic
 from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout
 from vcppo.schema import ActorConfig, AlgorithmConfig, CriticConfig
 

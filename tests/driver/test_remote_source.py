@@ -1,11 +1,11 @@
-"""Trainer 0's side of split placement's validation (vcppo.driver.remote_source.RemoteSource): it
+"""Trainer 0's side of split placement's validation (vcppo.driver.placement.remote_source.RemoteSource): it
 asks, trains on, and logs a result when it has arrived; at a checkpoint and at the end it waits."""
 from types import SimpleNamespace
 
-from vcppo.driver.remote_source import RemoteSource
-from vcppo.driver.phase import Phase
-from vcppo.driver.split_protocol import SampledBatch, Validate, ValidationResult
-from vcppo.driver.timeline import Timeline
+from vcppo.driver.placement.remote_source import RemoteSource
+from vcppo.driver.step.phase import Phase
+from vcppo.driver.placement.split_protocol import SampledBatch, Validate, ValidationResult
+from vcppo.driver.step.timeline import Timeline
 
 
 class FakeBridge:

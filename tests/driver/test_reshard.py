@@ -4,9 +4,9 @@ placement refuses, and that no file outside the manifest is read."""
 import pytest
 
 from vcppo.config import load_config
-from vcppo.driver import manifest
-from vcppo.driver.checkpoint import CheckpointError, write_rank_files
-from vcppo.driver.reshard import (_check_only_listed_files, check_stages, plan_reshard, prepare,
+from vcppo.driver.durability import manifest
+from vcppo.driver.durability.checkpoint import CheckpointError, write_rank_files
+from vcppo.driver.durability.reshard import (_check_only_listed_files, check_stages, plan_reshard, prepare,
                                   written_world_size)
 
 

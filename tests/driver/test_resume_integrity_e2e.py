@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from tests.driver.test_train_e2e import base_overrides, train
-from vcppo.driver.checkpoint import checkpoint_root, list_complete
+from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
 
 pytestmark = [pytest.mark.integration]
 

@@ -1,4 +1,4 @@
-"""The rollout rank's loop (vcppo.driver.rollout_worker.RolloutServer.serve) against a simulated
+"""The rollout rank's loop (vcppo.driver.placement.rollout_worker.RolloutServer.serve) against a simulated
 trainer: whichever side runs faster, PPO batch j is sampled with the weights of step
 max(0, j - 1 - max_staleness), so a split run repeats and resumes exactly; a validation uses the
 weights of its step, after the batch the trainer needs next."""
@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from vcppo.driver.rollout_worker import RolloutServer
-from vcppo.driver.phase import Phase
-from vcppo.driver.split_protocol import Start, StepDone, Stop, Validate
-from vcppo.driver.timeline import Timeline
+from vcppo.driver.placement.rollout_worker import RolloutServer
+from vcppo.driver.step.phase import Phase
+from vcppo.driver.placement.split_protocol import Start, StepDone, Stop, Validate
+from vcppo.driver.step.timeline import Timeline
 
 
 class SimulatedRun(RolloutServer):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from vcppo.driver import checkpoint as ckpt
+from vcppo.driver.durability import checkpoint as ckpt
 from vcppo.engines.safe_checkpoint import WeightsOnlyCheckpointEngine, load_weights_only
 
 PAYLOAD_OUTPUT = "PLANTED-CODE-RAN"
@@ -85,7 +85,7 @@ def test_a_damaged_rng_file_is_named_and_a_missing_one_reported(tmp_path, caplog
     with pytest.raises(ckpt.CheckpointError, match="rng_rank0.json: not a valid RNG state"):
         ckpt.load_state(final, rank=0)
     (final / "rng_rank0.json").unlink()
-    with caplog.at_level(logging.WARNING, logger="vcppo.driver.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="vcppo.driver.durability.checkpoint"):
         ckpt.load_state(final, rank=0)
     assert "no RNG state of rank 0" in caplog.text
 

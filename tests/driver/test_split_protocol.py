@@ -1,9 +1,9 @@
-"""The staleness rule of split placement (vcppo.driver.split_protocol): which batch may be sampled
+"""The staleness rule of split placement (vcppo.driver.placement.split_protocol): which batch may be sampled
 when, and which batches a checkpoint must hold."""
 import pytest
 
-from vcppo.driver.phase import Phase
-from vcppo.driver.split_protocol import held_after_checkpoint, lookahead, may_sample
+from vcppo.driver.step.phase import Phase
+from vcppo.driver.placement.split_protocol import held_after_checkpoint, lookahead, may_sample
 
 
 @pytest.mark.parametrize("staleness", [0, 1, 2])

@@ -1,4 +1,4 @@
-"""Every step plan through the real driver step (:func:`vcppo.driver.step.rl_step`) on fake engines:
+"""Every step plan through the real driver step (:func:`vcppo.driver.step.rl_step.rl_step`) on fake engines:
 which passes run and in which order, what each plan reports, and that the plan's shortcuts
 (pi_old / V_old from the update's own forward) give what the separate passes give. Milliseconds;
 the same shortcuts on the real DeepSpeed engine: test_plan_shortcuts_exact.py."""
@@ -9,9 +9,9 @@ import torch
 
 from tests.fakes import FakeRun, scored, scripted_source
 from vcppo.config import load_config
-from vcppo.driver.checkpoint import RunState
-from vcppo.driver.plan import Source, ppo_plan, pretrain_plan
-from vcppo.driver.step import rl_step
+from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.step.plan import Source, ppo_plan, pretrain_plan
+from vcppo.driver.step.rl_step import rl_step
 
 CPU = torch.device("cpu")
 ROLLOUT = [[1, -1], [1, 1], [-1, 1], [-1, -1]]

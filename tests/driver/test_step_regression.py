@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vcppo.driver.advantages import estimate, returns_to_go
-from vcppo.driver.plan import Source, StepPlan
-from vcppo.driver.update import update_actor, update_critic
+from vcppo.driver.step.advantages import estimate, returns_to_go
+from vcppo.driver.step.plan import Source, StepPlan
+from vcppo.driver.step.update import update_actor, update_critic
 from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout
 from vcppo.schema import ActorConfig, AlgorithmConfig, CriticConfig
 

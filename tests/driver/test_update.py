@@ -6,7 +6,7 @@ import torch
 
 from vcppo.algos import losses
 from vcppo.algos.mismatch import tis_weights
-from vcppo.driver.update import PolicyLoss, ValueLoss
+from vcppo.driver.step.update import PolicyLoss, ValueLoss
 from vcppo.engines.loss_contract import GlobalCounts, ModelOutputs
 from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout
 from vcppo.schema import AlgorithmConfig, CriticConfig

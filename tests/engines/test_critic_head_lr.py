@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.integration]
 
 
 def _first_step_moves(model_dir, info, scale: float) -> tuple[float, float, list]:
-    from vcppo.driver.update import ValueLoss
+    from vcppo.driver.step.update import ValueLoss
     from vcppo.engines.critic import CriticEngine
     cfg = CriticConfig(lr=1e-3, head_lr_scale=scale, warmup_steps=0, lr_schedule="constant", grad_clip=0.0,
                        value_clip=None)  # the test keeps old_values at 0: a clip would stop step 2

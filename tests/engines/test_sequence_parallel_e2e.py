@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import ENV, run_ranks
 from tests.driver.test_exact_resume_e2e import assert_same, cut_after, records
 from tests.driver.test_train_e2e import base_overrides
-from vcppo.driver.checkpoint import checkpoint_root, list_complete
+from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """DAPO's batch shaping (arXiv 2503.14476): dynamic sampling's group filter (sec. 3.2) and the two
 overlong treatments of sec. 3.4 (overlong filtering, soft overlong punishment). Pure tensor math;
 the driver decides when to apply them (:mod:`vcppo.driver.dynamic_sampling`,
-:mod:`vcppo.driver.update`).
+:mod:`vcppo.driver.step.update`).
 
 Notation
 --------

@@ -1,5 +1,5 @@
 """Critic-free advantage estimators beside GRPO (:func:`vcppo.algos.stats.grpo_advantages`): RLOO,
-REINFORCE++ and REINFORCE++-baseline. Pure tensor math; :mod:`vcppo.driver.advantages` selects them
+REINFORCE++ and REINFORCE++-baseline. Pure tensor math; :mod:`vcppo.driver.step.advantages` selects them
 by ``algorithm.advantage_estimator`` (:mod:`vcppo.methods` says what each needs).
 
 Notation

@@ -47,7 +47,7 @@ def _adapted_actor(model: str, rank: int, prompts: list, info):
     """A LoRA actor after one step on a batch of its prompts (B non-zero: the adapters matter)."""
     import torch
 
-    from vcppo.driver.update import PolicyLoss
+    from vcppo.driver.step.update import PolicyLoss
     from vcppo.engines.actor import ActorEngine
     from vcppo.experience import ActorBatch, Rollout, make_layout
     from vcppo.schema import ActorConfig, AlgorithmConfig, LoRAConfig

@@ -153,7 +153,7 @@ def _bench_train_step(model: str, samples: list, args, info, res: dict):
     """Forward logprobs / values and one actor / critic step with the PPO losses; the actor."""
     import torch
 
-    from vcppo.driver.update import PolicyLoss, ValueLoss
+    from vcppo.driver.step.update import PolicyLoss, ValueLoss
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout

@@ -36,7 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vcppo.driver.timeline import busy_seconds, clip, read_timelines
+from vcppo.driver.step.timeline import busy_seconds, clip, read_timelines
 from vcppo.engines.dist import free_port
 
 MODES = {"colocated": ["placement.mode=colocated"],

@@ -1,4 +1,4 @@
-"""`vcppo bench step`: one real PPO step (`vcppo.driver.step.rl_step`), timed by phase; with
+"""`vcppo bench step`: one real PPO step (`vcppo.driver.step.rl_step.rl_step`), timed by phase; with
 ``--trl``, TRL's PPOTrainer side by side on the same model, tokenizer, prompts and batch.
 
     vcppo bench step [--size small] [--micro-batch 16,64] [--steps 6] [--prompts 16 --n 4]
@@ -92,12 +92,12 @@ def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
     import torch
 
     from vcppo.config import load_command_config
-    from vcppo.driver.checkpoint import RunState
+    from vcppo.driver.durability.checkpoint import RunState
     from vcppo.driver.context import RunContext
-    from vcppo.driver.plan import ppo_plan
+    from vcppo.driver.step.plan import ppo_plan
     from vcppo.driver.ppo import run_dir_of
-    from vcppo.driver.sources import ColocatedSource
-    from vcppo.driver.step import rl_step
+    from vcppo.driver.step.sources import ColocatedSource
+    from vcppo.driver.step.rl_step import rl_step
 
     torch.set_num_threads(args.threads)
     cfg = load_command_config(["vcppo", *train_overrides(args, workdir, micro_batch)], "train", default_config=None)

@@ -14,7 +14,7 @@ Several files (``eval.data_files=a.parquet,b.jsonl``, or DATA given so) are eval
 reported each on its own too: per ``data_source`` where the rows carry one (verl's format), else per
 file, as ``val/<source>/...`` keys beside the overall ones, and printed as a markdown table.
 
-The pass@k evaluation itself is :func:`vcppo.driver.validation.evaluate`, the one that validation
+The pass@k evaluation itself is :func:`vcppo.driver.step.validation.evaluate`, the one that validation
 inside training and the SFT command use too.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from vcppo.config import load_command_config
 from vcppo.config_paths import split_paths
 from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
-from vcppo.driver.validation import evaluate
+from vcppo.driver.step.validation import evaluate
 from vcppo.engines import dist as D
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.models.hub import parse_id

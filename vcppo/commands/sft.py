@@ -20,8 +20,8 @@ from pathlib import Path
 from vcppo.algos.losses import aggregate_loss
 from vcppo.config import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
-from vcppo.driver.validation import evaluate
-from vcppo.driver.sampling import rank_slice
+from vcppo.driver.step.validation import evaluate
+from vcppo.driver.step.sampling import rank_slice
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs, response_counts

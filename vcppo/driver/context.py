@@ -3,7 +3,7 @@ directory's lock and its resume point.
 
 :class:`RunContext` is built once per run (:meth:`RunContext.create`) and handed to the phases
 (value pretraining, PPO); it holds no training logic (sampling is
-:class:`vcppo.driver.experience_maker.ExperienceMaker`'s, a step is :mod:`vcppo.driver.step`).
+:class:`vcppo.driver.step.experience_maker.ExperienceMaker`'s, a step is :mod:`vcppo.driver.step.rl_step`).
 """
 from __future__ import annotations
 
@@ -22,16 +22,16 @@ from vcppo.config import save_config, to_dict
 from vcppo.config_parallel import check_sequence_parallel_ranks
 from vcppo.config_provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
-from vcppo.driver import reshard
-from vcppo.driver.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
-from vcppo.driver.critic_side import Critic
+from vcppo.driver.durability import reshard
+from vcppo.driver.durability.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
+from vcppo.driver.step.critic_side import Critic
 from vcppo.driver.engines import build_engines
-from vcppo.driver.model_reward import ModelReward
-from vcppo.driver.resume_checks import check_resume
+from vcppo.driver.step.model_reward import ModelReward
+from vcppo.driver.durability.resume_checks import check_resume
 from vcppo.driver.teardown import close_parts
 from vcppo.models.hub import model_sources
-from vcppo.driver.timeline import Timeline
-from vcppo.driver.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
+from vcppo.driver.step.timeline import Timeline
+from vcppo.driver.durability.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.bridge import Roles
@@ -168,7 +168,7 @@ class RunContext:
     log: MetricsLogger
     critic_from_cache: Path | None = None
     reward_model: ModelReward | None = None  # reward.model_path: scores on the training ranks
-    run_lock: IO | None = None   # main rank: the run directory's lock (driver/run_lock.py)
+    run_lock: IO | None = None   # main rank: the run directory's lock (driver/durability/run_lock.py)
     resume_point: Path | None = None  # the verified checkpoint the run continues from (None: fresh)
     # resuming on another number of ranks: {engine role: its checkpoint in DeepSpeed's universal format}
     universal_checkpoints: dict = dataclasses.field(default_factory=dict)

@@ -8,12 +8,12 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from vcppo.driver.checkpoint import RunState
-from vcppo.driver.critic_cache import cached_critic, critic_source
-from vcppo.driver.critic_side import Critic, LocalCritic
-from vcppo.driver.phase import Phase
-from vcppo.driver.plan import critic_on_own_ranks
-from vcppo.driver.remote_critic import RemoteCritic
+from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.durability.critic_cache import cached_critic, critic_source
+from vcppo.driver.step.critic_side import Critic, LocalCritic
+from vcppo.driver.step.phase import Phase
+from vcppo.driver.step.plan import critic_on_own_ranks
+from vcppo.driver.placement.remote_critic import RemoteCritic
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.critic import CriticEngine
@@ -108,7 +108,7 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
     the state of the checkpoint the run resumes from, in ``resume_point`` (None: a fresh start)."""
     alg, temperature = cfg.algorithm, cfg.rollout.temperature
     ckpt = (lambda role: resume_point / role) if resume_point is not None else (lambda role: None)
-    rollout = None  # split placement: the rollout ranks sample (driver/rollout_worker.py)
+    rollout = None  # split placement: the rollout ranks sample (driver/placement/rollout_worker.py)
     if dist.role != "train":
         log.info("starting vLLM rollout engine")
         rollout = RolloutEngine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,

@@ -1,29 +1,29 @@
 """The run of `vcppo train` (:mod:`vcppo.commands.train`): value pretraining, then the PPO loop with Decoupled-GAE.
 
 Runs on every rank (SPMD) under the deepspeed launcher, torchrun, or plain python. Each step is
-:func:`vcppo.driver.step.rl_step` (sample, score, pi_old and V_old, advantages, critic update,
-actor update, weight sync), run as the run's :class:`~vcppo.driver.plan.StepPlan` says; value
+:func:`vcppo.driver.step.rl_step.rl_step` (sample, score, pi_old and V_old, advantages, critic update,
+actor update, weight sync), run as the run's :class:`~vcppo.driver.step.plan.StepPlan` says; value
 pretraining (VC-PPO sec. 4.1) is the same step with the policy frozen
-(:mod:`vcppo.driver.value_pretrain`). GRPO swaps the critic for group-normalised outcome rewards;
+(:mod:`vcppo.driver.step.value_pretrain`). GRPO swaps the critic for group-normalised outcome rewards;
 every other preset differs only in config (vcppo/configs/*.yaml), not in code paths.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from vcppo.driver.checkpoint import RunState, checkpoint_root, list_complete
+from vcppo.driver.durability.checkpoint import RunState, checkpoint_root, list_complete
 from vcppo.driver.context import RunContext, init_run_distributed
-from vcppo.driver.critic_worker import serve_critic
-from vcppo.driver.divergence import check_divergence
-from vcppo.driver.guards import update_streaks
-from vcppo.driver.metrics import log_validations, validate
-from vcppo.driver.phase import Phase
-from vcppo.driver.plan import StepPlan, ppo_plan, pretrain_plan
-from vcppo.driver.resume import resume_or_start, save_checkpoint
-from vcppo.driver.rollout_worker import serve_rollouts
-from vcppo.driver.sources import ExperienceSource, make_source
-from vcppo.driver.step import rl_step
-from vcppo.driver.value_pretrain import reuse_pretrained_critic, value_pretrain
+from vcppo.driver.placement.critic_worker import serve_critic
+from vcppo.driver.durability.divergence import check_divergence
+from vcppo.driver.durability.guards import update_streaks
+from vcppo.driver.step.metrics import log_validations, validate
+from vcppo.driver.step.phase import Phase
+from vcppo.driver.step.plan import StepPlan, ppo_plan, pretrain_plan
+from vcppo.driver.durability.resume import resume_or_start, save_checkpoint
+from vcppo.driver.placement.rollout_worker import serve_rollouts
+from vcppo.driver.step.sources import ExperienceSource, make_source
+from vcppo.driver.step.rl_step import rl_step
+from vcppo.driver.step.value_pretrain import reuse_pretrained_critic, value_pretrain
 from vcppo.schema import Config
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vcppo.driver import manifest
+from vcppo.driver.durability import manifest
 from vcppo.schema import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def _delete(path: Path) -> None:
 
 def commit(stage: Path, state: dict, keep_last: int, manifest_parts: list[dict] | None = None) -> Path:
     """Main rank only, after every rank has written into ``stage``: write ``state.json`` and the
-    manifest (``manifest_parts``: the ranks' hashed shares, see :mod:`vcppo.driver.manifest`;
+    manifest (``manifest_parts``: the ranks' hashed shares, see :mod:`vcppo.driver.durability.manifest`;
     None hashes everything here), seal by renaming, and prune to the last ``keep_last``."""
     (stage / "state.json").write_text(json.dumps(state, indent=1))
     manifest.write_manifest(stage, manifest_parts if manifest_parts is not None else [manifest.hash_share(stage)])

@@ -1,20 +1,20 @@
 """Saving a run's checkpoint and continuing from one (collective: every rank calls).
 
-The file format and its atomicity are :mod:`vcppo.driver.checkpoint`'s; this module decides what
-goes in (engines, RNG, data position, :class:`~vcppo.driver.checkpoint.RunState`) and restores it.
+The file format and its atomicity are :mod:`vcppo.driver.durability.checkpoint`'s; this module decides what
+goes in (engines, RNG, data position, :class:`~vcppo.driver.durability.checkpoint.RunState`) and restores it.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
 
-from vcppo.driver import checkpoint as ckpt
-from vcppo.driver import manifest, reshard
+from vcppo.driver.durability import checkpoint as ckpt
+from vcppo.driver.durability import manifest, reshard
 from vcppo.driver.context import RunContext
-from vcppo.driver.phase import Phase
-from vcppo.driver.resume_checks import write_run_config
-from vcppo.driver.restore_engine import restore_engine
-from vcppo.driver.sources import ExperienceSource
+from vcppo.driver.step.phase import Phase
+from vcppo.driver.durability.resume_checks import write_run_config
+from vcppo.driver.durability.restore_engine import restore_engine
+from vcppo.driver.step.sources import ExperienceSource
 from vcppo.engines import dist as D
 
 

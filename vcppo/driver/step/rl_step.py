@@ -17,23 +17,23 @@
     9. metrics                       the collapse diagnostics over the global batch
    10. KL controller                 the adaptive coefficient's next value (``algorithm.kl_target``)
 
-The :class:`~vcppo.driver.plan.StepPlan` decides, once per run, which passes run and in which
+The :class:`~vcppo.driver.step.plan.StepPlan` decides, once per run, which passes run and in which
 order; value pretraining (VC-PPO sec. 4.1) is this step with the actor frozen (steps 7-8 skipped).
-The critic is met through one protocol wherever it lives (:mod:`vcppo.driver.critic_side`): it
+The critic is met through one protocol wherever it lives (:mod:`vcppo.driver.step.critic_side`): it
 begins as soon as the rewards are final, gives V_old at step 4, updates at step 6 (on ranks of its
 own, while this rank's actor trains), and hands back its targets and metrics after step 8.
 """
 from __future__ import annotations
 
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
-from vcppo.driver.advantages import estimate
-from vcppo.driver.checkpoint import RunState
+from vcppo.driver.step.advantages import estimate
+from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.context import RunContext
-from vcppo.driver.metrics import kl_metrics, step_metrics
-from vcppo.driver.timeline import PhaseTimer
-from vcppo.driver.plan import Source, StepPlan
-from vcppo.driver.sources import ExperienceSource
-from vcppo.driver.update import update_actor
+from vcppo.driver.step.metrics import kl_metrics, step_metrics
+from vcppo.driver.step.timeline import PhaseTimer
+from vcppo.driver.step.plan import Source, StepPlan
+from vcppo.driver.step.sources import ExperienceSource
+from vcppo.driver.step.update import update_actor
 from vcppo.engines.dist import global_sum
 from vcppo.experience import ActorBatch, BeforeUpdate, Rollout
 from vcppo.schema import AlgorithmConfig

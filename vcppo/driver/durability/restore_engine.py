@@ -6,8 +6,8 @@ import logging
 import pickle
 from pathlib import Path
 
-from vcppo.driver import checkpoint as ckpt
-from vcppo.driver import reshard
+from vcppo.driver.durability import checkpoint as ckpt
+from vcppo.driver.durability import reshard
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
 from vcppo.engines.safe_checkpoint import use_weights_only_loading
 
@@ -45,7 +45,7 @@ def _name_refused_files(engine: DeepSpeedModelEngine) -> None:
 def restore_engine(engine: DeepSpeedModelEngine, directory: Path, universal: bool = False) -> None:
     """``engine``'s states from its checkpoint ``directory`` (``universal``: DeepSpeed's universal
     format, written for another number of ranks), reading tensors and plain values only; a file
-    that holds anything else is a :class:`~vcppo.driver.checkpoint.CheckpointError` naming it."""
+    that holds anything else is a :class:`~vcppo.driver.durability.checkpoint.CheckpointError` naming it."""
     use_weights_only_loading(engine.engine)  # nothing in a checkpoint directory may run code
     _name_refused_files(engine)
     try:

@@ -27,8 +27,8 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from vcppo.driver import manifest
-from vcppo.driver.checkpoint import CheckpointError
+from vcppo.driver.durability import manifest
+from vcppo.driver.durability.checkpoint import CheckpointError
 from vcppo.engines.engine_setup import CHECKPOINT_TAG, checkpoint_zero_stage, resolve_zero_stage
 from vcppo.engines.safe_checkpoint import allow_deepspeed_state_types
 

@@ -10,7 +10,7 @@ A step meets the critic four times, in the same order whatever the placement:
 
 :class:`LocalCritic` runs the half on this rank's critic engine: ``values()`` is the values pass
 (or the update itself when the plan trains the critic first), ``update()`` the update, before the
-actor's. :class:`~vcppo.driver.remote_critic.RemoteCritic` hands the share to the critic's own ranks
+actor's. :class:`~vcppo.driver.placement.remote_critic.RemoteCritic` hands the share to the critic's own ranks
 (``placement.critic_ranks``), which run the same :class:`CriticHalf`; ``update()`` is then a no-op
 (their update runs while this rank's actor trains) and ``finish_step()`` waits for it. Both also
 take the run's calls on a critic (save, restore, export, the finite-weights check, close).
@@ -22,11 +22,11 @@ from typing import Protocol
 
 import torch
 
-from vcppo.driver.advantages import critic_targets, returns_to_go
-from vcppo.driver.timeline import PhaseTimer
-from vcppo.driver.plan import StepPlan
-from vcppo.driver.restore_engine import restore_engine
-from vcppo.driver.update import update_critic
+from vcppo.driver.step.advantages import critic_targets, returns_to_go
+from vcppo.driver.step.timeline import PhaseTimer
+from vcppo.driver.step.plan import StepPlan
+from vcppo.driver.durability.restore_engine import restore_engine
+from vcppo.driver.step.update import update_critic
 from vcppo.experience import CriticBatch, CriticResult, Rollout
 from vcppo.schema import Config
 

@@ -1,11 +1,11 @@
 """The critic ranks of split placement (``placement.critic_ranks``): the critic's passes and
 update, beside the actor's.
 
-Critic rank i serves actor rank i (:mod:`vcppo.driver.critic_protocol`): it builds the critic as
+Critic rank i serves actor rank i (:mod:`vcppo.driver.placement.critic_protocol`): it builds the critic as
 the training ranks would (from the policy, a reward model, a checkpoint or the value-pretraining
 cache; restored where the run resumes), then per step takes rank i's share of the batch and its
 rewards, and runs the critic's half of the step that a training rank's local critic runs
-(:class:`~vcppo.driver.critic_side.CriticHalf`): V_old, sent back at once, then the targets with
+(:class:`~vcppo.driver.step.critic_side.CriticHalf`): V_old, sent back at once, then the targets with
 ``lambda_critic`` from the same rewards and values and the update, whose targets and metrics follow. The
 critic ranks' ZeRO-3 collectives run among themselves, while the actor ranks train. A checkpoint
 also holds each critic rank's RNG states (``rng_critic{r}.json``: a critic with dropout, e.g.
@@ -18,16 +18,16 @@ import sys
 import time
 from pathlib import Path
 
-from vcppo.driver.checkpoint import peek_state, rng_state, set_rng_state
+from vcppo.driver.durability.checkpoint import peek_state, rng_state, set_rng_state
 from vcppo.driver.context import init_run_distributed, seed_process
-from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Ready, StartCritic, StopCritic,
+from vcppo.driver.placement.critic_protocol import (Command, CriticStep, Done, Failed, Ready, StartCritic, StopCritic,
                                           UpdateDone, Values)
-from vcppo.driver.critic_side import CriticHalf
+from vcppo.driver.step.critic_side import CriticHalf
 from vcppo.driver.engines import build_critic
-from vcppo.driver.phase import Phase
-from vcppo.driver.plan import ppo_plan, pretrain_plan
-from vcppo.driver.restore_engine import restore_engine
-from vcppo.driver.timeline import PhaseTimer, Timeline
+from vcppo.driver.step.phase import Phase
+from vcppo.driver.step.plan import ppo_plan, pretrain_plan
+from vcppo.driver.durability.restore_engine import restore_engine
+from vcppo.driver.step.timeline import PhaseTimer, Timeline
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
 from vcppo.schema import Config

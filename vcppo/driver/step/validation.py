@@ -7,8 +7,8 @@ import time
 import numpy as np
 
 from vcppo.algos.stats import pass_at_k
-from vcppo.driver.experience_maker import sample_seed
-from vcppo.driver.sampling import rollout_share
+from vcppo.driver.step.experience_maker import sample_seed
+from vcppo.driver.step.sampling import rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine

@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from vcppo.config_rules import logprob_users
-from vcppo.driver.phase import Phase
+from vcppo.driver.step.phase import Phase
 from vcppo.methods import uses_critic
 from vcppo.schema import Config, UpdateConfig
 
@@ -53,7 +53,7 @@ class StepPlan:
     ``lambda_critic``: the lambda of the critic's targets.
     ``sampler_logprobs``: the rollout asks vLLM for the sampled tokens' logprobs.
     ``critic_remote``: the critic's passes and update run on its own ranks
-    (:mod:`vcppo.driver.critic_worker`), V_old comes back from there.
+    (:mod:`vcppo.driver.placement.critic_worker`), V_old comes back from there.
     """
     phase: Phase
     pi_old: Source

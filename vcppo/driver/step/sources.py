@@ -17,12 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from vcppo.driver.checkpoint import RunState
+from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.context import RunContext
-from vcppo.driver.experience_maker import ExperienceMaker
-from vcppo.driver.phase import Phase
-from vcppo.driver.plan import StepPlan
-from vcppo.driver.validation import validate_run
+from vcppo.driver.step.experience_maker import ExperienceMaker
+from vcppo.driver.step.phase import Phase
+from vcppo.driver.step.plan import StepPlan
+from vcppo.driver.step.validation import validate_run
 from vcppo.engines.actor import ActorEngine
 from vcppo.experience import Rollout
 
@@ -89,6 +89,6 @@ class ColocatedSource:
 def make_source(ctx: RunContext, plan: StepPlan) -> ExperienceSource:
     """The run's source: colocated, or the rollout ranks of a split run."""
     if ctx.dist.role == "train":
-        from vcppo.driver.remote_source import RemoteSource
+        from vcppo.driver.placement.remote_source import RemoteSource
         return RemoteSource(ctx)
     return ColocatedSource.for_run(ctx, plan)

@@ -3,7 +3,7 @@
 :class:`ExperienceMaker` owns everything between the prompt stream and a scored batch: the
 sampling seeds, this rank's share of the prompts, DAPO's dynamic sampling (arXiv 2503.14476,
 sec. 3.2) and soft overlong punishment (sec. 3.4), and balancing tokens across ranks. The math is
-in :mod:`vcppo.algos.dapo`; overlong *filtering* is a loss mask (:class:`vcppo.driver.update.PolicyLoss`).
+in :mod:`vcppo.algos.dapo`; overlong *filtering* is a loss mask (:class:`vcppo.driver.step.update.PolicyLoss`).
 
 Dynamic sampling, SPMD: every rank runs the same rounds. In a round each rank samples its usual
 share of ``trainer.prompts_per_step`` fresh prompts (a prompt's samples never straddle ranks, so
@@ -24,9 +24,9 @@ import torch
 
 from vcppo.algos.dapo import informative_groups, overlong_penalty
 from vcppo.data.dataset import PromptStream
-from vcppo.driver.guards import reward_tally, step_reward_failures
-from vcppo.driver.phase import Phase, seed_key
-from vcppo.driver.sampling import balance_across_ranks, collect_rollout, rollout_share
+from vcppo.driver.durability.guards import reward_tally, step_reward_failures
+from vcppo.driver.step.phase import Phase, seed_key
+from vcppo.driver.step.sampling import balance_across_ranks, collect_rollout, rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine

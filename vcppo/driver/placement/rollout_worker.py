@@ -3,9 +3,9 @@ staleness bound, and load the actor's weights as they come (docs/launching.md).
 
 Every rollout rank runs :func:`serve_rollouts` (SPMD among the rollout ranks: they share each
 step's prompts and make the same decisions, rollout rank 0 deciding). The loop: take the control
-messages that have arrived (:mod:`vcppo.driver.split_protocol`), then sample the next batch if the
+messages that have arrived (:mod:`vcppo.driver.placement.split_protocol`), then sample the next batch if the
 staleness rule allows it, else wait for the next message. A batch is sampled exactly as a
-colocated rank samples it (:class:`~vcppo.driver.experience_maker.ExperienceMaker`, the same seeds),
+colocated rank samples it (:class:`~vcppo.driver.step.experience_maker.ExperienceMaker`, the same seeds),
 gathered on rollout rank 0 and sent to trainer 0.
 """
 from __future__ import annotations
@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 
 from vcppo.driver.context import init_run_distributed, load_prompt_set, make_scorer, pad_token_id
-from vcppo.driver.experience_maker import ExperienceMaker
-from vcppo.driver.plan import wants_sampler_logprobs
-from vcppo.driver.phase import Phase
-from vcppo.driver.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate,
+from vcppo.driver.step.experience_maker import ExperienceMaker
+from vcppo.driver.step.plan import wants_sampler_logprobs
+from vcppo.driver.step.phase import Phase
+from vcppo.driver.placement.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate,
                                          ValidationResult, handle_now, lookahead, may_sample)
-from vcppo.driver.timeline import Timeline
-from vcppo.driver.validation import validate_run
+from vcppo.driver.step.timeline import Timeline
+from vcppo.driver.step.validation import validate_run
 from vcppo.engines import dist as D
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import concat_batches
@@ -116,7 +116,7 @@ class RolloutServer:
         """Until the trainer says stop: take the control messages as they arrive, and sample the
         next batch whenever the staleness rule allows it, with the weights it belongs to (a PPO
         step's new weights, and a validation, wait while the batch before them may still be
-        sampled: :func:`~vcppo.driver.split_protocol.handle_now`)."""
+        sampled: :func:`~vcppo.driver.placement.split_protocol.handle_now`)."""
         held = None  # a message received but not handled yet
         while not self.stopped:
             if held is None and (self.message_waiting() or not self.can_sample()):

@@ -1,8 +1,8 @@
 """The critic as an actor rank sees it when the critic has ranks of its own (``placement.critic_ranks``).
 
-:class:`RemoteCritic` is the :class:`~vcppo.driver.critic_side.Critic` of a rank whose critic lives on
+:class:`RemoteCritic` is the :class:`~vcppo.driver.step.critic_side.Critic` of a rank whose critic lives on
 a rank of its own: the run's calls (save, restore, export, the finite-weights check) go to this rank's
-critic partner (:mod:`vcppo.driver.critic_worker`) and return when it has run them there. Its step
+critic partner (:mod:`vcppo.driver.placement.critic_worker`) and return when it has run them there. Its step
 is two halves, so that the critic's update runs while the actor trains: :meth:`begin_step` hands
 over the batch share, :meth:`values` waits for V_old, :meth:`finish_step` for the targets and the
 update's metrics.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from vcppo.driver.critic_protocol import (Command, CriticStep, Done, Failed, Ready, StartCritic, StopCritic,
+from vcppo.driver.placement.critic_protocol import (Command, CriticStep, Done, Failed, Ready, StartCritic, StopCritic,
                                           UpdateDone, Values)
 from vcppo.experience import CriticResult, Rollout
 
@@ -44,7 +44,7 @@ class RemoteCritic:
         msg = self._expect(Ready)
         return Path(msg.from_cache) if msg.from_cache is not None else None
 
-    # --- a step (vcppo.driver.critic_side.Critic) ------------------------------------------------
+    # --- a step (vcppo.driver.step.critic_side.Critic) ------------------------------------------------
     def begin_step(self, plan, step: int, rollout: Rollout, rewards: torch.Tensor, timer) -> None:
         """This rank's share of the step (``rewards`` (B, R)); the critic ranks start at once."""
         self._device, self._timer = rollout.response_mask.device, timer

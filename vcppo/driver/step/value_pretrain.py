@@ -8,22 +8,22 @@ i.e. unbiased targets) until value loss and explained variance settle. The loss 
 phases: a fast "range alignment", then slow "knowledge injection" (Fig. 4). The paper found ~100
 steps best and 150 over-fitting.
 
-The result is published to the critic cache (:mod:`vcppo.driver.critic_cache`), so every preset
+The result is published to the critic cache (:mod:`vcppo.driver.durability.critic_cache`), so every preset
 and seed of a sweep that starts from the same SFT model reuses one pretrained critic.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from vcppo.driver import critic_cache
-from vcppo.driver.checkpoint import RunState
+from vcppo.driver.durability import critic_cache
+from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.context import RunContext
-from vcppo.driver.guards import update_streaks
-from vcppo.driver.phase import Phase
-from vcppo.driver.plan import StepPlan
-from vcppo.driver.resume import save_checkpoint
-from vcppo.driver.sources import ExperienceSource
-from vcppo.driver.step import rl_step
+from vcppo.driver.durability.guards import update_streaks
+from vcppo.driver.step.phase import Phase
+from vcppo.driver.step.plan import StepPlan
+from vcppo.driver.durability.resume import save_checkpoint
+from vcppo.driver.step.sources import ExperienceSource
+from vcppo.driver.step.rl_step import rl_step
 from vcppo.schema import ValuePretrainConfig
 
 
@@ -47,7 +47,7 @@ def reuse_pretrained_critic(ctx: RunContext) -> None:
 
 
 def value_pretrain(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: RunState) -> None:
-    """Critic-only steps (:func:`~vcppo.driver.step.rl_step` under ``plan``, the actor frozen) on
+    """Critic-only steps (:func:`~vcppo.driver.step.rl_step.rl_step` under ``plan``, the actor frozen) on
     rollouts of the policy; publishes a reusable critic."""
     vp = ctx.cfg.value_pretrain
     ctx.log.info(plan.describe())

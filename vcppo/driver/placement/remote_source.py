@@ -1,6 +1,6 @@
 """The training ranks' side of split placement: batches arrive from the rollout ranks, weights go back.
 
-Trainer 0 talks to the rollout ranks (:mod:`vcppo.driver.split_protocol`) and hands each step's
+Trainer 0 talks to the rollout ranks (:mod:`vcppo.driver.placement.split_protocol`) and hands each step's
 whole batch to the other training ranks, which keep their share of it exactly as colocated ranks
 do after balancing. A validation is asked for, not waited for: its result is logged once it has
 arrived, and a checkpoint first waits for every one asked for, so its metrics hold them all.
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from vcppo.driver.checkpoint import RunState
+from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.context import RunContext
-from vcppo.driver.sampling import share_of_step
-from vcppo.driver.phase import Phase
-from vcppo.driver.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate, ValidationResult,
+from vcppo.driver.step.sampling import share_of_step
+from vcppo.driver.step.phase import Phase
+from vcppo.driver.placement.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate, ValidationResult,
                                          held_after_checkpoint)
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
@@ -45,7 +45,7 @@ def _batch_message(rec: dict) -> SampledBatch:
 
 
 class RemoteSource:
-    """A training rank's :class:`~vcppo.driver.sources.ExperienceSource` in a split run."""
+    """A training rank's :class:`~vcppo.driver.step.sources.ExperienceSource` in a split run."""
 
     def __init__(self, ctx: RunContext):
         self.ctx, self.cfg, self.dist = ctx, ctx.cfg, ctx.dist
@@ -125,7 +125,7 @@ class RemoteSource:
 
     def validate(self, step: int) -> None:
         """Asked of the rollout ranks, which validate with the weights of ``step`` while this rank
-        trains on (:func:`~vcppo.driver.split_protocol.handle_now`)."""
+        trains on (:func:`~vcppo.driver.placement.split_protocol.handle_now`)."""
         if self.cfg.data.val_files and self.dist.is_main:
             self._send(Validate(step=step))
             self.asked.append(step)
