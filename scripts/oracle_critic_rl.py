@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> None:
     from vcppo.driver.context import RunContext
     from vcppo.driver.step.experience_maker import ExperienceMaker
     from vcppo.driver.step.metrics import log_validation
-    from vcppo.driver.step.plan import Source, ppo_plan
+    from vcppo.driver.step.step_plan import Source, ppo_plan
     from vcppo.driver.step.update import update_actor
     from vcppo.experience import ActorBatch
 

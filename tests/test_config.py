@@ -196,7 +196,7 @@ def test_check_paths_per_command_names_the_key(command, key, tmp_path):
 def test_sampler_logprobs_are_asked_for_only_when_used(overrides, device, wanted):
     import torch
 
-    from vcppo.driver.step.plan import wants_sampler_logprobs
+    from vcppo.driver.step.step_plan import wants_sampler_logprobs
     assert wants_sampler_logprobs(load_config("vcppo", overrides), torch.device(device)) is wanted
 
 

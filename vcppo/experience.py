@@ -158,7 +158,7 @@ class CriticBatch(Rollout):
 class BeforeUpdate:
     """What the models said about a rollout with the weights of before this step's updates.
     The step fills it from passes before the updates (or the sampler), and, where the step plan
-    takes a quantity from an update's own forward (:class:`vcppo.driver.step.plan.StepPlan`), from that
+    takes a quantity from an update's own forward (:class:`vcppo.driver.step.step_plan.StepPlan`), from that
     update's :class:`UpdateResult` once it ran; None where the plan produces it nowhere.
 
         old_logprobs (B, R) float  pi_old: an actor pass, the sampler's logprobs, or the update's forward

@@ -14,7 +14,7 @@ from tests.fakes import FakeEngine, FakeRun, scored, scripted_source
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.placement.critic_protocol import Command, Failed
 from vcppo.driver.placement.critic_worker import CriticServer
-from vcppo.driver.step.plan import Source, ppo_plan, pretrain_plan
+from vcppo.driver.step.step_plan import Source, ppo_plan, pretrain_plan
 from vcppo.driver.placement.remote_critic import RemoteCritic
 from vcppo.driver.step.rl_step import rl_step
 from vcppo.driver.step.timeline import Timeline

@@ -16,7 +16,7 @@ from vcppo.config import load_config
 from vcppo.algos.gae import decoupled_gae
 from vcppo.driver.step.advantages import ESTIMATE, critic_targets, estimate
 from vcppo.driver.durability.checkpoint import RunState
-from vcppo.driver.step.plan import Source, ppo_plan
+from vcppo.driver.step.step_plan import Source, ppo_plan
 from vcppo.driver.step.rl_step import rl_step
 from vcppo.driver.step.update import PolicyLoss
 from vcppo.engines.loss_contract import GlobalCounts, ModelOutputs

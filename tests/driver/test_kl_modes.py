@@ -9,7 +9,7 @@ from vcppo.algos import losses
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
 from vcppo.config import load_config
 from vcppo.driver.durability.checkpoint import RunState
-from vcppo.driver.step.plan import Source, ppo_plan
+from vcppo.driver.step.step_plan import Source, ppo_plan
 from vcppo.driver.step.rl_step import rl_step
 from vcppo.driver.step.update import PolicyLoss
 from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs

@@ -14,7 +14,7 @@ import torch
 
 from vcppo.algos.gae import decoupled_gae
 from vcppo.driver.step.advantages import critic_targets, estimate, returns_to_go
-from vcppo.driver.step.plan import Source, StepPlan
+from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.update import update_actor, update_critic
 from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout
 from vcppo.schema import ActorConfig, AlgorithmConfig, CriticConfig

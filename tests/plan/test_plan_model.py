@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vcppo.config import load_config
-from vcppo.driver.step.plan import Source, ppo_plan
+from vcppo.driver.step.step_plan import Source, ppo_plan
 from vcppo.plan import memory as M
 from vcppo.plan import timing as T
 from vcppo.plan.advise import Cluster, Shapes, plan_run
@@ -53,7 +53,7 @@ CONFIGS = [("vcppo", []), ("ppo", []), ("grpo", []), ("vapo", []), ("vcppo_no_dg
 
 @pytest.mark.parametrize("preset,overrides", CONFIGS, ids=[f"{p}:{' '.join(o)}" for p, o in CONFIGS])
 def test_the_planned_passes_are_the_driver_step_plans(preset, overrides):
-    """timing.step_passes reads vcppo.driver.step.plan.ppo_plan: the passes of the plan a run on a device builds."""
+    """timing.step_passes reads vcppo.driver.step.step_plan.ppo_plan: the passes of the plan a run on a device builds."""
     cfg = load_config(preset, overrides)
     plan = ppo_plan(cfg, torch.device("cpu"))
     passes = T.step_passes(cfg)

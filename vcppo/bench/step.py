@@ -94,7 +94,7 @@ def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
     from vcppo.config import load_command_config
     from vcppo.driver.durability.checkpoint import RunState
     from vcppo.driver.context import RunContext
-    from vcppo.driver.step.plan import ppo_plan
+    from vcppo.driver.step.step_plan import ppo_plan
     from vcppo.driver.ppo import run_dir_of
     from vcppo.driver.step.sources import ColocatedSource
     from vcppo.driver.step.rl_step import rl_step

@@ -12,7 +12,7 @@ from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.durability.critic_cache import cached_critic, critic_source
 from vcppo.driver.step.critic_side import Critic, LocalCritic
 from vcppo.driver.step.phase import Phase
-from vcppo.driver.step.plan import critic_on_own_ranks
+from vcppo.driver.step.step_plan import critic_on_own_ranks
 from vcppo.driver.placement.remote_critic import RemoteCritic
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine

@@ -2,7 +2,7 @@
 
 Runs on every rank (SPMD) under the deepspeed launcher, torchrun, or plain python. Each step is
 :func:`vcppo.driver.step.rl_step.rl_step` (sample, score, pi_old and V_old, advantages, critic update,
-actor update, weight sync), run as the run's :class:`~vcppo.driver.step.plan.StepPlan` says; value
+actor update, weight sync), run as the run's :class:`~vcppo.driver.step.step_plan.StepPlan` says; value
 pretraining (VC-PPO sec. 4.1) is the same step with the policy frozen
 (:mod:`vcppo.driver.step.value_pretrain`). GRPO swaps the critic for group-normalised outcome rewards;
 every other preset differs only in config (vcppo/configs/*.yaml), not in code paths.
@@ -18,7 +18,7 @@ from vcppo.driver.durability.divergence import check_divergence
 from vcppo.driver.durability.guards import update_streaks
 from vcppo.driver.step.metrics import log_validations, validate
 from vcppo.driver.step.phase import Phase
-from vcppo.driver.step.plan import StepPlan, ppo_plan, pretrain_plan
+from vcppo.driver.step.step_plan import StepPlan, ppo_plan, pretrain_plan
 from vcppo.driver.durability.resume import resume_or_start, save_checkpoint
 from vcppo.driver.placement.rollout_worker import serve_rollouts
 from vcppo.driver.step.sources import ExperienceSource, make_source

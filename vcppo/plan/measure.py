@@ -6,7 +6,7 @@ and :class:`~vcppo.engines.critic.CriticEngine` on one rank (as the driver build
 config's engine sections, dtype and temperature; no vLLM), makes a batch of random token ids at the
 plan's lengths (prompts of the mean prompt length, responses spread evenly around the mean response
 length, up to ``rollout.max_response_tokens``: :func:`step_lengths`), and times the passes the
-driver's step plan runs (vcppo.driver.step.plan.ppo_plan), each through the driver's own code:
+driver's step plan runs (vcppo.driver.step.step_plan.ppo_plan), each through the driver's own code:
 
     old_logprobs   actor.forward_logprobs with entropies     (pi_old from a pass)
     ref_logprobs   the policy's forward again                (a KL term; the actor stands in for
@@ -163,7 +163,7 @@ def _time_phases(cfg: Config, plan, info, batch, run: _PhaseTimer, steps: int) -
     import torch
 
     from vcppo.driver.durability.critic_cache import critic_source
-    from vcppo.driver.step.plan import Source
+    from vcppo.driver.step.step_plan import Source
     from vcppo.driver.step.update import PolicyLoss, ValueLoss, norm_constant, run_update
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
@@ -207,7 +207,7 @@ def measure(cfg: Config, lengths: Lengths, train_ranks: int = 1, repeats: int = 
 
     import torch
 
-    from vcppo.driver.step.plan import ppo_plan
+    from vcppo.driver.step.step_plan import ppo_plan
     from vcppo.engines import dist as D
 
     policy = cfg.model.policy_path

@@ -17,7 +17,7 @@ out), 2 N more per token when gradient checkpointing recomputes the forward, spr
 training GPUs. With LoRA the frozen weights get no weight gradients, so backward costs 2 N (the input
 gradients) instead of 4 N: 4 N per token per training pass (the adapters' own FLOPs, r (in + out)
 per layer, are left out). Which passes a step runs follows the driver's step plan
-(vcppo.driver.step.plan; :func:`step_passes`): with one optimizer step per update the old logprobs and
+(vcppo.driver.step.step_plan; :func:`step_passes`): with one optimizer step per update the old logprobs and
 values come from the updates' own forwards, not from passes of their own.
 
 How fast those FLOPs run: not a constant. On one H100 80GB (bf16, the Qwen2.5-0.5B shape, one rank,
@@ -201,10 +201,10 @@ def rollout_seconds(s: DecodeSetup, hw: Hardware, dtype_bytes: int, mfu: float) 
 
 def step_passes(cfg) -> dict[str, tuple[int, int]]:
     """{role: (forward-only passes, training passes)} over one PPO step's tokens, read from the
-    driver's own step plan (:func:`vcppo.driver.step.plan.ppo_plan`, which imports without torch): pi_old
+    driver's own step plan (:func:`vcppo.driver.step.step_plan.ppo_plan`, which imports without torch): pi_old
     and V_old from a pass where the plan says so, a reference pass when a KL is on (through the
     actor's weights under LoRA), and the reward model's scoring every step."""
-    from vcppo.driver.step.plan import Source, ppo_plan
+    from vcppo.driver.step.step_plan import Source, ppo_plan
 
     plan = ppo_plan(cfg)
     out = {"actor": (int(plan.pi_old is Source.PASS), cfg.actor.ppo_epochs)}

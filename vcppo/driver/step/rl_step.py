@@ -17,7 +17,7 @@
     9. metrics                       the collapse diagnostics over the global batch
    10. KL controller                 the adaptive coefficient's next value (``algorithm.kl_target``)
 
-The :class:`~vcppo.driver.step.plan.StepPlan` decides, once per run, which passes run and in which
+The :class:`~vcppo.driver.step.step_plan.StepPlan` decides, once per run, which passes run and in which
 order; value pretraining (VC-PPO sec. 4.1) is this step with the actor frozen (steps 7-8 skipped).
 The critic is met through one protocol wherever it lives (:mod:`vcppo.driver.step.critic_side`): it
 begins as soon as the rewards are final, gives V_old at step 4, updates at step 6 (on ranks of its
@@ -31,7 +31,7 @@ from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.step.metrics import kl_metrics, step_metrics
 from vcppo.driver.step.timeline import PhaseTimer
-from vcppo.driver.step.plan import Source, StepPlan
+from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.sources import ExperienceSource
 from vcppo.driver.step.update import update_actor
 from vcppo.engines.dist import global_sum

@@ -21,7 +21,7 @@ from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.step.experience_maker import ExperienceMaker
 from vcppo.driver.step.phase import Phase
-from vcppo.driver.step.plan import StepPlan
+from vcppo.driver.step.step_plan import StepPlan
 from vcppo.driver.step.validation import validate_run
 from vcppo.engines.actor import ActorEngine
 from vcppo.experience import Rollout

@@ -1,7 +1,7 @@
 """The actor and critic updates: their losses (as :class:`~vcppo.engines.loss_contract.EngineLoss`)
 and the PPO epochs x mini-batches loop. Normalisation over ranks and micro-batches is the engine's
 job (:mod:`vcppo.engines.deepspeed_engine`); a loss only says what it averages over. Where pi_old
-and V_old come from is the step plan's decision (:mod:`vcppo.driver.step.plan`): an update whose plan
+and V_old come from is the step plan's decision (:mod:`vcppo.driver.step.step_plan`): an update whose plan
 takes them from its own forward keeps those outputs and returns them (:class:`UpdateResult`).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from vcppo.algos.dapo import mask_truncated
 from vcppo.algos.gspo import gspo_loss
 from vcppo.algos.kl import kl_estimate
 from vcppo.algos.mismatch import tis_weights
-from vcppo.driver.step.plan import Source, StepPlan, one_optimizer_step
+from vcppo.driver.step.step_plan import Source, StepPlan, one_optimizer_step
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
 from vcppo.engines.loss_contract import RESPONSE, EngineLoss, GlobalCounts, ModelOutputs, response_counts
 from vcppo.experience import ActorBatch, CriticBatch, UpdateResult
@@ -41,7 +41,7 @@ class PolicyLoss:
                  kl_coef: float = 0.0, norm: float | None = None):
         self.alg, self.kl_coef, self.norm = alg, kl_coef, norm  # norm: the constant of SUM_NORM
         # old_from_update: pi_old is the update's own forward, detached (exact when the step makes
-        # ONE optimizer step from the weights that sampled: vcppo.driver.step.plan).
+        # ONE optimizer step from the weights that sampled: vcppo.driver.step.step_plan).
         # keep_outputs: the detached logprobs and entropies are kept for the step's metrics (the
         # step ran no separate old-logprobs pass that would have given them).
         self.old_from_update = old_from_update

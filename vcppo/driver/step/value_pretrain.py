@@ -20,7 +20,7 @@ from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.durability.guards import update_streaks
 from vcppo.driver.step.phase import Phase
-from vcppo.driver.step.plan import StepPlan
+from vcppo.driver.step.step_plan import StepPlan
 from vcppo.driver.durability.resume import save_checkpoint
 from vcppo.driver.step.sources import ExperienceSource
 from vcppo.driver.step.rl_step import rl_step
