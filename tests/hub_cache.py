@@ -48,3 +48,19 @@ def add_model(hf_home: Path, repo_id: str, model_dir: Path, **kw) -> Path:
 
 def remove(hf_home: Path, repo_id: str, repo_type: str = "model") -> None:
     shutil.rmtree(repo_dir(hf_home, repo_id, repo_type), ignore_errors=True)
+
+
+def offline_hub(root: Path, monkeypatch) -> Path:
+    """An empty hub cache under ``root``/hf, offline, for in-process tests: the constants huggingface_hub
+    read from HF_HOME at import are patched, vcppo's per-process answers cleared, and no launcher
+    rank variables set. Returns the HF_HOME directory."""
+    import huggingface_hub.constants as constants
+
+    from vcppo.models import hub
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(Path(root) / "hf" / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub, "_RESOLVED", {})
+    for var in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    return Path(root) / "hf"

@@ -5,24 +5,16 @@ import json
 import pandas as pd
 import pytest
 
-from tests.hub_cache import add_snapshot
+from tests.hub_cache import add_snapshot, offline_hub
 from vcppo.data import hub_sources
 from vcppo.data.checks import DataError
 from vcppo.commands.data import main as data_main
-from vcppo.models import hub
 from vcppo.schema import ConfigError
 
 
 @pytest.fixture
 def hf_home(tmp_path, monkeypatch):
-    import huggingface_hub.constants as constants
-
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(hub, "_RESOLVED", {})
-    for var in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    return tmp_path / "hf"
+    return offline_hub(tmp_path, monkeypatch)
 
 
 def _gsm_rows(n, start=0):

@@ -5,22 +5,14 @@ import time
 
 import pytest
 
-from tests.hub_cache import add_model, add_snapshot
+from tests.hub_cache import add_model, add_snapshot, offline_hub
 from vcppo.models import hub
 from vcppo.schema import ConfigError
 
 
 @pytest.fixture
 def hf_home(tmp_path, monkeypatch):
-    """An empty hub cache, offline (the constants huggingface_hub read from HF_HOME at import)."""
-    import huggingface_hub.constants as constants
-
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(hub, "_RESOLVED", {})
-    for var in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    return tmp_path / "hf"
+    return offline_hub(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("value,expected", [
