@@ -87,7 +87,7 @@ def main(argv) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    from vcppo.engines import dist
+    from vcppo.engines import collectives, dist
     from vcppo.engines.actor import ActorEngine
     from vcppo.experience import Rollout, make_layout
     from vcppo.schema import ActorConfig
@@ -95,7 +95,7 @@ def main(argv) -> int:
     info = dist.init_distributed("cpu")
     if info.is_main and not os.path.isfile(os.path.join(args.model, "config.json")):
         build_model(args.model, args.layers)
-    dist.barrier()
+    collectives.barrier()
     g = torch.Generator().manual_seed(info.rank)
     ids = torch.randint(0, 151936, (args.tokens,), generator=g).tolist()
     batch = Rollout.unscored(make_layout([ids[:args.prompt]], [ids[args.prompt:]], pad_id=0))
@@ -111,13 +111,13 @@ def main(argv) -> int:
                   tokens_per_s_per_rank=args.tokens / seconds,
                   before_gib=mem.before / 2 ** 30, peak_rss_gib=mem.peak / 2 ** 30,
                   step_rss_gib=(mem.peak - mem.before) / 2 ** 30)
-    per_rank = dist.all_gather_object(result)
+    per_rank = collectives.all_gather_object(result)
     if info.is_main:
         print(json.dumps(per_rank, indent=1))
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(per_rank, f, indent=1)
-    dist.barrier()
+    collectives.barrier()
     dist.shutdown(wait_for_peers=True)
     return 0
 

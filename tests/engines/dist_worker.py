@@ -28,6 +28,7 @@ def main(argv):
 
     from tests.engines.token_loss import nll_loss, value_mse_loss
     from vcppo.engines import dist
+    from vcppo.engines import collectives
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.experience import CriticBatch, Rollout, make_layout
@@ -63,11 +64,11 @@ def main(argv):
     actor = ActorEngine(args.model, acfg, info, total_optimizer_steps=10)
     critic = CriticEngine("policy", args.model, ccfg, info, total_optimizer_steps=10)
 
-    result["micro_batches_per_rank"] = dist.all_gather_object(len(actor.micro_batch_rows(mine)))
+    result["micro_batches_per_rank"] = collectives.all_gather_object(len(actor.micro_batch_rows(mine)))
     n_tokens = float(full.response_mask.sum())
 
     def global_mean(per_token):  # the loss the step optimises, evaluated independently of train_step
-        return float(dist.all_reduce_sum(torch.tensor([float((per_token * mine.response_mask).sum())]))) / n_tokens
+        return float(collectives.all_reduce_sum(torch.tensor([float((per_token * mine.response_mask).sum())]))) / n_tokens
 
     a_loss = global_mean(-actor.forward_logprobs(mine)[0])
     am = actor.train_step(mine, nll_loss())
@@ -91,7 +92,7 @@ def main(argv):
     critic.export(rm_dir)
     rm = RewardModelEngine(rm_dir, EngineConfig(micro_batch_size=1, packed=args.packed,
                                                 max_tokens_per_micro_batch=args.budget), info)
-    result["rm_scores"] = dist.gather_cat(rm.score(mine)).tolist()
+    result["rm_scores"] = collectives.gather_cat(rm.score(mine)).tolist()
 
     if rollout is not None:
         prompts_r = [[5 + info.rank, 6, 7], [9, 10]]
@@ -105,17 +106,17 @@ def main(argv):
         vl = torch.zeros_like(lp)
         for i, s in enumerate(samples):
             vl[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
-        diffs = dist.all_gather_object(float((lp - vl).abs().max()))
+        diffs = collectives.all_gather_object(float((lp - vl).abs().max()))
         result["vllm_vs_actor_maxdiff_per_rank"] = diffs
         result.update(rollout_group_check(rollout, info))
-        dist.barrier()
+        collectives.barrier()
 
     if info.is_main:
         os.makedirs(args.out, exist_ok=True)
         torch.save({"actor": actor_w, "critic": critic_w, "values": values}, os.path.join(args.out, "weights.pt"))
         with open(os.path.join(args.out, "result.json"), "w") as f:
             json.dump(result, f)
-    dist.barrier()
+    collectives.barrier()
     dist.shutdown(wait_for_peers=True)  # as a clean run ends (it also frees DeepSpeed's shm buffer)
     return 0
 
@@ -123,7 +124,7 @@ def main(argv):
 def rollout_group_check(rollout, info) -> dict:
     """The group samples the same prompts with the same seeds; each rank keeps its own prompts."""
     from vcppo.driver.step.sampling import collect_rollout, rollout_share
-    from vcppo.engines import dist
+    from vcppo.engines import collectives
     from vcppo.rewards.verifier import RewardScorer
     from vcppo.schema import RolloutConfig
 
@@ -135,8 +136,8 @@ def rollout_group_check(rollout, info) -> dict:
     batch = collect_rollout(group_rows, first_index=sampled.start, keep=kept, rollout=rollout,
                                scorer=RewardScorer(None, num_workers=0), pad_id=0, device=info.device,
                                sampling=RolloutConfig(n_samples_per_prompt=2, max_response_tokens=8), seed=11)
-    return {"group_outputs_per_rank": dist.all_gather_object([o.response_ids for o in outputs]),
-            "kept_groups_per_rank": dist.all_gather_object(sorted(set(batch.group.tolist())))}
+    return {"group_outputs_per_rank": collectives.all_gather_object([o.response_ids for o in outputs]),
+            "kept_groups_per_rank": collectives.all_gather_object(sorted(set(batch.group.tolist())))}
 
 
 if __name__ == "__main__":

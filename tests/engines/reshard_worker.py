@@ -21,6 +21,7 @@ def main(argv):
     from tests.engines.token_loss import nll_loss, value_mse_loss
     from vcppo.driver.durability.reshard import weights_only_loading
     from vcppo.engines import dist
+    from vcppo.engines import collectives
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.engines.safe_checkpoint import use_weights_only_loading
@@ -55,7 +56,7 @@ def main(argv):
             torch.save({"weights": weights, "lr": metrics["lr"], "grad_norm": metrics["grad_norm"],
                         "steps": engine.global_steps},
                        os.path.join(args.out, f"{args.mode}_{role}_w{info.world_size}.pt"))
-    dist.barrier()
+    collectives.barrier()
     dist.shutdown()
     return 0
 

@@ -30,6 +30,7 @@ def main(argv):
 
     from tests.engines.token_loss import TokenLoss, value_mse_loss
     from vcppo.engines import dist
+    from vcppo.engines import collectives
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.experience import CriticBatch, Rollout, make_layout
@@ -56,7 +57,7 @@ def main(argv):
     critic = CriticEngine("policy", args.model, CriticConfig(**common), info, total_optimizer_steps=10)
 
     def whole(t):  # this rank's (b, R) rows -> the global batch's (B, R), on every rank
-        return dist.gather_cat(t)
+        return collectives.gather_cat(t)
 
     result = {"attention": [getattr(actor, "attention", None), getattr(critic, "attention", None)]}
     lp, ent = actor.forward_logprobs(mine, with_entropy=True)
@@ -77,7 +78,7 @@ def main(argv):
     if info.is_main:
         os.makedirs(args.out, exist_ok=True)
         torch.save(result, os.path.join(args.out, "result.pt"))
-    dist.barrier()
+    collectives.barrier()
     dist.shutdown(wait_for_peers=True)
     return 0
 

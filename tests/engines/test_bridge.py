@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from vcppo.engines.dist import free_port
+from vcppo.engines.launch_env import free_port
 from vcppo.engines.bridge import Roles, pack_weights, unpack_weights
 
 

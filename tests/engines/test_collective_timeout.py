@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from vcppo.engines.dist import free_port
+from vcppo.engines.launch_env import free_port
 
 pytestmark = [pytest.mark.distributed]
 

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch.multiprocessing as mp
 
-from vcppo.engines.dist import free_port, shm_segment, unlink_shm_segment
+from vcppo.engines.launch_env import free_port, shm_segment, unlink_shm_segment
 
 
 def test_the_segment_is_named_as_deepspeed_names_it(monkeypatch, tmp_path):
@@ -29,12 +29,14 @@ def _rank(rank, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", LOCAL_SIZE="2")
     from vcppo.engines import dist
+    from vcppo.engines import collectives
+    from vcppo.engines import launch_env
     dist.init_distributed("cpu")
-    segment = dist.shm_segment(rank)
-    dist.barrier()
+    segment = launch_env.shm_segment(rank)
+    collectives.barrier()
     out[f"during{rank}"] = segment.exists()
     dist.shutdown(wait_for_peers=True)
-    dist.barrier()  # a no-op now: the group is gone
+    collectives.barrier()  # a no-op now: the group is gone
     out[f"after{rank}"] = segment.exists()
 
 

@@ -116,7 +116,7 @@ done
 # Stands in for the Python the script runs: prints what vcppo would take from the task's environment.
 FAKE_PY = r'''#!/usr/bin/env bash
 exec "$REAL_PY" -c 'import json, os, sys
-from vcppo.engines.dist import slurm_launcher_env
+from vcppo.engines.launch_env import slurm_launcher_env
 print(json.dumps({"args": sys.argv[1:], "master": os.environ["MASTER_ADDR"], **slurm_launcher_env(dict(os.environ))}))' "$@"
 '''
 
@@ -153,5 +153,5 @@ def test_slurm_script_maps_a_two_node_allocation_to_ranks(tmp_path):
      {"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}),
 ])
 def test_slurm_variables_map_to_the_launcher_ones(env, expected):
-    from vcppo.engines.dist import slurm_launcher_env
+    from vcppo.engines.launch_env import slurm_launcher_env
     assert slurm_launcher_env(env) == expected

@@ -21,7 +21,8 @@ from vcppo.driver.step.sampling import collect_rollout, rollout_share
 from vcppo.engines import dist as D
 from vcppo.engines.critic import CriticEngine
 from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs, response_counts
-from vcppo.engines.dist import DistInfo, gather_cat
+from vcppo.engines.dist import DistInfo
+from vcppo.engines.collectives import gather_cat
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import Rollout
 from vcppo.schema import Config

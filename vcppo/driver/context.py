@@ -33,6 +33,8 @@ from vcppo.models.hub import model_sources
 from vcppo.driver.step.timeline import Timeline
 from vcppo.driver.durability.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
 from vcppo.engines import dist as D
+from vcppo.engines import collectives
+from vcppo.engines import launch_env
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.bridge import Roles
 from vcppo.engines.dist import DistInfo
@@ -77,7 +79,7 @@ def reward_workers(cfg: Config) -> int:
         return cfg.reward.num_workers
     on_gpu = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
     busy = 1 if on_gpu else torch.get_num_threads()  # a GPU rank mostly keeps one core feeding it
-    return default_num_workers(len(os.sched_getaffinity(0)), D.local_world_size(), busy)
+    return default_num_workers(len(os.sched_getaffinity(0)), launch_env.local_world_size(), busy)
 
 
 def make_scorer(cfg: Config) -> RewardScorer:
@@ -130,7 +132,7 @@ def init_run_distributed(cfg: Config) -> DistInfo:
     if cfg.placement.mode != "split":
         return D.init_distributed(cfg.trainer.device, timeout_s=timeout_s)
     if D.get_info() is None:
-        check_split_sizes(cfg, D.launched_world_size())
+        check_split_sizes(cfg, launch_env.launched_world_size())
     return D.init_distributed(cfg.trainer.device, split_rollout_ranks=cfg.placement.rollout_ranks, timeout_s=timeout_s,
                               split_critic_ranks=cfg.placement.critic_ranks)
 
@@ -192,21 +194,21 @@ class RunContext:
             val_rows = load_prompt_set(cfg, cfg.data.val_files, tokenizer, max_prompt_tokens=max_tokens,
                                        shuffle_seed=None, limit=cfg.trainer.val_max_prompts).rows()
         held, problem = try_lock_run_dir(run_dir) if dist.is_main else (None, None)
-        if (problem := D.all_gather_object(problem)[0]) is not None:  # every rank stops, not only the main
+        if (problem := collectives.all_gather_object(problem)[0]) is not None:  # every rank stops, not only the main
             raise RunDirInUse(problem)
         try:  # from here on, a failure must not leave the lock held by this (still living) process
             # verified here, before the engines start: a damaged checkpoint is skipped (or named)
             point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
-                                      gather=D.all_gather_object)
+                                      gather=collectives.all_gather_object)
             own = point is not None and point.resolve().parent == (run_dir / "checkpoints").resolve()
             conflict = identity_conflict(run_dir, cfg) if own and dist.is_main else None
-            if (problem := D.all_gather_object(conflict)[0]) is not None:
+            if (problem := collectives.all_gather_object(conflict)[0]) is not None:
                 raise RunDirInUse(problem)
             # the config against the checkpoint's: refused (one line naming the key) before any work
             same_ranks = point is None or reshard.written_world_size(point) in (None, dist.world_size)
             changes = check_resume(cfg, point, same_ranks)
             # written on another number of training ranks: engine checkpoints converted for this one
-            universal = reshard.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, D.all_gather_object) \
+            universal = reshard.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, collectives.all_gather_object) \
                 if point is not None else {}
             resumed = peek_state(point) if point is not None else None
             # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
@@ -239,7 +241,7 @@ class RunContext:
         return self.rollout.sync_weights(self.actor.named_parameters_gathered())
 
     def barrier(self) -> None:
-        D.barrier()
+        collectives.barrier()
 
     def write_final_metrics(self, metrics: dict) -> None:
         if self.dist.is_main:

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import torch
 
-from vcppo.engines import dist as D
+from vcppo.engines import collectives
 from vcppo.engines import lora as L
 from vcppo.engines import sequence_parallel as SP
 from vcppo.engines.dist import DistInfo
@@ -239,7 +239,7 @@ class DeepSpeedModelEngine:
         passes, on every rank."""
         if self.dist.world_size == 1:
             return n_local
-        return int(D.all_reduce_max(torch.tensor([n_local], dtype=torch.long, device=self.dist.device)).item())
+        return int(collectives.all_reduce_max(torch.tensor([n_local], dtype=torch.long, device=self.dist.device)).item())
 
     def per_token_outputs(self, batch: Layout, fn) -> list[torch.Tensor | None]:
         """``fn(micro) -> tuple of (b, R) tensors`` over the micro-batches, stitched back into
@@ -313,7 +313,7 @@ class DeepSpeedModelEngine:
         keys = sorted(sums)
         local = torch.tensor([sums[k] / counts_by_key[k] for k in keys], dtype=torch.float64,
                              device=self.dist.device)
-        out = dict(zip(keys, (D.all_reduce_sum(local) / world).tolist())) if keys else {}
+        out = dict(zip(keys, (collectives.all_reduce_sum(local) / world).tolist())) if keys else {}
         gn = manual_gn if manual_gn is not None else self.engine.get_global_grad_norm()
         out["grad_norm"] = float(gn) if gn is not None else float("nan")
         out["lr"] = lr
@@ -327,7 +327,7 @@ class DeepSpeedModelEngine:
         checks its own partition, the verdict is summed over ranks); called before anything
         holding these weights is written."""
         local = sum(int(not bool(torch.isfinite(_local_data(p)).all())) for p in self.module.parameters())
-        bad = int(D.all_reduce_sum(torch.tensor([local], dtype=torch.float64, device=D.comm_device())).item())
+        bad = int(collectives.all_reduce_sum(torch.tensor([local], dtype=torch.float64, device=collectives.comm_device())).item())
         if bad:
             raise NonFiniteError(f"refusing to write {what}: {bad} weight tensor(s) hold NaN/inf "
                                  "(the last good checkpoint is kept)")

@@ -1,4 +1,6 @@
-"""Process-group set-up shared by every engine: launcher env, device (cuda / cpu), backend.
+"""Process-group set-up shared by every engine: the default group, split placement's role worlds, the
+process's exit and the ordered teardown (the launcher's environment: :mod:`vcppo.engines.launch_env`;
+the collectives: :mod:`vcppo.engines.collectives`).
 
 One call, :func:`init_distributed`, works under the deepspeed launcher, torchrun and a plain
 ``python`` (world size 1: a 1-rank gloo/nccl group is created because DeepSpeed needs one).
@@ -12,15 +14,16 @@ so destroying it twice raises "Invalid process group specified" -- that one erro
 from __future__ import annotations
 
 import os
-import socket
 import sys
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 import torch
+
+from vcppo.engines.launch_env import (free_port, private_extension_dir, shm_segment, skip_shm_collective,
+                                     slurm_launcher_env, unlink_shm_segment, use_cuda)
 
 
 @dataclass
@@ -42,110 +45,6 @@ _EVER_INITIALISED = False  # a process group was set up in this process (exit_pr
 _SHM_SEGMENT: Path | None = None  # DeepSpeed's CPU all-reduce segment of this rank (unlinked at shutdown)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (a rendezvous for ranks started here)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _expand_slurm_counts(counts: str) -> list[int]:
-    """SLURM's compressed per-node list, e.g. ``"8(x2),4"`` -> ``[8, 8, 4]``."""
-    out: list[int] = []
-    for part in counts.split(","):
-        n, _, times = part.partition("(x")
-        out += [int(n)] * (int(times.rstrip(")")) if times else 1)
-    return out
-
-
-def slurm_launcher_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) of a task that
-    ``srun`` started, from SLURM's own for the job step (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``,
-    ``SLURM_LOCALID``, ``SLURM_STEP_TASKS_PER_NODE`` at ``SLURM_NODEID``). Empty outside a job step:
-    a plain ``python`` inside an sbatch script (the batch step, which has no step variables) stays
-    rank 0 of 1. Without it a multi-node job would take LOCAL_WORLD_SIZE = WORLD_SIZE and size
-    per-node resources (reward workers) wrongly."""
-    if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
-        return {}
-    out = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
-           "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
-    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-    if per_node:
-        counts = _expand_slurm_counts(per_node)
-        node = int(env.get("SLURM_NODEID", "0"))
-        out["LOCAL_WORLD_SIZE"] = str(counts[node] if node < len(counts) else counts[-1])
-    return out
-
-
-def _launcher_value(key: str) -> str | None:
-    """A launcher variable (RANK, WORLD_SIZE, ...) as set, or as SLURM's step variables give it."""
-    return os.environ.get(key) or slurm_launcher_env(os.environ).get(key)
-
-
-def launched_world_size() -> int:
-    """Ranks the launcher started (WORLD_SIZE, or SLURM's task count), before any group exists."""
-    return int(_launcher_value("WORLD_SIZE") or 1)
-
-
-def local_world_size() -> int:
-    """Ranks on this node: the launcher's LOCAL_WORLD_SIZE, SLURM's count for this node, else 1."""
-    return int(_launcher_value("LOCAL_WORLD_SIZE") or 1)
-
-
-def _use_cuda(device: str) -> bool:
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("device='cuda' requested but CUDA is not available")
-        return True
-    if device == "cpu":
-        return False
-    if device != "auto":
-        raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', got {device!r}")
-    return torch.cuda.is_available()
-
-
-def _private_extension_dir() -> None:
-    """Build DeepSpeed's JIT ops (the CPU shm collective) inside this environment, not in the
-    shared ``~/.cache/torch_extensions``: the build there is keyed by op name only, so two virtual
-    environments (a clean clone beside a dev checkout) rewrite each other's ``build.ninja`` and
-    rebuild in turn, and a build killed mid-way leaves a ``lock`` file that makes every later start
-    wait forever. A user's TORCH_EXTENSIONS_DIR wins. A lock older than 15 minutes is named in a
-    warning (torch waits on it silently)."""
-    root = os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
-    for lock in Path(root).glob("*/lock") if os.path.isdir(root) else ():
-        age_min = (time.time() - lock.stat().st_mtime) / 60
-        if age_min > 15:
-            warnings.warn(f"{lock} is {age_min:.0f} min old: if no DeepSpeed op build is running, a killed "
-                          "build left it and start-up will wait on it forever; delete it", stacklevel=2)
-
-
-def _skip_shm_collective() -> None:
-    """One CPU rank has no peer to share memory with, yet DeepSpeed's CPU backend JIT-compiles its
-    shm collective at ``init_distributed`` (59 s on the 2-core machine, once per environment: the
-    first stage of a fresh ``make demo`` paid it). Marking the op incompatible makes DeepSpeed skip
-    the build and use plain torch.distributed, as it does wherever the op cannot build. Multi-rank
-    CPU runs keep the op (it is their fast all-reduce)."""
-    import deepspeed.ops
-    from deepspeed.accelerator import get_accelerator
-
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is not None:
-        deepspeed.ops.__compatible_ops__[builder.NAME] = False
-
-
-def build_cpu_collective() -> str:
-    """Compile DeepSpeed's CPU shm collective now (into this environment's extension dir) instead of
-    at the first multi-rank CPU run's ``init_distributed``, which would wait on the build (~25 s on
-    two cores). ``scripts/install.sh`` calls it on CPU machines. Returns the op's name."""
-    os.environ["DS_ACCELERATOR"] = "cpu"  # must precede `import deepspeed`
-    _private_extension_dir()
-    from deepspeed.accelerator import get_accelerator
-
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    builder.load()
-    return builder.NAME
-
-
 def init_distributed(device: str = "auto", split_rollout_ranks: int | None = None,
                      timeout_s: float = 1800.0, split_critic_ranks: int = 0) -> DistInfo:
     """Initialise (once) the default process group and return this rank's :class:`DistInfo`.
@@ -157,7 +56,7 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     if _INFO is not None:
         return _INFO
     _EVER_INITIALISED = True
-    cuda = _use_cuda(device)
+    cuda = use_cuda(device)
     if not cuda:
         os.environ["DS_ACCELERATOR"] = "cpu"  # must precede `import deepspeed`
     # torchrun / deepspeed set these (srun sets SLURM's, mapped here); a plain `python` run is rank 0 of 1.
@@ -178,7 +77,7 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
         dev = torch.device("cuda", local_rank)
     else:
         dev = torch.device("cpu")
-    _private_extension_dir()
+    private_extension_dir()
     import deepspeed  # noqa: E402  (after DS_ACCELERATOR)
 
     # DeepSpeed 0.19 calls a torch collective that torch 2.13 deprecates, once per ZeRO-3 step:
@@ -188,7 +87,7 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     if split_rollout_ranks is not None:
         return _init_split(split_rollout_ranks, split_critic_ranks, rank, world, local_rank, dev, backend, timeout_s)
     if not cuda and world == 1:
-        _skip_shm_collective()
+        skip_shm_collective()
     if not torch.distributed.is_initialized():
         from datetime import timedelta
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, rank=rank, world_size=world,
@@ -199,26 +98,6 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     _INFO = DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
                      backend=backend, is_main=(rank == 0))
     return _INFO
-
-
-def shm_segment(rank: int, root: Path = Path("/dev/shm")) -> Path:
-    """Where DeepSpeed's CPU shm all-reduce keeps ``rank``'s buffer (~66 MiB): named by user, MASTER_ADDR
-    and MASTER_PORT (deepspeed/ops/csrc/cpu/comm/shm.cpp). The op runs where every rank is local
-    (LOCAL_SIZE, which the deepspeed launcher sets). DeepSpeed unlinks the buffer only in a teardown
-    that our ranks' ``os._exit`` skips: :func:`unlink_shm_segment` removes it, or it stays in /dev/shm,
-    RAM held until reboot."""
-    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    return root / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
-
-
-def unlink_shm_segment(segment: Path | None) -> None:
-    """Remove this rank's segment name (after a clean run's last barrier); peers that still map it keep
-    their mapping until they exit."""
-    if segment is not None:
-        try:
-            segment.unlink()
-        except OSError:  # never created (the op fell back to gloo), or already gone
-            pass
 
 
 def _init_split(rollout_ranks: int, critic_ranks: int, rank: int, world: int, local_rank: int, dev: torch.device,
@@ -235,7 +114,7 @@ def _init_split(rollout_ranks: int, critic_ranks: int, rank: int, world: int, lo
     if dev.type == "cpu":
         # DeepSpeed's CPU shm all-reduce sizes itself by the node's launcher ranks, which now
         # include the rollout ranks: plain gloo collectives within the training world instead.
-        _skip_shm_collective()
+        skip_shm_collective()
     store = init_role_world(roles, rank, backend, timeout)
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the role world
     role = roles.role_of(rank)
@@ -378,69 +257,3 @@ def _forget_deepspeed_groups() -> None:
         release(group=None)
 
 
-# --- collectives: no-ops at world size 1 ------------------------------------------------------
-
-def _active() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized() \
-        and torch.distributed.get_world_size() > 1
-
-
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """In-place sum over ranks; returns ``t``."""
-    if _active():
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
-    return t
-
-
-def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
-    """In-place max over ranks; returns ``t``."""
-    if _active():
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return t
-
-
-def comm_device() -> torch.device:
-    """Where collective tensors must live: the rank's GPU under nccl (which rejects CPU tensors),
-    the CPU under gloo or before init."""
-    return _INFO.device if _INFO is not None else torch.device("cpu")
-
-
-def global_sum(x: float | torch.Tensor) -> float:
-    """Sum of a scalar over ranks, in float64."""
-    t = torch.as_tensor(x, dtype=torch.float64, device=comm_device()).clone().reshape(1)
-    return float(all_reduce_sum(t).item())
-
-
-def gather_cat(t: torch.Tensor, pad_value: float = 0.0) -> torch.Tensor:
-    """Concatenate a (B_r, ...) tensor over ranks along dim 0 on the CPU, right-padding dim 1 to
-    the longest. For metrics: a step's batch is small enough to gather (at cluster scale this
-    would be replaced by reduced moments)."""
-    if not _active():
-        return t.detach().cpu()
-    parts = all_gather_object(t.detach().cpu())
-    if t.dim() >= 2:
-        width = max(p.shape[1] for p in parts)
-        parts = [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad_value) for p in parts]
-    return torch.cat(parts, dim=0)
-
-
-def all_gather_object(obj: Any) -> list:
-    if not _active():
-        return [obj]
-    out: list = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
-
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """``obj`` of rank ``src``, on every rank."""
-    if not _active():
-        return obj
-    box = [obj]
-    torch.distributed.broadcast_object_list(box, src=src)
-    return box[0]
-
-
-def barrier() -> None:
-    if _active():
-        torch.distributed.barrier()

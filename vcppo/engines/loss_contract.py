@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import torch
 
-from vcppo.engines import dist as D
+from vcppo.engines import collectives
 from vcppo.experience import Layout
 
 RESPONSE = "response"  # the count mask of every response token
@@ -34,7 +34,7 @@ class GlobalCounts:
         names = sorted(masks)
         local = [float((masks[n] != 0).sum()) for n in names] + \
                 [float(((masks[n] != 0).sum(-1) > 0).sum()) for n in names]
-        total = D.all_reduce_sum(torch.tensor(local, dtype=torch.float64, device=D.comm_device())).tolist()
+        total = collectives.all_reduce_sum(torch.tensor(local, dtype=torch.float64, device=collectives.comm_device())).tolist()
         k = len(names)
         return cls(tokens=dict(zip(names, total[:k])), sequences=dict(zip(names, total[k:])))
 

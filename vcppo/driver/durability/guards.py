@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from vcppo.driver.durability.checkpoint import RunState
-from vcppo.engines import dist as D
+from vcppo.engines import collectives
 from vcppo.engines.deepspeed_engine import NonFiniteError
 from vcppo.schema import ConfigError, TrainerConfig
 
@@ -33,7 +33,7 @@ def reward_tally(scorer) -> tuple[int, int]:
 def step_reward_failures(scorer, before: tuple[int, int]) -> dict:
     """The step's failed and scored samples, summed over ranks (collective: every rank calls)."""
     failed, scored = (now - then for now, then in zip(reward_tally(scorer), before))
-    total = D.all_reduce_sum(torch.tensor([failed, scored], dtype=torch.float64, device=D.comm_device()))
+    total = collectives.all_reduce_sum(torch.tensor([failed, scored], dtype=torch.float64, device=collectives.comm_device()))
     return {"reward/step_failures": float(total[0]), "reward/step_scored": float(total[1])}
 
 

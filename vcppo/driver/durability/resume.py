@@ -15,7 +15,7 @@ from vcppo.driver.step.phase import Phase
 from vcppo.driver.durability.resume_checks import write_run_config
 from vcppo.driver.durability.restore_engine import restore_engine
 from vcppo.driver.step.sources import ExperienceSource
-from vcppo.engines import dist as D
+from vcppo.engines import collectives
 
 
 def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSource) -> None:
@@ -36,7 +36,7 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSou
         ctx.critic.save_checkpoint(str(stage / "critic"))
     ctx.barrier()
     # every rank hashes its share of the files for the manifest (the gather is also a barrier)
-    parts = D.all_gather_object(manifest.hash_share(stage, ctx.dist.rank, ctx.dist.world_size))
+    parts = collectives.all_gather_object(manifest.hash_share(stage, ctx.dist.rank, ctx.dist.world_size))
     if ctx.dist.is_main:
         state.data = source.checkpoint(stage, state)
         state.metrics_bytes = ckpt.metrics_size(ctx.run_dir)  # a resume cuts the file back to here

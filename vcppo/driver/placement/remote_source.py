@@ -25,6 +25,7 @@ from vcppo.driver.step.phase import Phase
 from vcppo.driver.placement.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate, ValidationResult,
                                          held_after_checkpoint)
 from vcppo.engines import dist as D
+from vcppo.engines import collectives
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.bridge import pack_weights
 from vcppo.experience import Rollout
@@ -102,7 +103,7 @@ class RemoteSource:
 
     def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
         start = time.perf_counter()
-        msg = D.broadcast_object(self._take(("batch", phase, step)) if self.dist.is_main else None)
+        msg = collectives.broadcast_object(self._take(("batch", phase, step)) if self.dist.is_main else None)
         self.consumed_state = msg.prompt_state
         batch = share_of_step(msg.rollout, self.dist, balance=self.cfg.trainer.balance_batch)
         metrics = dict(msg.metrics)

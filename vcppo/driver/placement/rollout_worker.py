@@ -24,6 +24,7 @@ from vcppo.driver.placement.split_protocol import (BeginPhase, SampledBatch, Sta
 from vcppo.driver.step.timeline import Timeline
 from vcppo.driver.step.validation import validate_run
 from vcppo.engines import dist as D
+from vcppo.engines import collectives
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import concat_batches
 from vcppo.schema import Config
@@ -65,7 +66,7 @@ class RolloutServer:
     def message_waiting(self) -> bool:
         """Rollout rank 0's poll, shared so every rollout rank takes the same branch."""
         ready = float(self.bridge.control_ready()) if self.dist.rank == 0 else 0.0
-        return bool(D.all_reduce_max(torch.tensor([ready])).item())
+        return bool(collectives.all_reduce_max(torch.tensor([ready])).item())
 
     def handle(self, msg) -> None:
         if isinstance(msg, (Start, StepDone)) and msg.weights is not None:
@@ -95,7 +96,7 @@ class RolloutServer:
         start = time.perf_counter()
         with self.timeline.span("sample"):
             batch, metrics = self.maker.make(self.phase, self.next_step)
-        parts = D.all_gather_object(batch.to("cpu"))
+        parts = collectives.all_gather_object(batch.to("cpu"))
         if self.dist.rank == 0:
             self.bridge.reap()
             self.bridge.send(SampledBatch(phase=self.phase, step=self.next_step, version=self.version,

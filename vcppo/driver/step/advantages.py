@@ -15,7 +15,7 @@ import torch
 from vcppo.algos import estimators
 from vcppo.algos.gae import decoupled_gae, length_adaptive_lambda
 from vcppo.algos.stats import grpo_advantages, masked_whiten
-from vcppo.engines.dist import global_sum
+from vcppo.engines.collectives import global_sum
 from vcppo.experience import Advantages, Rollout
 from vcppo.schema import AlgorithmConfig
 

@@ -27,7 +27,7 @@ from vcppo.data.dataset import PromptStream
 from vcppo.driver.durability.guards import reward_tally, step_reward_failures
 from vcppo.driver.step.phase import Phase, seed_key
 from vcppo.driver.step.sampling import balance_across_ranks, collect_rollout, rollout_share
-from vcppo.engines import dist as D
+from vcppo.engines import collectives
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import Rollout, compact, concat_batches
@@ -74,9 +74,9 @@ def apply_overlong_penalty(batch: Rollout, cfg: Config) -> tuple[Rollout, dict]:
     rows = torch.arange(batch.size, device=lengths.device)
     token_rewards = batch.token_rewards.clone()
     token_rewards[rows, (lengths.long() - 1).clamp(min=0)] += penalty
-    n = D.global_sum(float(batch.size))
-    metrics = {"reward/overlong_penalty_mean": D.global_sum(penalty.sum()) / max(n, 1.0),
-               "reward/overlong_penalised_frac": D.global_sum((penalty < 0).sum()) / max(n, 1.0)}
+    n = collectives.global_sum(float(batch.size))
+    metrics = {"reward/overlong_penalty_mean": collectives.global_sum(penalty.sum()) / max(n, 1.0),
+               "reward/overlong_penalised_frac": collectives.global_sum((penalty < 0).sum()) / max(n, 1.0)}
     return dataclasses.replace(batch, scores=batch.scores + penalty, token_rewards=token_rewards), metrics
 
 
@@ -107,8 +107,8 @@ class ExperienceMaker:
         batch, overlong = apply_overlong_penalty(batch, self.cfg)
         metrics.update(overlong)
         metrics.update(step_reward_failures(self.scorer, tally))
-        metrics["reward/failures_total"] = D.global_sum(self.scorer.num_failures)
-        metrics["reward/timeouts_total"] = D.global_sum(self.scorer.num_timeouts)  # stuck samples (reward pool)
+        metrics["reward/failures_total"] = collectives.global_sum(self.scorer.num_failures)
+        metrics["reward/timeouts_total"] = collectives.global_sum(self.scorer.num_timeouts)  # stuck samples (reward pool)
         return batch, metrics
 
     def sample_round(self, phase: str, step: int, balance: bool = True) -> Rollout:
@@ -141,8 +141,8 @@ class ExperienceMaker:
             if not bool(informative.all()):
                 spare.append(batch.select((~informative).nonzero().flatten()))
             tries += 1
-            short = torch.tensor([float(max(share - n_kept, 0))], device=D.comm_device())
-            if float(D.all_reduce_max(short).item()) == 0.0 or tries >= tr.dynamic_sampling_max_tries:
+            short = torch.tensor([float(max(share - n_kept, 0))], device=collectives.comm_device())
+            if float(collectives.all_reduce_max(short).item()) == 0.0 or tries >= tr.dynamic_sampling_max_tries:
                 break
         parts = [first_groups(concat_batches(kept), share) if kept else None]
         missing = max(share - n_kept, 0)
@@ -153,6 +153,6 @@ class ExperienceMaker:
             out = balance_across_ranks(out, self.dist)
         dropped = sum(num_groups(b) for b in spare)
         return out, {"dynamic_sampling/tries": float(tries),
-                     "dynamic_sampling/dropped_groups": D.global_sum(dropped),
-                     "dynamic_sampling/sampled_groups": D.global_sum(dropped + n_kept),
-                     "dynamic_sampling/filled_groups": D.global_sum(missing)}
+                     "dynamic_sampling/dropped_groups": collectives.global_sum(dropped),
+                     "dynamic_sampling/sampled_groups": collectives.global_sum(dropped + n_kept),
+                     "dynamic_sampling/filled_groups": collectives.global_sum(missing)}

@@ -10,7 +10,7 @@ from vcppo.algos import stats
 from vcppo.algos.kl import kl_estimate, sequence_mean_kl
 from vcppo.algos.mismatch import mismatch_stats, tis_weights
 from vcppo.driver.context import RunContext
-from vcppo.engines.dist import gather_cat
+from vcppo.engines.collectives import gather_cat
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.experience import Advantages, BeforeUpdate, CriticResult, Rollout

@@ -17,7 +17,8 @@ from vcppo.algos.rewards import Moments, batch_moments, combine_rewards, normali
 from vcppo.config_rules import combine_mode
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.step.experience_maker import overlong_shaping
-from vcppo.engines.dist import DistInfo, gather_cat
+from vcppo.engines.dist import DistInfo
+from vcppo.engines.collectives import gather_cat
 from vcppo.engines.reward_model import RewardModelEngine
 from vcppo.experience import Layout, Rollout, last_token_rewards, make_layout
 from vcppo.schema import Config, ConfigError

@@ -34,7 +34,7 @@ from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.sources import ExperienceSource
 from vcppo.driver.step.update import update_actor
-from vcppo.engines.dist import global_sum
+from vcppo.engines.collectives import global_sum
 from vcppo.experience import ActorBatch, BeforeUpdate, Rollout
 from vcppo.schema import AlgorithmConfig
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from vcppo.engines.dist import DistInfo, all_gather_object
+from vcppo.engines.dist import DistInfo
+
+from vcppo.engines.collectives import all_gather_object
 from vcppo.engines.packing import balanced_partitions, sequence_lengths
 from vcppo.engines.rollout import RolloutEngine, sampled_logprobs_layout
 from vcppo.engines.rollout_groups import RolloutGroups, contiguous_share

@@ -9,7 +9,7 @@ import numpy as np
 from vcppo.algos.stats import pass_at_k
 from vcppo.driver.step.experience_maker import sample_seed
 from vcppo.driver.step.sampling import rollout_share
-from vcppo.engines import dist as D
+from vcppo.engines import collectives
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.rewards.verifier import RewardScorer
@@ -65,7 +65,7 @@ def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, 
     part = _score_on_rank(rollout, rows[sampled.start:sampled.stop], scorer, sampling, n_samples, ks, seed, greedy,
                           keep=kept, first=sampled.start)
     merged = {k: [] for k in part}
-    for p in D.all_gather_object(part):
+    for p in collectives.all_gather_object(part):
         for k, v in p.items():
             merged[k] += v
     res = _summary(merged, len(rows), n_samples, ks, greedy, "val/")
