@@ -67,7 +67,7 @@ def measure(size: str, checkpointing: bool, args, info, tmp: str) -> dict:
     from vcppo.engines.actor import ActorEngine
     from vcppo.models.factory import make_model
     from vcppo.plan.memory import activations, model_states
-    from vcppo.plan.shape import read_shape
+    from vcppo.models.shapes import read_shape
     from vcppo.schema import ActorConfig
 
     path = os.path.join(tmp, size)

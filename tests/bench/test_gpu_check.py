@@ -218,7 +218,7 @@ def test_logprob_memory_shape_is_qwen25_05b_and_its_batch_unpadded():
     from tests.gpu.test_logprob_memory import (CHUNKED, FIRST_ID, PROMPT, RESPONSE, fp32_logits_gib, shape_config,
                                                token_lists)
     from vcppo.experience import make_layout
-    from vcppo.plan.shape import BUILTIN_SHAPES
+    from vcppo.models.shapes import BUILTIN_SHAPES
     from vcppo.schema import EngineConfig
 
     assert EngineConfig().logprob_chunk_size == CHUNKED

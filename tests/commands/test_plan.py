@@ -13,7 +13,8 @@ from vcppo.config import load_config
 from vcppo.plan.advise import Cluster, Shapes, plan_run
 from vcppo.plan.knobs import Setting, find_fit
 from vcppo.plan.memory import model_states
-from vcppo.plan.shape import BUILTIN_SHAPES, HARDWARE, GiB, read_shape
+from vcppo.models.shapes import BUILTIN_SHAPES, read_shape
+from vcppo.plan.hardware import HARDWARE, GiB
 
 REPO = Path(__file__).resolve().parents[2]
 LONG_COT = ["rollout.max_response_tokens=8192"]

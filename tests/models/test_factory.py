@@ -79,7 +79,7 @@ def test_the_real_size_shape_is_qwen25_05b_whatever_the_tokenizer():
     vocabulary kept beyond the char tokenizer's ~100 tokens; 494,032,768 parameters, as Qwen2.5-0.5B."""
     from transformers import Qwen2ForCausalLM
 
-    from vcppo.plan.shape import BUILTIN_SHAPES
+    from vcppo.models.shapes import BUILTIN_SHAPES
     cfg = model_config("qwen2.5-0.5b-shape", build_tokenizer())
     real = BUILTIN_SHAPES["qwen2.5-0.5b"]
     assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,

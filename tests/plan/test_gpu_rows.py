@@ -13,7 +13,8 @@ import pytest
 
 from vcppo.config import load_config
 from vcppo.plan.advise import Cluster, Shapes, plan_run
-from vcppo.plan.shape import HARDWARE, GiB, ModelShape
+from vcppo.plan.hardware import HARDWARE, GiB
+from vcppo.models.shapes import ModelShape
 
 DATA = Path(__file__).parent / "data"
 ROWS = ["vcppo", "long", "longckpt", "longfit", "longpacked"]

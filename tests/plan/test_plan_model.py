@@ -9,7 +9,8 @@ from vcppo.plan import memory as M
 from vcppo.plan import timing as T
 from vcppo.plan.advise import Cluster, Shapes, plan_run
 from vcppo.plan.knobs import Setting, find_fit
-from vcppo.plan.shape import BUILTIN_SHAPES, HARDWARE, GiB
+from vcppo.models.shapes import BUILTIN_SHAPES
+from vcppo.plan.hardware import HARDWARE, GiB
 
 LONG_COT = ["rollout.max_response_tokens=8192", "data.max_prompt_tokens=1024"]
 

@@ -9,7 +9,8 @@ from vcppo.plan import memory as M
 from vcppo.plan import timing as T
 from vcppo.plan.advise import Cluster, Shapes, plan_run, sequence_parallel_problem, sequence_parallel_sizes
 from vcppo.plan.knobs import Setting, apply, find_faster, find_fit, wider_sequence_parallel
-from vcppo.plan.shape import BUILTIN_SHAPES, HARDWARE
+from vcppo.models.shapes import BUILTIN_SHAPES
+from vcppo.plan.hardware import HARDWARE
 from vcppo.schema import ConfigError
 
 Q32 = BUILTIN_SHAPES["qwen2.5-32b"]

@@ -24,7 +24,8 @@ from vcppo.models.hub import resolve_model_keys
 from vcppo.plan.advise import Cluster, Lengths, Plan, Shapes, gib, plan_run, ranks
 from vcppo.plan import timing as T
 from vcppo.plan.knobs import REPORT_SPEEDUP, Setting, apply, find_faster, find_fit, sequence_parallel_limits
-from vcppo.plan.shape import BUILTIN_SHAPES, HARDWARE, builtin_shape, read_shape
+from vcppo.models.shapes import BUILTIN_SHAPES, builtin_shape, read_shape
+from vcppo.plan.hardware import HARDWARE
 from vcppo.schema import Config, ConfigError
 
 

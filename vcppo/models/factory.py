@@ -53,9 +53,9 @@ SIZES: dict[str, ModelSize] = {
 
 
 def _published(name: str) -> ModelSize:
-    """A real model's published shape (vcppo.plan's table of config.json values), vocabulary included:
+    """A real model's published shape (vcppo.models.shapes' table of config.json values), vocabulary included:
     the embedding keeps every row of it, whatever the tokenizer uses, as the real checkpoint does."""
-    from vcppo.plan.shape import BUILTIN_SHAPES
+    from vcppo.models.shapes import BUILTIN_SHAPES
 
     s = BUILTIN_SHAPES[name]
     return ModelSize(hidden_size=s.hidden_size, num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,

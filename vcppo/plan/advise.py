@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from vcppo.plan import memory as M
 from vcppo.plan import timing as T
-from vcppo.plan.shape import GiB, Hardware, ModelShape, dtype_bytes
+from vcppo.plan.hardware import GiB, Hardware, dtype_bytes
+from vcppo.models.shapes import ModelShape
 from vcppo.schema import Config, ConfigError
 from vcppo.methods import uses_critic
 

@@ -2,7 +2,7 @@
 
 All figures are in bytes and are estimates: what the tensors that must be alive together add up to,
 not what an allocator reports (fragmentation and the CUDA context are the ``reserve`` of
-:class:`vcppo.plan.shape.Hardware`).
+:class:`vcppo.plan.hardware.Hardware`).
 
 Model states (Rajbhandari et al. 2020, "ZeRO", sec. 3.1): under bf16 mixed precision each trained
 parameter costs 2 (bf16 weight) + 4 (the fp32 gradient partition DeepSpeed's optimizer steps on;
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vcppo.plan.shape import ModelShape
+from vcppo.models.shapes import ModelShape
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vcppo.plan.shape import Hardware
+from vcppo.plan.hardware import Hardware
 
 
 # ---------------------------------------------------------------------------------------------
