@@ -95,11 +95,13 @@ def logged_seconds(log: Path, pattern: str) -> list[float]:
 
 def planned(args, out: Path) -> dict:
     """`vcppo plan`'s figures for the same config on ``--ranks`` ranks of the cpu24 profile."""
-    from vcppo.commands.plan import main as plan_main
+    from vcppo.cli import main as vcppo_main  # `vcppo plan ...`, as a user runs it
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"
-        plan_main(["vcppo", *overrides(args, out, args.steps), "--gpu", "cpu24", "--gpus-per-node", str(args.ranks),
-                   "--json", str(path)])
+        rc = vcppo_main(["plan", "vcppo", *overrides(args, out, args.steps), "--gpu", "cpu24", "--gpus-per-node",
+                         str(args.ranks), "--json", str(path)])
+        if rc != 0:
+            raise SystemExit(f"vcppo bench shape: `vcppo plan` exited {rc}")
         return json.loads(path.read_text())["plan"]
 
 
