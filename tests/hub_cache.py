@@ -61,6 +61,6 @@ def offline_hub(root: Path, monkeypatch) -> Path:
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(Path(root) / "hf" / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(hub, "_RESOLVED", {})
-    for var in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+    for var in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "SLURM_LOCALID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)
     return Path(root) / "hf"

@@ -117,3 +117,13 @@ def test_a_critic_path_no_critic_reads_is_not_resolved(hf_home, tiny_artifacts):
                                f"data.train_files={tiny_artifacts / 'data' / 'train.parquet'}", "data.val_files=null",
                                f"trainer.output_root={hf_home / 'runs'}"], "train")
     assert cfg.model.critic_path == "org/not-cached"
+
+
+def test_under_srun_the_node_s_first_task_resolves(hf_home, monkeypatch):
+    """srun sets SLURM_LOCALID / SLURM_NTASKS before any launcher variable exists."""
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    assert hub._local_rank() == (1, 4)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert hub._local_rank() == (0, 2)  # a launcher's own variables win

@@ -91,9 +91,13 @@ def _cache_dir() -> str:
 
 
 def _local_rank() -> tuple[int, int]:
-    """(local rank, local world size) from the launcher's environment; (0, 1) for one process."""
-    return int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE",
-                                                                     os.environ.get("WORLD_SIZE", 1)))
+    """(local rank, local world size) from the launcher's environment (deepspeed, torchrun, or SLURM's
+    srun before any group exists); (0, 1) for one process. The size only tells one process from
+    several, so a job's total stands in where a launcher gives no per-node count."""
+    env = os.environ
+    rank = env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or 0
+    size = env.get("LOCAL_WORLD_SIZE") or env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1
+    return int(rank), int(size)
 
 
 def _answer_file(hub_id: HubId, repo_type: str) -> Path:
