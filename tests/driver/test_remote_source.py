@@ -72,3 +72,17 @@ def test_only_trainer_0_asks_and_only_with_validation_data():
     for src in (source(is_main=False), source(val_files=None)):
         src.validate(2)
         assert src.bridge.sent == [] and src.finished_validations(wait=True) == []
+
+
+def test_an_inflight_batch_is_saved_as_plain_values(tmp_path):
+    """A checkpoint's in-flight batches load with ``weights_only``: the phase goes in as its text."""
+    import torch
+
+    from vcppo.driver.placement.remote_source import _batch_message, _batch_record
+    from vcppo.experience import Rollout, make_layout
+    rollout = Rollout.unscored(make_layout([[5, 6]], [[7, 8]], pad_id=0))
+    msg = SampledBatch(phase=Phase.VALUE_PRETRAIN, step=2, version=0, rollout=rollout, metrics={"m": 1.0},
+                       prompt_state={}, seconds=0.5)
+    torch.save({"batches": [_batch_record(msg)]}, tmp_path / "inflight.pt")
+    (back,) = [_batch_message(r) for r in torch.load(tmp_path / "inflight.pt", weights_only=True)["batches"]]
+    assert back.phase is Phase.VALUE_PRETRAIN and back.step == 2 and torch.equal(back.rollout.input_ids, rollout.input_ids)

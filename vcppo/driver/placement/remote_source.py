@@ -36,12 +36,12 @@ WEIGHT_BUCKET_BYTES = 256 * 2 ** 20
 
 def _batch_record(msg: SampledBatch) -> dict:
     """``msg`` as tensors and plain values (a checkpoint loads with ``weights_only``)."""
-    return {"phase": msg.phase, "step": msg.step, "version": msg.version, "metrics": msg.metrics,
+    return {"phase": str(msg.phase), "step": msg.step, "version": msg.version, "metrics": msg.metrics,
             "prompt_state": msg.prompt_state, "seconds": msg.seconds, "rollout": dict(vars(msg.rollout))}
 
 
 def _batch_message(rec: dict) -> SampledBatch:
-    return SampledBatch(phase=rec["phase"], step=rec["step"], version=rec["version"], metrics=rec["metrics"],
+    return SampledBatch(phase=Phase(rec["phase"]), step=rec["step"], version=rec["version"], metrics=rec["metrics"],
                         prompt_state=rec["prompt_state"], seconds=rec["seconds"], rollout=Rollout(**rec["rollout"]))
 
 
