@@ -34,7 +34,8 @@ test-extended: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m extended $(PYTEST_ARGS)
 
 # The edit-test loop: unit tests on fakes and plain tensors, no real engine, no second rank
-# (under 2 minutes on the 2-core CPU machine, on its two workers; one worker takes ~3). `make test` runs these and the rest.
+# (under 2 minutes on the 2-core CPU machine, on its two workers; one worker takes ~3).
+# `make test` runs these and the rest.
 test-fast: install
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow and not integration and not distributed" $(PYTEST_ARGS)
 
