@@ -91,6 +91,8 @@ def test_benchmark_argument_forms(art):
         ["gsm8k_ppo", "eval.max_prompts=5", "eval.benchmark=aime24"]  # a preset: its model.policy_path
     with pytest.raises(evaluate.ConfigError, match="--benchmark needs a name"):
         evaluate.eval_argv([m, "--benchmark"])
+    with pytest.raises(evaluate.ConfigError, match="eval.model_path is given twice"):
+        evaluate.eval_argv([m, "--benchmark", "gsm8k", f"eval.model_path={m}"])
 
 
 @pytest.mark.parametrize("name,expected", [

@@ -76,6 +76,7 @@ def eval_argv(argv: list[str]) -> list[str]:
     overrides = [a for a in argv if "=" in a] + bench
     if bench and len(positional) in (1, 2) and _is_model(positional[-1]):
         config, model = (["base"] + positional)[-2:]
+        _refuse_twice(overrides, ("eval.model_path",))
         return [config, f"eval.model_path={model}", *overrides]
     if len(positional) <= 1:
         if positional and os.path.isfile(os.path.join(positional[0], "config.json")):
@@ -84,14 +85,19 @@ def eval_argv(argv: list[str]) -> list[str]:
     if len(positional) > 3:
         raise ConfigError(f"too many arguments: {positional}\n{USAGE}")
     config, model, data = (["base"] + positional)[-3:]
-    for key in ("eval.model_path", "eval.data_files"):
-        if any(a.lstrip("+").startswith(key + "=") for a in overrides):
-            raise ConfigError(f"{key} is given twice: as an argument and as '{key}=...'")
+    _refuse_twice(overrides, ("eval.model_path", "eval.data_files"))
     if parse_id(model) is None:  # a hub id is checked once resolved to its snapshot
         check_model_dir(model, "MODEL_DIR")
     for path in split_paths(data):
         check_data_path(path, "DATA")
     return [config, f"eval.model_path={model}", f"eval.data_files={data}", *overrides]
+
+
+def _refuse_twice(overrides: list[str], keys: tuple[str, ...]) -> None:
+    """A key given as an argument must not also come as ``key=...``."""
+    for key in keys:
+        if any(a.lstrip("+").startswith(key + "=") for a in overrides):
+            raise ConfigError(f"{key} is given twice: as an argument and as '{key}=...'")
 
 
 def _is_model(arg: str) -> bool:

@@ -105,13 +105,14 @@ def fetch(source: HubSource, what: str) -> list[str]:
 
 
 def _is_verl_file(path: str) -> bool:
-    """The file is verl-format already (``prompt`` and ``reward_model`` columns): a prepared file."""
+    """The file is verl-format already (prepare's ``VERL_COLUMNS``): a prepared file."""
     if not path.endswith(".parquet") or not os.path.isfile(path):
         return False
     import pyarrow.parquet as pq
 
-    names = set(pq.read_schema(path).names)
-    return {"prompt", "reward_model"} <= names
+    from vcppo.data.prepare import VERL_COLUMNS
+
+    return set(VERL_COLUMNS) <= set(pq.read_schema(path).names)
 
 
 def benchmark_files(names: list[str], given: list[str], workdir: str) -> list[str]:

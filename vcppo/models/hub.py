@@ -167,29 +167,30 @@ MODEL_KEYS = {
 }
 
 
+def _model_fields(cfg, command: str):
+    """(key, section object, field name) of ``command``'s model keys in ``cfg``."""
+    for key in MODEL_KEYS.get(command, ()):
+        section, name = key.split(".")
+        yield key, getattr(cfg, section), name
+
+
 def resolve_model_keys(cfg, command: str, allow_patterns: list[str] | None = None) -> None:
     """Replace each hub id among ``command``'s model keys of ``cfg`` (a :class:`~vcppo.schema.Config`)
     by its snapshot directory, in place; ``allow_patterns`` limits a download (``vcppo plan`` reads
     only the JSON files)."""
     from vcppo.methods import uses_critic
 
-    for key in MODEL_KEYS.get(command, ()):
+    for key, section, name in _model_fields(cfg, command):
         if key == "model.critic_path" and (cfg.model.critic_init == "policy"
                                            or not uses_critic(cfg.algorithm.advantage_estimator)):
             continue
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
+        value = getattr(section, name)
         if value and parse_id(value) is not None:
-            setattr(getattr(cfg, section), name, resolve(value, key, allow_patterns=allow_patterns))
+            setattr(section, name, resolve(value, key, allow_patterns=allow_patterns))
 
 
 def model_sources(cfg, command: str = "train") -> dict[str, str]:
     """``{key: org/name@commit}`` of ``command``'s model keys that are snapshots of the hub cache
     (what a run records beside its config)."""
-    out = {}
-    for key in MODEL_KEYS.get(command, ()):
-        section, name = key.split(".")
-        source = snapshot_source(getattr(getattr(cfg, section), name) or "")
-        if source:
-            out[key] = source
-    return out
+    sources = {key: snapshot_source(getattr(section, name) or "") for key, section, name in _model_fields(cfg, command)}
+    return {key: source for key, source in sources.items() if source}
