@@ -275,3 +275,75 @@ def test_logprobs_bench_head_only_writes_both_paths(tmp_path):
     assert logprobs_bench.parse_shape("16x512+4096") == (16, 512, 4096)
     with pytest.raises(SystemExit, match="NxP\\+R"):
         logprobs_bench.parse_shape("16x512")
+
+
+def test_peak_rss_segments_follow_the_live_tensors():
+    """Each marked segment holds its own peak: a freed tensor's memory does not count in the next one
+    (the resident set tracks the live tensors), and one name keeps the highest of its segments."""
+    import torch
+
+    from vcppo.bench.train import PeakRSS, resident_is_live
+    resident_is_live()
+    with PeakRSS() as mem:
+        big = torch.ones(50_000_000)  # 191 MiB
+        mem.mark("big")
+        del big
+        mem.mark("free")  # a segment starts at the level its mark found
+        small = torch.ones(2_000_000)  # 8 MiB
+        mem.mark("small")
+        mem.mark("small")
+        del small
+    assert mem.segments["big"] > 150 and mem.segments["small"] < 100 and mem.mib >= mem.segments["big"]
+    assert set(mem.segments) == {"big", "free", "small"}
+
+
+def test_train_segments_mark_forward_backward_and_optimizer():
+    """:func:`train_segments` marks around the engine's backward and step, and puts them back."""
+    from vcppo.bench.logprobs import train_segments
+
+    class Engine:
+        def backward(self, loss):
+            return "b"
+
+        def step(self):
+            return "s"
+
+    class Marks:
+        def __init__(self):
+            self.names = []
+
+        def mark(self, name):
+            self.names.append(name)
+
+    actor, mem = type("Actor", (), {})(), Marks()
+    actor.engine = engine = Engine()
+    restore = train_segments(actor, mem)
+    assert engine.backward(1.0) == "b" and engine.backward(1.0) == "b" and engine.step() == "s"
+    assert mem.names == ["forward", "backward", "forward", "backward", "backward", "optimizer"]
+    restore()
+    assert engine.backward(1.0) == "b" and len(mem.names) == 6
+
+
+def test_sp_bench_summary_takes_the_worst_rank_and_the_host_rate(capsys):
+    from vcppo.bench import sp
+    rank = lambda peak, s: {"step_s": s, "peak_rss_gib": peak, "step_rss_gib": peak - 1,  # noqa: E731
+                            "segments_gib": {"forward": peak - 2, "backward": peak - 1, "optimizer": 0.1}}
+    one, two = sp.summary(1, [rank(10.0, 100.0)], 1000), sp.summary(2, [rank(6.0, 150.0), rank(6.5, 160.0)], 1000)
+    assert two["peak_rss_gib"] == 6.5 and two["step_s"] == 160.0 and two["host_tokens_per_s"] == 2 * 1000 / 160
+    assert two["segments_gib"]["forward"] == 4.5 and one["tokens_per_s_per_rank"] == 10.0
+    sp._print([one, two], sp._parse(["--layers", "2"]))
+    assert "0.65x" in capsys.readouterr().out  # 6.5 / 10 GiB per rank
+
+
+@pytest.mark.extended
+@pytest.mark.distributed
+def test_sp_bench_runs_both_sizes_on_cpu_ranks(tmp_path):
+    """The real thing, tiny: one 1-layer model of the 0.5B shape, SP 1 on one rank and SP 2 on two."""
+    out = tmp_path / "sp.json"
+    assert bench.main(["sp", "--sizes", "1,2", "--layers", "1", "--tokens", "64", "--prompt", "8", "--chunk", "32",
+                       "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["sizes"]
+    assert [r["sp"] for r in rows] == [1, 2] and [len(r["ranks"]) for r in rows] == [1, 2]
+    for r in rows:
+        assert r["peak_rss_gib"] > r["step_rss_gib"] > 0 and r["host_tokens_per_s"] > 0
+        assert set(r["segments_gib"]) == {"forward", "backward", "optimizer"}

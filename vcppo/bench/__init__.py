@@ -41,6 +41,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "step": ("vcppo.bench.step", "one real PPO step by phase (median of steps 2-N); --trl: vs TRL's PPOTrainer"),
     "split": ("vcppo.bench.split", "colocated vs split placement (staleness 0 / 1): steps/h, per-rank timeline"),
     "lora": ("vcppo.bench.lora", "a LoRA actor into vLLM: merged weights vs vLLM's LoRA, sync time and decode tok/s"),
+    "sp": ("vcppo.bench.sp", "sequence parallelism on CPU ranks: the actor's train step on one long sequence per rank, memory and tokens/s"),
     "shape": ("vcppo.bench.shape", "Qwen2.5-0.5B's shape on 2 CPU ranks: memory vs `vcppo plan`, sync, checkpoints"),
 }
 

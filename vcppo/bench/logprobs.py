@@ -16,9 +16,13 @@ settings alternate ``--rounds`` times (A B A B) so drift in a shared machine's l
   * forward     — ``forward_logprobs`` (old logprobs / reference pass; ``--entropy``: with entropies)
   * train step  — one ``train_step`` with the PPO policy loss (forward + backward + AdamW)
 Each phase runs once untimed first on a 1 x (8 + 8) batch (first-call allocations, AdamW's states
-among them, stay outside the figures), then ``--repeats`` timed calls on the shape. Figures: real tokens / s (median) and the peak resident memory above the
-level before the timed calls (sampled every 2 ms): the phase's activations and transient buffers,
-the model states left out. Ratios are against the first ``--chunks`` entry.
+among them, stay outside the figures), then ``--repeats`` timed calls on the shape. Figures: real
+tokens / s (median) and the peak resident memory above the level before the timed calls (sampled
+every 2 ms, with the resident set made to track the live tensors: :func:`resident_is_live`): the
+phase's activations and transient buffers, the weights and AdamW's states left out; the gradients,
+which each backward creates, are in. The train step's peak is also given per segment
+(:func:`train_segments`: forward, backward, optimizer). Ratios are against the first ``--chunks``
+entry.
 
 ``--head-only TOKENS`` times the logprob function alone (:func:`head_only`), what the chunk size trades.
 """
@@ -33,7 +37,7 @@ import tempfile
 
 import torch
 
-from vcppo.bench.train import PeakRSS, spawn_worker
+from vcppo.bench.train import PeakRSS, resident_is_live, spawn_worker
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -75,16 +79,48 @@ def _batch(n: int, p: int, r: int, vocab: int):
                       advantages=torch.randn(b.response_mask.shape, generator=g) * b.response_mask)
 
 
-def _phase(warm_up, fn, repeats: int) -> dict:
+def _phase(warm_up, fn, repeats: int, segments=None) -> dict:
     import time
     warm_up()  # untimed, on a tiny batch: first-call allocations (AdamW's states) stay out of the figures
     times = []
     with PeakRSS() as mem:
+        restore = segments(mem) if segments else None
         for _ in range(repeats):
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-    return {"s": times, "peak_mib": mem.mib}
+        if restore:
+            restore()
+    out = {"s": times, "peak_mib": mem.mib}
+    if segments:
+        out["segments_mib"] = dict(mem.segments)
+    return out
+
+
+def train_segments(actor, mem):
+    """Mark a train step's segments on ``mem`` (:class:`PeakRSS`): ``forward`` (up to each backward),
+    ``backward`` (the backward, the gradients it creates included, up to the optimizer step) and
+    ``optimizer`` (the step: the gradients and AdamW's temporaries). Returns the un-marker."""
+    engine = actor.engine
+    backward, step = engine.backward, engine.step
+
+    def marked_backward(*args, **kwargs):
+        mem.mark("forward")
+        out = backward(*args, **kwargs)
+        mem.mark("backward")
+        return out
+
+    def marked_step(*args, **kwargs):
+        mem.mark("backward")
+        out = step(*args, **kwargs)
+        mem.mark("optimizer")
+        return out
+
+    engine.backward, engine.step = marked_backward, marked_step
+
+    def restore():
+        engine.backward, engine.step = backward, step
+    return restore
 
 
 def run_one(model_dir: str, shape: str, chunk: int, args) -> dict:
@@ -95,6 +131,7 @@ def run_one(model_dir: str, shape: str, chunk: int, args) -> dict:
     from vcppo.schema import ActorConfig, AlgorithmConfig
 
     torch.set_num_threads(args.threads)
+    resident_is_live()
     info = dist.init_distributed("cpu")
     n, p, r = parse_shape(shape)
     cfg = ActorConfig(lr=1e-6, micro_batch_size=n, packed=True, logprob_chunk_size=chunk,
@@ -112,7 +149,7 @@ def run_one(model_dir: str, shape: str, chunk: int, args) -> dict:
         tiny.old_logprobs, _ = actor.forward_logprobs(tiny)
         loss = PolicyLoss(AlgorithmConfig())
         out["train_step"] = _phase(lambda: actor.train_step(tiny, loss), lambda: actor.train_step(batch, loss),
-                                   args.repeats)
+                                   args.repeats, lambda mem: train_segments(actor, mem))
     dist.shutdown()
     return out
 
@@ -128,6 +165,9 @@ def merge(runs: list[dict], phases: list[str]) -> dict:
         times = [t for r in runs for t in r[ph]["s"]]
         out[ph] = {"tokens_per_s": out["real_tokens"] / statistics.median(times), "s": times,
                    "peak_mib": max(r[ph]["peak_mib"] for r in runs)}
+        segments = [r[ph]["segments_mib"] for r in runs if "segments_mib" in r[ph]]
+        if segments:
+            out[ph]["segments_mib"] = {k: max(s[k] for s in segments) for k in segments[0]}
     return out
 
 
@@ -140,6 +180,8 @@ def _print(label: str, rows: dict, phases: list[str], base: int) -> None:
             r = row[ph]
             print(f"  {ph:<11}{chunk:>7}{r['tokens_per_s']:>9.1f}{r['tokens_per_s'] / b['tokens_per_s']:>7.2f}x"
                   f"{r['peak_mib']:>10.0f}{b['peak_mib'] / max(r['peak_mib'], 1e-9):>7.2f}x")
+            for name, mib in r.get("segments_mib", {}).items():
+                print(f"    {name:<16}{mib:>24.0f}{b['segments_mib'][name] / max(mib, 1e-9):>7.2f}x")
 
 
 def head_only(args) -> dict:
@@ -153,6 +195,7 @@ def head_only(args) -> dict:
     from vcppo.models.factory import SIZES
 
     torch.set_num_threads(args.threads)
+    resident_is_live()
     size = SIZES[args.size]
     hidden_size, vocab = size.hidden_size, size.vocab_size or 128
     g = torch.Generator().manual_seed(0)

@@ -85,15 +85,18 @@ def batch_of_lengths(prompt_lengths: list[int], response_lengths: list[int], see
 
 
 class PeakRSS:
-    """Peak resident memory above the level at entry, sampled every 2 ms in a thread."""
+    """Peak resident memory above the level at entry, sampled every 2 ms in a thread. ``mark(name)``
+    ends a segment: ``segments[name]`` is the highest peak above the entry level (MiB) of the
+    segments ended under that name."""
 
     def __init__(self):
         import psutil
         self.proc = psutil.Process()
+        self.segments: dict[str, float] = {}
 
     def __enter__(self):
         _release_freed_memory()
-        self.base = self.peak = self.proc.memory_info().rss
+        self.base = self.peak = self.segment_peak = self.proc.memory_info().rss
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -101,8 +104,16 @@ class PeakRSS:
 
     def _sample(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
+            rss = self.proc.memory_info().rss
+            self.peak, self.segment_peak = max(self.peak, rss), max(self.segment_peak, rss)
             time.sleep(0.002)
+
+    def mark(self, name: str) -> None:
+        rss = self.proc.memory_info().rss
+        self.peak = max(self.peak, rss)
+        peak = (max(self.segment_peak, rss) - self.base) / 2 ** 20
+        self.segments[name] = max(self.segments.get(name, peak), peak)
+        self.segment_peak = rss
 
     def __exit__(self, *exc):
         self._stop.set()
@@ -115,6 +126,17 @@ def _release_freed_memory():
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:  # not glibc: the figures then include retained memory
+        pass
+
+
+def resident_is_live() -> None:
+    """Make the resident set track the live tensors: glibc then maps every block of 128 KiB or more
+    on its own and returns it when freed (its default raises that threshold as blocks are freed, up
+    to 32 MiB, so freed activations stay resident and a peak over-counts). For memory figures; it
+    costs page faults, paid alike by whatever is compared in one run."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    except OSError:
         pass
 
 

@@ -35,7 +35,8 @@ from vcppo.engines import collectives
 from vcppo.engines import lora as L
 from vcppo.engines import sequence_parallel as SP
 from vcppo.engines.dist import DistInfo
-from vcppo.engines.engine_setup import CHECKPOINT_TAG, lr_lambda_factory, resolve_dtype, resolve_zero_stage
+from vcppo.engines.engine_setup import (CHECKPOINT_TAG, lr_lambda_factory, resolve_dtype, resolve_zero_stage,
+                                        skip_lone_allreduce)
 from vcppo.engines.loss_contract import EngineLoss, GlobalCounts, ModelOutputs
 from vcppo.engines.packing import sequence_lengths, token_budget_groups, use_packed_attention
 from vcppo.experience import Layout
@@ -131,6 +132,7 @@ class DeepSpeedModelEngine:
             self.engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
                 model=module, model_parameters=params, config=self.ds_config,
                 lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched))
+            skip_lone_allreduce(self.engine, self.zero_stage)
         else:
             module.requires_grad_(False)
             self.engine = deepspeed.initialize(model=module, config=self.ds_config)[0]
