@@ -10,6 +10,7 @@
     vcppo bench split [--workload tail|demo] [--modes colocated,split0,split1] [--png PATH] [--json PATH]
     vcppo bench lora [--sizes small,medium] [--rank 16] [--syncs 3] [--rounds 3] [--json PATH]
     vcppo bench shape [--ranks 2] [--steps 2] [--lora-rank 16] [--json PATH]
+    vcppo bench sp [--sizes 1,2] [--layers 24] [--tokens 8192] [--dtype float32] [--lora 0] [--json PATH]
 
 ``gae`` (:mod:`vcppo.bench.gae`): the fused Decoupled-GAE vs the reference loop vs a copy floor.
 ``rollout`` (:mod:`vcppo.bench.rollout`): vLLM vs HF generate tokens/s, weight sync time and one
@@ -21,11 +22,15 @@ tokens/s of the actor's forward and train step. ``step``
 side with TRL's PPOTrainer on the same model, prompts and batch. ``lora`` (:mod:`vcppo.bench.lora`):
 a LoRA actor's sync into vLLM as merged weights vs as vLLM's own LoRA, and decode speed with each.
 ``shape`` (:mod:`vcppo.bench.shape`): Qwen2.5-0.5B's shape on 2 CPU ranks: peak memory per rank against
-`vcppo plan`, weight sync against a plain copy, checkpoint size, write and restore time.
+`vcppo plan`, weight sync against a plain copy, checkpoint size, write and restore time. ``sp``
+(:mod:`vcppo.bench.sp`): the actor's train step on one long sequence per CPU rank at each
+sequence-parallel size, peak memory per rank and tokens/s.
 ``vcppo bench <benchmark> -h`` lists its options.
 """
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 from vcppo.cli import pick
@@ -53,3 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     module, rest = picked
     result = module.main(rest)
     return result if isinstance(result, int) else 0  # rollout's / step's main return their figures (a dict)
+
+
+def write_json(path: str | None, results: dict) -> None:
+    """A benchmark's ``--json PATH`` (nothing when None), its folder created."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)

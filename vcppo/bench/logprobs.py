@@ -37,6 +37,8 @@ import tempfile
 
 import torch
 
+from vcppo.bench import write_json
+
 from vcppo.bench.train import PeakRSS, resident_is_live, spawn_worker
 
 
@@ -234,10 +236,7 @@ def main(argv=None) -> dict:
     args = _parse(argv)
     if args.head_only:
         results = head_only(args)
-        if args.json:
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(args.json, results)
         return results
     if args.worker:
         model_dir, shape, chunk, out = args.worker.split("|")
@@ -265,10 +264,7 @@ def main(argv=None) -> dict:
             rows = {c: merge(r, phases) for c, r in runs.items()}
             _print(f"{shape} (sequences x (prompt + response))", rows, phases, chunks[0])
             results["shapes"][shape] = {str(c): row for c, row in rows.items()}
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     return results
 
 

@@ -35,6 +35,8 @@ import time
 
 import torch
 
+from vcppo.bench import write_json
+
 
 def _parse(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="vcppo bench sp", description=__doc__.split("\n")[0])
@@ -163,10 +165,7 @@ def main(argv=None) -> dict:
         rows = [summary(sp, launch(sp, model_dir, argv, args.threads), args.tokens) for sp in sizes]
     _print(rows, args)
     results = {"config": {k: v for k, v in vars(args).items() if k not in ("worker", "json")}, "sizes": rows}
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     return results
 
 
