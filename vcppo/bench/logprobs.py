@@ -38,7 +38,6 @@ import tempfile
 import torch
 
 from vcppo.bench import write_json
-
 from vcppo.bench.train import PeakRSS, resident_is_live, spawn_worker
 
 
