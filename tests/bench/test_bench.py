@@ -299,7 +299,7 @@ def test_peak_rss_segments_follow_the_live_tensors():
 
 def test_train_segments_mark_forward_backward_and_optimizer():
     """:func:`train_segments` marks around the engine's backward and step, and puts them back."""
-    from vcppo.bench.logprobs import train_segments
+    from vcppo.bench.train import train_segments
 
     class Engine:
         def backward(self, loss):

@@ -198,3 +198,9 @@ def test_a_crash_at_every_line_of_sealing_and_pruning_leaves_only_intact_checkpo
             break
     assert k > 20 and [p.name for p in ckpt.list_complete(ckpt.checkpoint_root(run))] == ["step_000002",
                                                                                          "step_000003"]
+
+
+def test_a_run_state_counts_the_steps_of_its_own_phase():
+    from vcppo.driver.step.phase import Phase
+    assert ckpt.RunState(phase=Phase.VALUE_PRETRAIN, step=0, pretrain_step=7).phase_step == 7
+    assert ckpt.RunState(phase="ppo", step=3, pretrain_step=7).phase_step == 3  # a checkpoint's text too

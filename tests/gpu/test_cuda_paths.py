@@ -56,7 +56,7 @@ def test_actor_engine_bf16_on_cuda(tmp_path, zero_stage):
     ``zero_stage: null`` to) and ZeRO-3 (set explicitly: valid on one rank, its partitioning hooks on
     nccl), one rank each."""
     pytest.importorskip("deepspeed")
-    from vcppo.commands.sft import ResponseNLL
+    from vcppo.engines.loss_contract import ResponseNLL
     from vcppo.engines.actor import ActorEngine
     from vcppo.experience import make_layout
     from vcppo.schema import ActorConfig

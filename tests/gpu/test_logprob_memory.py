@@ -90,7 +90,7 @@ def _peak(fn):
 
 
 def _measure(model_dir: str, chunk: int, batch, dist) -> tuple[dict, torch.Tensor]:
-    from vcppo.commands.sft import ResponseNLL
+    from vcppo.engines.loss_contract import ResponseNLL
     from vcppo.engines.actor import ActorEngine
     from vcppo.schema import ActorConfig
 

@@ -38,7 +38,7 @@ import tempfile
 import torch
 
 from vcppo.bench import write_json
-from vcppo.bench.train import PeakRSS, resident_is_live, spawn_worker
+from vcppo.bench.train import PeakRSS, resident_is_live, spawn_worker, train_segments
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -96,32 +96,6 @@ def _phase(warm_up, fn, repeats: int, segments=None) -> dict:
     if segments:
         out["segments_mib"] = dict(mem.segments)
     return out
-
-
-def train_segments(actor, mem):
-    """Mark a train step's segments on ``mem`` (:class:`PeakRSS`): ``forward`` (up to each backward),
-    ``backward`` (the backward, the gradients it creates included, up to the optimizer step) and
-    ``optimizer`` (the step: the gradients and AdamW's temporaries). Returns the un-marker."""
-    engine = actor.engine
-    backward, step = engine.backward, engine.step
-
-    def marked_backward(*args, **kwargs):
-        mem.mark("forward")
-        out = backward(*args, **kwargs)
-        mem.mark("backward")
-        return out
-
-    def marked_step(*args, **kwargs):
-        mem.mark("backward")
-        out = step(*args, **kwargs)
-        mem.mark("optimizer")
-        return out
-
-    engine.backward, engine.step = marked_backward, marked_step
-
-    def restore():
-        engine.backward, engine.step = backward, step
-    return restore
 
 
 def run_one(model_dir: str, shape: str, chunk: int, args) -> dict:

@@ -8,16 +8,17 @@ Each SP size in ``--sizes`` runs as its own launch of that many CPU ranks (torch
 group, ``--threads`` OpenMP threads shared among its ranks (so every size uses the same cores). Every
 rank holds one sequence of ``--tokens`` tokens (``--prompt`` of them prompt); with SP the group runs
 the union of its ranks' sequences one per pass, each rank a 1/SP slice of it: the same tokens per
-rank per step as without SP, in SP times as many passes of 1/SP the size. The model: Qwen2.5-0.5B's
-layer shape (hidden 896, 14 heads over 2 KV heads, MLP 4864, vocabulary 151,936, tied head) with
-``--layers`` layers, random weights, ZeRO-3.
+rank per step as without SP, in SP times as many passes of 1/SP the size. The model: the
+``qwen2.5-0.5b-shape`` size (:mod:`vcppo.models.factory`: hidden 896, 14 heads over 2 KV heads, MLP
+4864, vocabulary 151,936, tied head) with ``--layers`` layers, random weights, ZeRO-3. The loss is
+:class:`~vcppo.engines.loss_contract.ResponseNLL`.
 
 Memory is each rank's resident set, made to track the live tensors (:func:`resident_is_live`) and
 sampled every 2 ms: ``peak_rss`` over the step, and ``step_rss`` = that peak minus the resident set
 just before the step: what the step adds (activations, gathered layers, the gradients it creates,
 transient buffers). One step on a short sequence runs first, so the optimizer's lazily created
 states are in the level before. ``segments`` splits ``step_rss`` into the forward, the backward and
-the optimizer step (:func:`~vcppo.bench.logprobs.train_segments`). Ratios are against the first size.
+the optimizer step (:func:`~vcppo.bench.train.train_segments`). Ratios are against the first size.
 
 ``--lora R`` trains rank-R adapters on every linear layer (the weights, the LM head and the embedding
 frozen): the activations are full fine-tuning's (plus the adapters' small ones), without the weight
@@ -55,53 +56,30 @@ def _parse(argv) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def build_model(path: str, layers: int) -> None:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    cfg = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=layers, num_attention_heads=14,
-                      num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                      tie_word_embeddings=True, initializer_range=0.02)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-
-
-class NLL:
-    """Mean negative logprob over the global batch's response tokens (the engine's loss interface)."""
-    needs_entropy = False
-
-    @staticmethod
-    def count_masks(minibatch):
-        from vcppo.engines.loss_contract import response_counts
-        return response_counts(minibatch)
-
-    def __call__(self, outputs, micro, counts):
-        from vcppo.engines.loss_contract import RESPONSE
-        loss = -(outputs.logprobs * micro.response_mask).sum() / counts.tokens[RESPONSE]
-        return loss, {}
-
-
 def run_rank(sp: int, model_dir: str, args) -> list[dict] | None:
     """One rank's step (the --worker side, under torchrun); rank 0 returns every rank's figures."""
-    from vcppo.bench.logprobs import train_segments
-    from vcppo.bench.train import PeakRSS, resident_is_live
+    from vcppo.bench.train import PeakRSS, resident_is_live, train_segments
     from vcppo.engines import collectives, dist
     from vcppo.engines.actor import ActorEngine
+    from vcppo.engines.loss_contract import ResponseNLL
     from vcppo.experience import Rollout, make_layout
     from vcppo.schema import ActorConfig, LoRAConfig
 
     resident_is_live()
     info = dist.init_distributed("cpu")
-    ids = torch.randint(0, 151936, (args.tokens,), generator=torch.Generator().manual_seed(info.rank)).tolist()
-    batch = Rollout.unscored(make_layout([ids[:args.prompt]], [ids[args.prompt:]], pad_id=0))
-    warm_up = Rollout.unscored(make_layout([ids[:8]], [ids[8:8 + 8 * sp]], pad_id=0))
     cfg = ActorConfig(lr=1e-6, micro_batch_size=1, zero_stage=3, sequence_parallel_size=sp,
                       logprob_chunk_size=args.chunk, gradient_checkpointing=args.checkpointing,
                       lora=LoRAConfig(rank=args.lora))
     actor = ActorEngine(model_dir, cfg, info, total_optimizer_steps=10, dtype=args.dtype)
-    actor.train_step(warm_up, NLL())  # the optimizer's states, created on the first step, stay outside
+    vocab = actor.module.config.vocab_size
+    ids = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(info.rank)).tolist()
+    batch = Rollout.unscored(make_layout([ids[:args.prompt]], [ids[args.prompt:]], pad_id=0))
+    warm_up = Rollout.unscored(make_layout([ids[:8]], [ids[8:8 + 8 * sp]], pad_id=0))
+    actor.train_step(warm_up, ResponseNLL())  # the optimizer's states, created on the first step, stay outside
     with PeakRSS() as mem:
         restore = train_segments(actor, mem)
         start = time.perf_counter()
-        actor.train_step(batch, NLL())
+        actor.train_step(batch, ResponseNLL())
         seconds = time.perf_counter() - start
         restore()
     mine = dict(rank=info.rank, step_s=seconds, tokens_per_s=args.tokens / seconds, before_gib=mem.base / 2 ** 30,
@@ -161,7 +139,9 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model or os.path.join(tmp, "model")
         if not os.path.isfile(os.path.join(model_dir, "config.json")):
-            build_model(model_dir, args.layers)
+            from vcppo.models.factory import make_model
+            make_model("qwen2.5-0.5b-shape", None, model_dir, layers=args.layers,
+                       max_position_embeddings=max(args.tokens + 64, 4096))
         rows = [summary(sp, launch(sp, model_dir, argv, args.threads), args.tokens) for sp in sizes]
     _print(rows, args)
     results = {"config": {k: v for k, v in vars(args).items() if k not in ("worker", "json")}, "sizes": rows}

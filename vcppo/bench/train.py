@@ -122,6 +122,32 @@ class PeakRSS:
         self.mib = (self.peak - self.base) / 2 ** 20
 
 
+def train_segments(actor, mem):
+    """Mark a train step's segments on ``mem`` (:class:`PeakRSS`): ``forward`` (up to each backward),
+    ``backward`` (the backward, the gradients it creates included, up to the optimizer step) and
+    ``optimizer`` (the step: the gradients and AdamW's temporaries). Returns the un-marker."""
+    engine = actor.engine
+    backward, step = engine.backward, engine.step
+
+    def marked_backward(*args, **kwargs):
+        mem.mark("forward")
+        out = backward(*args, **kwargs)
+        mem.mark("backward")
+        return out
+
+    def marked_step(*args, **kwargs):
+        mem.mark("backward")
+        out = step(*args, **kwargs)
+        mem.mark("optimizer")
+        return out
+
+    engine.backward, engine.step = marked_backward, marked_step
+
+    def restore():
+        engine.backward, engine.step = backward, step
+    return restore
+
+
 def _release_freed_memory():
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)

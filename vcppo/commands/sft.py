@@ -17,29 +17,19 @@ import math
 import time
 from pathlib import Path
 
-from vcppo.algos.losses import aggregate_loss
 from vcppo.config import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
 from vcppo.driver.step.validation import evaluate
 from vcppo.driver.step.sampling import rank_slice
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
-from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs, response_counts
+from vcppo.engines.loss_contract import ResponseNLL
 from vcppo.engines.rollout import RolloutEngine
-from vcppo.experience import Layout, make_layout
+from vcppo.experience import make_layout
 from vcppo.schema import Config
 
 
-class ResponseNLL:
-    """Token-mean NLL over the response tokens of the whole (global) batch."""
-    needs_entropy = False
-
-    count_masks = staticmethod(response_counts)
-
-    def __call__(self, outputs: ModelOutputs, micro: Layout, counts: GlobalCounts):
-        mask = micro.response_mask
-        nll = aggregate_loss(-outputs.logprobs, mask, "token-mean", global_token_count=counts.tokens[RESPONSE])
-        return nll, {"sft/nll_token": (-(outputs.logprobs * mask).sum() / mask.sum().clamp(min=1)).detach()}
+NLL_METRIC = "sft/nll_token"
 
 
 def main(argv: list[str]) -> int:
@@ -116,7 +106,7 @@ def run_sft(cfg: Config) -> dict:
         batch = make_layout([r["prompt_ids"] for r in mine], responses, pad_id=pad_token_id(tok),
                                 device=dist.device)
         t0 = time.perf_counter()
-        m = actor.train_step(batch, ResponseNLL())
+        m = actor.train_step(batch, ResponseNLL(NLL_METRIC))
         m["time/step_s"] = time.perf_counter() - t0
         log.log(m, step=step, phase="sft")
         if s.save_every and step % s.save_every == 0 and step < s.steps:
@@ -135,7 +125,7 @@ def run_sft(cfg: Config) -> dict:
         metrics = eval_now(step)
     actor.export_hf(str(out))
     summary = {"steps": step, "train_minutes": round(train_minutes, 2), "stopped_by": stopped_by,
-               "final_nll_token": m.get("sft/nll_token", math.nan), **metrics}
+               "final_nll_token": m.get(NLL_METRIC, math.nan), **metrics}
     if dist.is_main:
         _write_summary(summary, out, s.target_accuracy, log)
     log.close()

@@ -1,6 +1,7 @@
 """The loss interface of :meth:`~vcppo.engines.deepspeed_engine.DeepSpeedModelEngine.train_step`: the
-global token / sequence counts a loss normalises by, what a model's forward returns, and the
-:class:`EngineLoss` protocol every loss implements (the gradient contract is the engine's)."""
+global token / sequence counts a loss normalises by, what a model's forward returns, the
+:class:`EngineLoss` protocol every loss implements (the gradient contract is the engine's), and the
+plainest such loss, :class:`ResponseNLL`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
+from vcppo.algos.losses import aggregate_loss
 from vcppo.engines import collectives
 from vcppo.experience import Layout
 
@@ -76,3 +78,19 @@ class EngineLoss(Protocol):
 
     def __call__(self, outputs: ModelOutputs, micro: Layout,
                  counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, Any]]: ...
+
+
+class ResponseNLL:
+    """Token-mean NLL over the response tokens of the whole (global) batch (SFT's loss); its metric,
+    under ``metric``, is this micro-batch's own token-mean NLL."""
+    needs_entropy = False
+
+    count_masks = staticmethod(response_counts)
+
+    def __init__(self, metric: str = "nll_token"):
+        self.metric = metric
+
+    def __call__(self, outputs: ModelOutputs, micro: Layout, counts: GlobalCounts):
+        mask = micro.response_mask
+        nll = aggregate_loss(-outputs.logprobs, mask, "token-mean", global_token_count=counts.tokens[RESPONSE])
+        return nll, {self.metric: (-(outputs.logprobs * mask).sum() / mask.sum().clamp(min=1)).detach()}

@@ -68,12 +68,13 @@ def _published(name: str) -> ModelSize:
 SIZES["qwen2.5-0.5b-shape"] = _published("qwen2.5-0.5b")
 
 
-def model_config(size: str, tokenizer, max_position_embeddings: int | None = None, tied: bool | None = None):
+def model_config(size: str, tokenizer, max_position_embeddings: int | None = None, tied: bool | None = None,
+                 layers: int | None = None):
     """A ``Qwen2Config`` for a named size, with vocab and special ids from ``tokenizer``.
 
     ``tied``: share the input embedding with the LM head (the sizes' default, as in Qwen2.5-0.5B to
     3B) or give the head a weight of its own (False: as in Qwen2.5-7B and larger); None keeps the
-    size's setting."""
+    size's setting. ``layers``: that many decoder layers of the size's shape (None: the size's)."""
     from transformers import Qwen2Config
 
     if size not in SIZES:
@@ -85,6 +86,8 @@ def model_config(size: str, tokenizer, max_position_embeddings: int | None = Non
         fields["max_position_embeddings"] = int(max_position_embeddings)
     if tied is not None:
         fields["tie_word_embeddings"] = bool(tied)
+    if layers is not None:
+        fields["num_hidden_layers"] = int(layers)
     vocab_size = len(tokenizer)
     vocab_size = (vocab_size + 63) // 64 * 64  # pad to a multiple of 64 (kernel-friendly)
     if published_vocab is not None:
@@ -115,12 +118,13 @@ def count_params(model) -> int:
 
 
 def make_model(size: str, tokenizer_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
-               seed: int = 0, max_position_embeddings: int | None = None, tied: bool | None = None):
+               seed: int = 0, max_position_embeddings: int | None = None, tied: bool | None = None,
+               layers: int | None = None):
     """Build a randomly initialised Qwen2ForCausalLM of ``size``; save it with its tokenizer.
 
     ``tokenizer_dir``: a saved tokenizer to use; None builds vcppo's char-level tokenizer.
-    ``tied``: see :func:`model_config` (False: an ``lm_head.weight`` of its own in the checkpoint,
-    initialised independently of the embedding).
+    ``tied``, ``layers``: see :func:`model_config` (``tied`` False: an ``lm_head.weight`` of its own in
+    the checkpoint, initialised independently of the embedding).
     Writes fp32 weights, config, generation_config (stops on ``<|im_end|>`` and ``<eos>``) and
     the tokenizer into ``out_dir``. Returns the model (eval mode, on CPU).
     """
@@ -130,7 +134,7 @@ def make_model(size: str, tokenizer_dir: str | os.PathLike | None, out_dir: str 
     from vcppo.models.tokenizer import EOS, build_tokenizer
 
     tokenizer = build_tokenizer() if tokenizer_dir is None else AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    config = model_config(size, tokenizer, max_position_embeddings, tied)
+    config = model_config(size, tokenizer, max_position_embeddings, tied, layers)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     eos_ids = [tokenizer.eos_token_id]

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from vcppo.driver.durability import manifest
+from vcppo.driver.step.phase import Phase
 from vcppo.schema import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,11 @@ class RunState:
     @property
     def global_step(self) -> int:
         return self.pretrain_step + self.step
+
+    @property
+    def phase_step(self) -> int:
+        """Steps done in the phase the run is in."""
+        return self.step if self.phase == Phase.PPO else self.pretrain_step
 
 
 def checkpoint_root(run_dir: str | os.PathLike) -> Path:

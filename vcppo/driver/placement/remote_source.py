@@ -89,7 +89,7 @@ class RemoteSource:
     # --- the source ------------------------------------------------------------------------------
     def start(self, state: RunState, resumed: bool) -> None:
         self.phase = Phase(state.phase)
-        done = state.step if self.phase == Phase.PPO else state.pretrain_step
+        done = state.phase_step
         held = self._load_inflight() if resumed else []
         layout, buckets = self._weights(self.ctx.actor) if (self.phase == Phase.PPO and state.step > 0) else (None, [])
         self.consumed_state = state.data if resumed else None
@@ -148,7 +148,7 @@ class RemoteSource:
     def checkpoint(self, stage: Path, state: RunState) -> dict:
         """Main rank: the in-flight batches saved with the checkpoint; the prompt position after them."""
         phase = Phase(state.phase)
-        done = state.step if phase == Phase.PPO else state.pretrain_step
+        done = state.phase_step
         total = self.cfg.trainer.total_steps if phase == Phase.PPO else self.cfg.value_pretrain.steps
         held = [self._fetch(("batch", phase, j))
                 for j in held_after_checkpoint(phase, done, total, self.cfg.trainer.max_staleness)]
