@@ -181,12 +181,14 @@ class Advantages:
         advantages     (B, R) float  the actor's advantages as the loss uses them
         raw_advantages (B, R) float  before whitening (the position-profile diagnostic)
         lambda_actor   (B,)   float  per-sequence lambda (VAPO's length-adaptive lambda), else None
-
-    The critic's targets are the critic side's (:class:`CriticResult`).
+        returns        (B, R) float  the critic's targets at lambda_critic from the same GAE pass, when a
+                                     critic trains on them in this process; else None (what the
+                                     critic trained on is its :class:`CriticResult`)
     """
     advantages: Tensor
     raw_advantages: Tensor
     lambda_actor: Optional[Tensor] = None
+    returns: Optional[Tensor] = None
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The experience maker: DAPO dynamic sampling and soft overlong punishment, SPMD agreement on
+"""The experience maker: DAPO dynamic sampling, SPMD agreement on
 two ranks, on scripted sampling rounds (no engine; the real ones run in test_train_e2e.py)."""
 from types import SimpleNamespace
 
@@ -7,7 +7,6 @@ import torch
 
 from tests.fakes import FakeRun, ScriptedMaker, scored
 from tests.gloo_ranks import run_on_two_ranks
-from vcppo.driver.step.experience_maker import apply_overlong_penalty
 from vcppo.schema import Config
 
 N = 2  # samples per prompt
@@ -60,21 +59,6 @@ def test_dynamic_sampling_is_a_no_op_when_every_group_is_informative_or_when_off
     # value pretraining samples the policy's own prompt distribution: never filtered
     pre, batch, _ = make([scored([[1, 1]] * 4)], phase="value_pretrain", **{"trainer.dynamic_sampling": True})
     assert batch.size == 4 * N and pre.calls == ["sample:value_pretrain"]
-
-
-def test_overlong_penalty_shifts_scores_and_the_last_token_reward():
-    b = scored([[1, -1], [1, 1]], lengths=[2, 6, 7, 8])
-    cfg = Config()
-    assert apply_overlong_penalty(b, cfg) == (b, {})  # off by default
-    cfg.rollout.max_response_tokens, cfg.reward.overlong_buffer_tokens = 8, 4
-    before = b.scores.clone()
-    b, m = apply_overlong_penalty(b, cfg)
-    torch.testing.assert_close(b.scores, torch.tensor([1.0, -1.5, 0.25, 0.0]))
-    torch.testing.assert_close(b.token_rewards.sum(1), b.scores)
-    assert b.token_rewards[1, 5].item() == -1.5 and b.token_rewards[3, 7].item() == 0.0
-    assert m["reward/overlong_penalised_frac"] == 0.75
-    assert before.tolist() == [1.0, -1.0, 1.0, 1.0]  # a new rollout: the input is not written to
-    assert m["reward/overlong_penalty_mean"] == pytest.approx(-(0.5 + 0.75 + 1.0) / 4)
 
 
 def _two_rank_worker(rank, out):

@@ -12,6 +12,7 @@ from vcppo.config import load_config
 from vcppo.config_paths import check_paths
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.step.model_reward import ModelReward
+from vcppo.driver.step.reward import RewardAssembly
 from vcppo.schema import Config, ConfigError
 
 MODEL_SCORES = torch.tensor([0.5, 2.0, -1.0, 0.0])
@@ -24,7 +25,8 @@ def rescore(rollout=None, state=None, **reward):
     cfg.reward.model_path = "rm"
     engine = SimpleNamespace(score=lambda batch: MODEL_SCORES[:batch.size].clone())
     state = state or RunState(phase="ppo")
-    out, metrics = ModelReward(cfg, engine, retokenize=None).rescore(rollout or scored([[1, -1], [1, -1]]), state)
+    out, metrics = RewardAssembly(cfg, ModelReward(cfg, engine, retokenize=None)).outcome(
+        rollout or scored([[1, -1], [1, -1]]), state)
     return out, metrics, state
 
 
@@ -58,7 +60,6 @@ def test_the_overlong_shaping_stays_on_top_of_the_combination():
     lengths = [3, 4, 5, 3]
     rollout = scored([[1, -1], [1, -1]], lengths=lengths)
     penalty = torch.tensor([0.0, -0.5, -1.0, 0.0])  # max_response_tokens 5, buffer 2, penalty 1
-    rollout = dataclasses.replace(rollout, scores=rollout.scores + penalty)
     cfg_overlong = dict(overlong_buffer_tokens=2, overlong_penalty=1.0)
     cfg = Config()
     cfg.rollout.max_response_tokens = 5
@@ -66,7 +67,7 @@ def test_the_overlong_shaping_stays_on_top_of_the_combination():
         setattr(cfg.reward, k, v)
     cfg.reward.model_path, cfg.reward.combine = "rm", "model"
     engine = SimpleNamespace(score=lambda batch: MODEL_SCORES.clone())
-    out, _ = ModelReward(cfg, engine, retokenize=None).rescore(rollout, RunState(phase="ppo"))
+    out, _ = RewardAssembly(cfg, ModelReward(cfg, engine, retokenize=None)).outcome(rollout, RunState(phase="ppo"))
     assert torch.allclose(out.scores, MODEL_SCORES + penalty)
 
 

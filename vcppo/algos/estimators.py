@@ -1,6 +1,8 @@
-"""Critic-free advantage estimators beside GRPO (:func:`vcppo.algos.stats.grpo_advantages`): RLOO,
-REINFORCE++ and REINFORCE++-baseline. Pure tensor math; :mod:`vcppo.driver.step.advantages` selects them
-by ``algorithm.advantage_estimator`` (:mod:`vcppo.methods` says what each needs).
+"""Every advantage estimator a config can name, in one signature: ``fn(EstimatorInput) -> EstimatorOutput``.
+:mod:`vcppo.methods` is their table (each row names its function here and what it needs);
+:mod:`vcppo.driver.step.advantages` builds the input from a step and whitens the output. Pure tensor
+math: GAE with Decoupled-GAE (:mod:`vcppo.algos.gae`), GRPO (:func:`vcppo.algos.stats.grpo_advantages`),
+RLOO, REINFORCE++ and REINFORCE++-baseline.
 
 Notation
 --------
@@ -14,11 +16,87 @@ Notation
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional, Union
+
 import torch
 
 from vcppo.algos.gae import decoupled_gae
+from vcppo.algos.stats import grpo_advantages
 
-__all__ = ["group_mean", "rloo_advantages", "returns_to_go", "reinforce_pp_baseline_returns"]
+__all__ = ["EstimatorInput", "EstimatorOutput", "gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
+           "group_mean", "rloo_advantages", "returns_to_go", "reinforce_pp_baseline_returns"]
+
+
+@dataclass
+class EstimatorInput:
+    """What every estimator reads (one signature for all of them).
+
+        rewards     (B, T) float  r_t: the per-token reward (the outcome, minus the KL penalty when
+                                  it is in the reward)
+        mask        (B, T) float  1 on the tokens the policy produced
+        group       (B,)   long   the prompt each sample belongs to
+        outcomes    (B,)   float  each sample's reward WITHOUT the KL penalty (its scores' sum over tokens)
+        values      (B, T) float  V_old, or None for a critic-free run
+        gamma       float         discount per valid step
+        lam_actor   float or (B,) the actor's GAE lambda (VAPO's per-sequence lambda as a tensor)
+        lam_critic  float or None the critic's lambda: the targets are computed in the same pass;
+                                  None when no critic in this process trains on them
+        scale_by_std bool         GRPO divides by the group's std (Dr. GRPO: not)
+    """
+    rewards: torch.Tensor
+    mask: torch.Tensor
+    group: torch.Tensor
+    outcomes: torch.Tensor
+    values: Optional[torch.Tensor] = None
+    gamma: float = 1.0
+    lam_actor: Union[float, torch.Tensor] = 1.0
+    lam_critic: Optional[float] = None
+    scale_by_std: bool = True
+
+
+@dataclass
+class EstimatorOutput:
+    """advantages (B, T) raw (not whitened), 0 off the mask; returns (B, T) the critic's targets
+    at ``lam_critic`` from the same pass, or None (critic-free, or no ``lam_critic`` asked)."""
+    advantages: torch.Tensor
+    returns: Optional[torch.Tensor] = None
+
+
+def _per_token(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return seq_adv[:, None] * mask
+
+
+def gae(x: EstimatorInput) -> EstimatorOutput:
+    """GAE (Schulman et al. 2016) with Decoupled-GAE (VC-PPO sec. 4.2): ONE pass gives the actor's
+    advantages at ``lam_actor`` and, when ``lam_critic`` is set, the critic's targets."""
+    lam_critic = x.lam_actor if x.lam_critic is None else x.lam_critic
+    adv, returns = decoupled_gae(x.rewards, x.values, x.mask, gamma=x.gamma, lam_actor=x.lam_actor,
+                                 lam_critic=lam_critic)
+    return EstimatorOutput(adv, returns if x.lam_critic is not None else None)
+
+
+def grpo(x: EstimatorInput) -> EstimatorOutput:
+    """GRPO's group-normalised return (Dr. GRPO without the std) on every token; a sample's return
+    is the sum of its per-token rewards (verl's): the outcome, minus the KL penalty when it is in
+    the reward."""
+    seq = grpo_advantages(x.rewards.sum(-1), group_ids=x.group, scale_by_std=x.scale_by_std)
+    return EstimatorOutput(_per_token(seq, x.mask))
+
+
+def rloo(x: EstimatorInput) -> EstimatorOutput:
+    """RLOO's leave-one-out advantage of the sample's return (as GRPO's) on every token."""
+    return EstimatorOutput(_per_token(rloo_advantages(x.rewards.sum(-1), x.group), x.mask))
+
+
+def reinforce_pp(x: EstimatorInput) -> EstimatorOutput:
+    """REINFORCE++: the discounted return-to-go (the caller's whitening is the method's normalisation)."""
+    return EstimatorOutput(returns_to_go(x.rewards, x.mask, x.gamma))
+
+
+def reinforce_pp_baseline(x: EstimatorInput) -> EstimatorOutput:
+    """REINFORCE++-baseline: the group's mean OUTCOME as the baseline; the KL penalty stays per token."""
+    return EstimatorOutput(reinforce_pp_baseline_returns(x.rewards, x.mask, x.outcomes, x.group, x.gamma))
 
 
 def group_mean(values: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -56,8 +56,10 @@ def gspo_loss(
     global_seq_count: Optional[float] = None,
     norm_constant: Optional[float] = None,
     is_weights: Optional[torch.Tensor] = None,
+    dual_clip_c: Optional[float] = None,
 ) -> tuple[torch.Tensor, dict]:
-    """GSPO's clipped sequence-ratio objective (module docstring), as a loss to minimise.
+    """GSPO's clipped sequence-ratio objective (module docstring), as a loss to minimise; the
+    signature of :func:`vcppo.algos.losses.policy_loss` (the methods table calls both alike).
 
     Args:
         logprobs, old_logprobs, advantages, mask: (B, T).
@@ -67,6 +69,7 @@ def gspo_loss(
         global_token_count, global_seq_count, norm_constant: see `losses.aggregate_loss`.
         is_weights: None, or (B, T) per-token weights multiplying l_{i,t} (truncated IS for the
             sampler/trainer mismatch), detached.
+        dual_clip_c: must be None (a whole sequence is clipped or not: there is no dual clip).
 
     Returns:
         loss (0-d), metrics over sequences with >= 1 valid token:
@@ -75,6 +78,8 @@ def gspo_loss(
             approx_kl       token-level k3 estimate of KL(pi_old || pi_theta), as the PPO loss's.
             ratio_mean, ratio_max of s_i.
     """
+    if dual_clip_c is not None:
+        raise ValueError("GSPO has no dual clip (it clips whole sequences): dual_clip_c must be None")
     if agg not in GSPO_AGGREGATIONS:
         raise ValueError(f"GSPO defines the loss aggregation {GSPO_AGGREGATIONS}, got {agg!r}")
     valid = _valid(mask)

@@ -55,7 +55,11 @@ class RemoteCritic:
         with self._timer("wait_critic_values"):
             return self._expect(Values).values.to(self._device)
 
-    def update(self) -> None:
+    def targets_lambda(self) -> None:
+        """None: the critic ranks compute their targets (this rank's pass gives only the advantages)."""
+        return None
+
+    def update(self, targets: torch.Tensor | None) -> None:
         """Nothing here: the critic ranks update while this rank's actor trains."""
 
     def finish_step(self) -> CriticResult:

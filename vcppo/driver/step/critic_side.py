@@ -5,12 +5,14 @@ A step meets the critic four times, in the same order whatever the placement:
 
     begin_step(plan, step, rollout, rewards)  as soon as the per-token rewards are final
     values()                                   V_old (B, R), before the actor's advantages
-    update()                                   where the critic's update belongs in the step
+    targets_lambda()                           the lambda_critic of the targets the step's one GAE
+                                               pass should give it (None: it needs none from the step)
+    update(targets)                            where the critic's update belongs in the step
     finish_step() -> CriticResult              the targets it trained on and its metrics
 
 :class:`LocalCritic` runs the half on this rank's critic engine: ``values()`` is the values pass
-(or the update itself when the plan trains the critic first), ``update()`` the update, before the
-actor's. :class:`~vcppo.driver.placement.remote_critic.RemoteCritic` hands the share to the critic's own ranks
+(or the update itself when the plan trains the critic first), ``update(targets)`` the update on the
+targets of the step's one GAE pass, before the actor's. :class:`~vcppo.driver.placement.remote_critic.RemoteCritic` hands the share to the critic's own ranks
 (``placement.critic_ranks``), which run the same :class:`CriticHalf`; ``update()`` is then a no-op
 (their update runs while this rank's actor trains) and ``finish_step()`` waits for it. Both also
 take the run's calls on a critic (save, restore, export, the finite-weights check, close).
@@ -57,11 +59,17 @@ class CriticHalf:
                 self.old_values = self.engine.forward_values(self.rollout)
         return self.old_values
 
-    def update(self) -> CriticResult:
-        """The targets and the update (once; after :meth:`values`)."""
+    def targets_lambda(self) -> float | None:
+        """The lambda of the GAE targets this half trains on; None when it trains first (its
+        Monte-Carlo targets need no values, so no GAE pass)."""
+        return None if self.plan.critic_first else self.plan.lambda_critic
+
+    def update(self, targets: torch.Tensor | None = None) -> CriticResult:
+        """The update (once; after :meth:`values`) on ``targets`` (B, R): the step's one GAE pass at
+        :meth:`targets_lambda`; None where no pass gave them (the critic's own ranks): a scan of its own."""
         if self.result is None:
-            returns = critic_targets(self.rollout, self.rewards, self.old_values, self.cfg.algorithm,
-                                     self.plan.lambda_critic)
+            returns = targets if targets is not None else critic_targets(
+                self.rollout, self.rewards, self.old_values, self.cfg.algorithm, self.plan.lambda_critic)
             with self.timer("critic_update"):
                 batch = CriticBatch(**vars(self.rollout), returns=returns, old_values=self.old_values)
                 out = update_critic(self.cfg, self.engine, self.plan, batch, self.step)
@@ -75,7 +83,8 @@ class Critic(Protocol):
     def begin_step(self, plan: StepPlan, step: int, rollout: Rollout, rewards: torch.Tensor,
                    timer: PhaseTimer) -> None: ...
     def values(self) -> torch.Tensor: ...
-    def update(self) -> None: ...
+    def targets_lambda(self) -> float | None: ...
+    def update(self, targets: torch.Tensor | None) -> None: ...
     def finish_step(self) -> CriticResult: ...
     def save_checkpoint(self, directory: str) -> None: ...
     def restore(self, directory: Path, universal: bool = False) -> None: ...
@@ -98,8 +107,11 @@ class LocalCritic:
     def values(self) -> torch.Tensor:
         return self._half.values()
 
-    def update(self) -> None:
-        self._half.update()
+    def targets_lambda(self) -> float | None:
+        return self._half.targets_lambda()
+
+    def update(self, targets: torch.Tensor | None) -> None:
+        self._half.update(targets)
 
     def finish_step(self) -> CriticResult:
         result, self._half = self._half.update(), None

@@ -2,8 +2,9 @@
 
 :class:`ExperienceMaker` owns everything between the prompt stream and a scored batch: the
 sampling seeds, this rank's share of the prompts, DAPO's dynamic sampling (arXiv 2503.14476,
-sec. 3.2) and soft overlong punishment (sec. 3.4), and balancing tokens across ranks. The math is
-in :mod:`vcppo.algos.dapo`; overlong *filtering* is a loss mask (:class:`vcppo.driver.step.update.PolicyLoss`).
+sec. 3.2), and balancing tokens across ranks. The math is in :mod:`vcppo.algos.dapo`; the soft
+overlong punishment is a term of the reward assembly (:mod:`vcppo.driver.step.reward`), overlong
+*filtering* a loss mask (:class:`vcppo.driver.step.update.PolicyLoss`).
 
 Dynamic sampling, SPMD: every rank runs the same rounds. In a round each rank samples its usual
 share of ``trainer.prompts_per_step`` fresh prompts (a prompt's samples never straddle ranks, so
@@ -22,7 +23,7 @@ import hashlib
 
 import torch
 
-from vcppo.algos.dapo import informative_groups, overlong_penalty
+from vcppo.algos.dapo import informative_groups
 from vcppo.data.dataset import PromptStream
 from vcppo.driver.durability.guards import reward_tally, step_reward_failures
 from vcppo.driver.step.phase import Phase, seed_key
@@ -54,32 +55,6 @@ def first_groups(batch: Rollout, k: int) -> Rollout | None:
     return batch.select((rank_of < k).nonzero().flatten())
 
 
-def overlong_shaping(batch: Rollout, cfg: Config) -> torch.Tensor | None:
-    """(B,) DAPO's soft overlong punishment of each sample under the config; None when
-    ``reward.overlong_buffer_tokens`` is 0."""
-    buffer = cfg.reward.overlong_buffer_tokens
-    if not buffer:
-        return None
-    return overlong_penalty(batch.response_mask.sum(1), cfg.rollout.max_response_tokens, buffer,
-                            cfg.reward.overlong_penalty)
-
-
-def apply_overlong_penalty(batch: Rollout, cfg: Config) -> tuple[Rollout, dict]:
-    """``batch`` with DAPO's soft overlong punishment added to its scores and to the reward on the
-    last token, and its metrics; unchanged when ``reward.overlong_buffer_tokens`` is 0."""
-    penalty = overlong_shaping(batch, cfg)
-    if penalty is None:
-        return batch, {}
-    lengths = batch.response_mask.sum(1)
-    rows = torch.arange(batch.size, device=lengths.device)
-    token_rewards = batch.token_rewards.clone()
-    token_rewards[rows, (lengths.long() - 1).clamp(min=0)] += penalty
-    n = collectives.global_sum(float(batch.size))
-    metrics = {"reward/overlong_penalty_mean": collectives.global_sum(penalty.sum()) / max(n, 1.0),
-               "reward/overlong_penalised_frac": collectives.global_sum((penalty < 0).sum()) / max(n, 1.0)}
-    return dataclasses.replace(batch, scores=batch.scores + penalty, token_rewards=token_rewards), metrics
-
-
 class ExperienceMaker:
     """This rank's scored samples of each step (SPMD: every rank calls :meth:`make` in step).
 
@@ -95,17 +70,15 @@ class ExperienceMaker:
         return sample_seed(self.cfg.trainer.seed, seed_key(phase), step, self.rollout.replica)
 
     def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
-        """The step's scored batch on this rank and its sampling metrics: dynamic sampling in the
-        PPO phase when ``trainer.dynamic_sampling`` is on, then the soft overlong punishment (both
-        phases: the critic learns the reward PPO optimises)."""
+        """The step's batch on this rank, scored by the rule (the rest of the reward is the reward
+        assembly's: :mod:`vcppo.driver.step.reward`), and its sampling metrics: dynamic sampling in
+        the PPO phase when ``trainer.dynamic_sampling`` is on."""
         tally = reward_tally(self.scorer)
         metrics: dict = {}
         if phase == Phase.PPO and self.cfg.trainer.dynamic_sampling:
             batch, metrics = self.dynamic_sample(phase, step)
         else:
             batch = self.sample_round(phase, step)
-        batch, overlong = apply_overlong_penalty(batch, self.cfg)
-        metrics.update(overlong)
         metrics.update(step_reward_failures(self.scorer, tally))
         metrics["reward/failures_total"] = collectives.global_sum(self.scorer.num_failures)
         metrics["reward/timeouts_total"] = collectives.global_sum(self.scorer.num_timeouts)  # stuck samples (reward pool)

@@ -1,11 +1,8 @@
-"""The reward model as a reward source: a step's rollout scored on the training ranks and combined
-with the rule's reward (``reward.combine``), the scores optionally standardised by their running
-moments (``reward.normalize_model_scores``, kept in the run state so a resume continues them).
-
-The combination replaces the rollout's ``scores`` and the reward on its last token; the soft
-overlong punishment (a length shaping, not a judgement) stays added on top whatever the mode;
-``correct`` stays the verifier's, so ``reward/accuracy`` keeps measuring the truth. A reward model
-with its own tokenizer scores the decoded text re-tokenized with it.
+"""The reward model as a reward source: a step's rollout scored on the training ranks, the scores
+optionally standardised by their running moments (``reward.normalize_model_scores``, kept in the run
+state so a resume continues them). How they combine with the rule's is the reward assembly's
+(:mod:`vcppo.driver.step.reward`). A reward model with its own tokenizer scores the decoded text
+re-tokenized with it.
 """
 from __future__ import annotations
 
@@ -13,14 +10,13 @@ import dataclasses
 
 import torch
 
-from vcppo.algos.rewards import Moments, batch_moments, combine_rewards, normalise
+from vcppo.algos.rewards import Moments, batch_moments, normalise
 from vcppo.config_rules import combine_mode
 from vcppo.driver.durability.checkpoint import RunState
-from vcppo.driver.step.experience_maker import overlong_shaping
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.collectives import gather_cat
 from vcppo.engines.reward_model import RewardModelEngine
-from vcppo.experience import Layout, Rollout, last_token_rewards, make_layout
+from vcppo.experience import Layout, Rollout, make_layout
 from vcppo.schema import Config, ConfigError
 
 
@@ -58,15 +54,9 @@ class Retokenizer:
         return make_layout(prompts, responses, pad_id=self.pad_id, device=batch.input_ids.device)
 
 
-def shaping_of(rollout: Rollout, cfg: Config) -> torch.Tensor:
-    """(B,) the soft overlong punishment already in ``rollout.scores`` (0 when off)."""
-    penalty = overlong_shaping(rollout, cfg)
-    return torch.zeros_like(rollout.scores) if penalty is None else penalty
-
-
 class ModelReward:
-    """Scores rollouts with the reward model and combines them with the rule (every training rank
-    calls :meth:`rescore` at the same point: the engine's passes are collective)."""
+    """Scores rollouts with the reward model (every training rank calls :meth:`scores` at the same
+    point: the engine's passes are collective); ``mode``: ``reward.combine``."""
 
     def __init__(self, cfg: Config, engine: RewardModelEngine, retokenize: Retokenizer | None):
         self.cfg, self.engine, self.retokenize = cfg, engine, retokenize
@@ -89,26 +79,18 @@ class ModelReward:
         retokenize = None if same_tokenizer(policy_tokenizer, rm_tokenizer) else Retokenizer(policy_tokenizer, rm_tokenizer)
         return cls(cfg, engine, retokenize)
 
-    def rescore(self, rollout: Rollout, state: RunState) -> tuple[Rollout, dict]:
-        """``rollout`` with its rewards combined as ``reward.combine`` says, and the metrics."""
-        r = self.cfg.reward
+    def scores(self, rollout: Rollout, state: RunState) -> tuple[torch.Tensor, dict]:
+        """(B,) the model's scores of ``rollout`` (standardised when ``reward.normalize_model_scores``,
+        which advances ``state``'s moments), and their metrics."""
         raw = self.engine.score(self.retokenize(rollout) if self.retokenize else rollout)
         every_raw = gather_cat(raw)
         model = raw
         metrics = {"reward/model_score_mean": every_raw.mean().item(), "reward/model_score_std": every_raw.std().item(),
                    # the model's verdict (score > 0) against the verifier's: its accuracy on this policy's samples
                    "reward/model_accuracy": gather_cat(((raw > 0).float() == rollout.correct).float()).mean().item()}
-        if r.normalize_model_scores:
+        if self.cfg.reward.normalize_model_scores:
             moments = Moments(*state.model_score_moments).merged(*batch_moments(every_raw))
             state.model_score_moments = [moments.count, moments.mean, moments.m2]
             model = normalise(raw, moments)
             metrics.update({"reward/model_running_mean": moments.mean, "reward/model_running_std": moments.std})
-        shaping = shaping_of(rollout, self.cfg)
-        rule = rollout.scores - shaping
-        metrics["reward/rule_mean"] = gather_cat(rule).mean().item()
-        if self.mode == "rule":
-            return rollout, metrics  # the model's scores are only watched
-        final = combine_rewards(rule, model, self.mode, r.rule_weight, r.model_weight, rollout.has_rule) + shaping
-        metrics["reward/model_minus_rule"] = gather_cat(model - rule).mean().item()
-        token_rewards = last_token_rewards(final, rollout.response_mask)
-        return dataclasses.replace(rollout, scores=final, token_rewards=token_rewards), metrics
+        return model, metrics

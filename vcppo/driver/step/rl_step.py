@@ -1,16 +1,18 @@
 """One RL step, as the algorithm reads (docs/architecture.md), for PPO and value pretraining alike.
 
-    1. sample and score              prompts -> vLLM (n per prompt) -> verifier reward; the reward
-                                     model's score combined with it (``reward.combine``)
+    1. sample and score              prompts -> vLLM (n per prompt) -> verifier reward; the outcome
+                                     assembled (:mod:`vcppo.driver.step.reward`: overlong shaping,
+                                     the reward model combined with the rule)
     2. the current models            pi_old, entropy from passes (where the plan says), the
                                      reference's logprobs and the KL (when some KL is on)
     3. rewards                       the outcome reward on the last token, minus the KL penalty
-                                     (``algorithm.kl_in: reward``)
+                                     (``algorithm.kl_in: reward``): the assembly's last term
     4. V_old                         a values pass; or, the plan's shortcut with lambda_critic = 1 and
                                      one critic optimizer step, the critic's update first: the targets
                                      need no values, and V_old is the update's own forward
-    5. advantages                    Decoupled-GAE: lambda_actor for the actor, lambda_critic targets
-    6. critic update                 targets with lambda_critic (when it did not train first)
+    5. advantages                    ONE Decoupled-GAE pass: lambda_actor advantages for the actor and
+                                     the critic's lambda_critic targets (critic-free: the method's estimator)
+    6. critic update                 on those targets (when it did not train first)
     7. actor update                  clipped surrogate (+ the KL term with ``kl_in: loss``); pi_old
                                      from the update where the plan says
     8. weight sync                   the actor's new weights into vLLM (split: to the rollout ranks)
@@ -25,11 +27,14 @@ own, while this rank's actor trains), and hands back its targets and metrics aft
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
 from vcppo.driver.step.advantages import estimate
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.step.metrics import kl_metrics, step_metrics
+from vcppo.driver.step.reward import RewardAssembly
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.sources import ExperienceSource
@@ -68,31 +73,33 @@ def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: Ru
     model's running moments, which the step advances); its metrics."""
     alg, timer = ctx.cfg.algorithm, PhaseTimer(timeline=ctx.timeline)
     critic = ctx.critic if plan.v_old is not Source.NONE else None
-    # 1. Sample and score (+ DAPO dynamic sampling and overlong shaping); in a split run, receive.
+    reward = RewardAssembly(ctx.cfg, ctx.reward_model)
+    # 1. Sample and score (+ DAPO dynamic sampling); in a split run, receive. The outcome assembled.
     with timer("rollout"):
         rollout, sample_metrics = source.make(plan.phase, step)
-    if ctx.reward_model is not None:
-        with timer("reward_model"):
-            rollout, rm_metrics = ctx.reward_model.rescore(rollout, state)
-        sample_metrics.update(rm_metrics)
+    with timer("reward_model") if ctx.reward_model is not None else nullcontext():
+        rollout, reward_metrics = reward.outcome(rollout, state)
+    sample_metrics.update(reward_metrics)
     if critic is not None and plan.critic_starts_at_sampling:  # the rewards are final already
         critic.begin_step(plan, step, rollout, rollout.token_rewards, timer)
     # 2. The current models.
     models = current_models(ctx, plan, rollout, timer)
     # 3. Rewards: the KL penalty folded into the per-token reward (PPO-RLHF; the paper uses kl_coef 0).
     kl_coef = kl_coef_now(state, alg)
-    rewards = rollout.token_rewards - kl_coef * models.kl if plan.kl_in_reward else rollout.token_rewards
+    rewards = reward.per_token(rollout, models.kl if plan.kl_in_reward else None, kl_coef)
     if critic is not None and not plan.critic_starts_at_sampling:
         critic.begin_step(plan, step, rollout, rewards, timer)
     # 4. V_old: a values pass, or the critic's update first (Monte-Carlo targets need no values).
     if critic is not None:
         models.old_values = critic.values()
-    # 5. Advantages (the actor's; in value pretraining only the diagnostic).
+    # 5. Advantages (the actor's; in value pretraining only the diagnostic) and, from the same pass,
+    #    the critic's targets where it trains in this process.
     with timer("advantages"):
-        adv = estimate(rollout, rewards, models.old_values, alg, for_update=plan.actor_trains)
-    # 6. Critic update: targets with lambda_critic from the same rewards and values (unless it trained first).
+        adv = estimate(rollout, rewards, models.old_values, alg, for_update=plan.actor_trains,
+                       lambda_critic=critic.targets_lambda() if critic is not None else None)
+    # 6. Critic update on those targets (unless it trained first).
     if critic is not None:
-        critic.update()
+        critic.update(adv.returns)
     # 7. Actor update.
     actor_metrics = {}
     if plan.actor_trains:

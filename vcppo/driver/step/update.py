@@ -10,13 +10,13 @@ import torch
 
 from vcppo.algos import losses
 from vcppo.algos.dapo import mask_truncated
-from vcppo.algos.gspo import gspo_loss
 from vcppo.algos.kl import kl_estimate
 from vcppo.algos.mismatch import tis_weights
 from vcppo.driver.step.step_plan import Source, StepPlan, one_optimizer_step
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
 from vcppo.engines.loss_contract import RESPONSE, EngineLoss, GlobalCounts, ModelOutputs, response_counts
 from vcppo.experience import ActorBatch, CriticBatch, UpdateResult
+from vcppo.methods import policy_loss_fn
 from vcppo.schema import AlgorithmConfig, Config, CriticConfig, UpdateConfig
 
 POSITIVE = "positive"  # VAPO's positive-example NLL averages over correct samples only
@@ -72,13 +72,9 @@ class PolicyLoss:
         if a.rollout_is_cap is not None:
             # The step's per-token weights are logged over the global batch (driver.metrics).
             weights, _ = tis_weights(old, micro.sampler_logprobs, mask, a.rollout_is_cap)
-        if a.policy_loss == "gspo":
-            loss, metrics = gspo_loss(outputs.logprobs, old, micro.advantages, mask, eps_low=a.eps_low,
-                                      eps_high=a.eps_high, is_weights=weights, **norm)
-        else:
-            loss, metrics = losses.policy_loss(outputs.logprobs, old, micro.advantages, mask,
-                                               eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c,
-                                               is_weights=weights, **norm)
+        loss, metrics = policy_loss_fn(a.policy_loss)(outputs.logprobs, old, micro.advantages, mask,
+                                                      eps_low=a.eps_low, eps_high=a.eps_high,
+                                                      dual_clip_c=a.dual_clip_c, is_weights=weights, **norm)
         metrics = {f"actor/{k}": v for k, v in metrics.items()}
         # The loss above is this micro-batch's share of the global mean; report its own mean.
         metrics["actor/pg_loss"] = loss.detach() * counts.local_share(RESPONSE, mask, a.loss_agg)
