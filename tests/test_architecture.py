@@ -136,8 +136,8 @@ def _plain_imports(path: Path) -> set[str]:
 
 
 # Floors from the bottom: an import may only point down (pure math never sees an engine, engines
-# never see the driver, the driver never sees the commands built on it).
-FLOORS = ["vcppo.algos", "vcppo.engines", "vcppo.driver", "vcppo.commands"]
+# never see the environments or the driver, the driver never sees the commands built on it).
+FLOORS = ["vcppo.algos", "vcppo.engines", "vcppo.envs", "vcppo.driver", "vcppo.commands"]
 
 
 def test_no_import_points_up_a_floor():
@@ -145,6 +145,16 @@ def test_no_import_points_up_a_floor():
     up = [f"{src} -> {dst}" for src, dsts in import_graph().items() for dst in dsts
           if floor(src) is not None and floor(dst) is not None and floor(dst) > floor(src)]
     assert not up, up
+
+
+def test_methods_are_rows_of_the_table():
+    """An estimator or a policy loss is picked through vcppo.methods' rows (their functions), never by a
+    branch on its name anywhere in the package: a new method is one function and one row."""
+    import re
+    branch = re.compile(r"(advantage_estimator|policy_loss)\s*(==|!=|in\s*\()|==\s*[\"'](gspo|gae|grpo|rloo)[\"']")
+    hits = [f"{p.relative_to(PKG)}: {line.strip()}" for p in PKG.rglob("*.py") if p.name not in ("methods.py",)
+            for line in p.read_text().splitlines() if branch.search(line)]
+    assert not hits, hits
 
 
 def test_the_step_reads_the_same_whatever_the_placement():

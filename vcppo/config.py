@@ -67,7 +67,7 @@ def _leaf_keys(data: Any, prefix: str = "") -> list[str]:
 
 
 # Keys whose value is a mapping the user fills with names of their own.
-_MAPPING_KEYS = ("reward.functions_by_source.",)
+_MAPPING_KEYS = ("reward.functions_by_source.", "rollout.env_args.")
 
 
 def _check_keys(data: DictConfig, where: str) -> None:

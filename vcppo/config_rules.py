@@ -83,6 +83,7 @@ def validate(cfg: Config) -> None:
     _check_placement(cfg)
     check_sequence_parallel(cfg)
     _check_reward_sources(cfg)
+    _check_episodes(cfg)
     if cfg.algorithm.kl_target is not None and cfg.algorithm.kl_coef == 0:
         raise ConfigError("config key 'algorithm.kl_target' needs algorithm.kl_coef > 0: the adaptive controller "
                           "scales the coefficient, and one that starts at 0 stays 0 (verl / OpenRLHF start at "
@@ -205,3 +206,26 @@ def _check_placement(cfg: Config) -> None:
     if staleness and cfg.rollout.sampler_logprobs is False:
         raise ConfigError("config key 'rollout.sampler_logprobs' is false but trainer.max_staleness > 0 needs "
                           "the sampler's logprobs (the behaviour policy): set it to null (auto) or true")
+
+
+def _check_episodes(cfg: Config) -> None:
+    """``rollout.env``: the env class imports, and the settings that do not run on episodes yet are
+    named (docs/multiturn.md, "What works on episodes")."""
+    r = cfg.rollout
+    if not r.env:
+        return
+    from vcppo.envs.base import env_class
+    try:
+        env_class(r.env)
+    except (ImportError, AttributeError, TypeError, ValueError) as e:
+        raise ConfigError(f"config key 'rollout.env': {r.env!r} is neither a built-in env (guess, tools) nor an "
+                          f"importable 'module:Class' ({str(e).splitlines()[0][:160]})") from None
+    refused = (("placement.mode", cfg.placement.mode == "split", "split placement"),
+               ("rollout.tensor_parallel_size", r.tensor_parallel_size > 1, "a tensor-parallel sampler"),
+               ("reward.model_path", bool(cfg.reward.model_path), "a reward model (it would score the episode's "
+                                                                    "observations as the policy's text)"),
+               ("critic.confidence_features", cfg.critic.confidence_features, "confidence features"))
+    for key, on, what in refused:
+        if on:
+            raise ConfigError(f"config key '{key}': {what} does not run on multi-turn episodes (rollout.env="
+                              f"{r.env!r}) yet; drop {key} or rollout.env")

@@ -118,11 +118,18 @@ class Rollout(Layout):
                    group=torch.arange(B, device=dev), correct=zeros.clone(), truncated=zeros.clone())
 
 
+def last_token_index(response_mask: Tensor) -> Tensor:
+    """(B,) long: the column of each row's last masked-in response token (0 for an empty row); the
+    mask may have holes (an episode's observation tokens)."""
+    cols = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    return ((response_mask > 0).long() * cols).max(1).values.clamp(min=1) - 1
+
+
 def last_token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
     """(B,) sequence scores -> (B, R) float32 per-token rewards: each score on its row's last
     response token (the paper's outcome reward at <eos>), 0 elsewhere."""
     B, R = response_mask.shape
-    last = (response_mask.sum(1).long() - 1).clamp(min=0)
+    last = last_token_index(response_mask)
     rewards = torch.zeros(B, R, dtype=torch.float32, device=response_mask.device)
     rewards[torch.arange(B, device=response_mask.device), last] = scores
     return rewards

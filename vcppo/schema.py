@@ -15,7 +15,7 @@ unless set (e.g. SFT saves to ``model.policy_path``, the policy RL starts from).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES
 # ConfigError, RESUME_CLASSES and the shared settings are the schema's public names too
@@ -82,6 +82,17 @@ class RolloutConfig:
                         "B A merged into full weights, loaded like a full update) or 'adapter' (vLLM's own LoRA: "
                         "only the adapters are sent; smaller transfer, slower decode; colocated placement only).",
                         choices=("merged", "adapter"), resume="numerics")
+    env: Optional[str] = _f(None, "Environment of multi-turn episodes (docs/multiturn.md): a built-in name "
+                            "(guess, tools) or 'module:Class'; null: one response per sample.", resume="math")
+    env_args: Dict[str, Any] = _f({}, "Keyword arguments of the env; a row's extra_info.env_args (or verl's "
+                                  "interaction_kwargs / tools_kwargs) adds to them.", resume="math")
+    max_turns: int = _f(8, "Most model turns of an episode (rollout.env); past it the episode is truncated.", low=1,
+                        resume="math")
+    turn_max_tokens: Optional[int] = _f(None, "Most tokens of one model turn (null: what the episode's budget "
+                                        "leaves, max_response_tokens for the whole episode).", low=1, resume="math")
+    env_timeout_s: float = _f(10.0, "Wall-clock limit of one env turn in its worker process; past it the episode "
+                              "ends as a counted failure (env/failures) and the worker is replaced.", low=0.0,
+                              low_open=True, resume="free")
     sampler_logprobs: Optional[bool] = _f(None, "Return vLLM's logprob of each sampled token: true = always "
                                           "(mismatch/* metrics in fp32 too); false = never; null (or auto) = when the "
                                           "run uses them (algorithm.rollout_is_cap, "

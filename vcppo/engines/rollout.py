@@ -246,10 +246,11 @@ class RolloutEngine:
         return (base * 1_000_003 + self.replica * 7_919 + 12_345) % (2 ** 63 - 1)
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, temperature: float, top_p: float,
-                 max_tokens: int, stop: list[str] | None = None, seed: int | None = None,
-                 logprobs: bool = True) -> list[RolloutSample]:
+                 max_tokens: int | list[int], stop: list[str] | None = None, seed: int | None = None,
+                 logprobs: bool = True, reset_cache: bool = True) -> list[RolloutSample]:
         """n samples per prompt, prompt-major; the same call with the same ``seed`` (on this engine or
-        a fresh one) reproduces the same samples.
+        a fresh one) reproduces the same samples. ``max_tokens``: one budget for all, or one per prompt
+        (an episode's turn: what its context leaves).
 
         ``logprobs``: return each sampled token's logprob (``RolloutSample.logprobs``; empty when
         False). They do not change what is sampled, but vLLM's per-token output processing of them
@@ -265,19 +266,25 @@ class RolloutEngine:
         requests, the KV-cache size and, with prefix caching, on what is cached -- hence the
         reset), so one batched noise draw per step is reproduced exactly. The generator state of the
         process (shared with training, the engine runs in process) is restored afterwards.
+        ``reset_cache=False`` keeps the prefix cache: the later turns of a step's episodes, whose
+        contexts extend the earlier turns' (a sequence of calls that starts from a reset is as
+        reproducible as one call).
         """
         from vllm import SamplingParams
 
         greedy = temperature == 0
         detokenize = bool(stop)  # vLLM matches stop strings on its incremental text
-        params = SamplingParams(
+        budgets = max_tokens if isinstance(max_tokens, list) else [max_tokens]
+        params = [SamplingParams(
             n=1 if greedy else n, temperature=0.0 if greedy else float(temperature),
-            top_p=1.0 if greedy else float(top_p), max_tokens=int(max_tokens), stop=list(stop) if stop else None,
+            top_p=1.0 if greedy else float(top_p), max_tokens=int(budget), stop=list(stop) if stop else None,
             logprobs=0 if logprobs else None, flat_logprobs=True,  # one float list per sample, not a dict per token
             detokenize=detokenize, skip_special_tokens=False, spaces_between_special_tokens=False,
-            include_stop_str_in_output=True)
+            include_stop_str_in_output=True) for budget in budgets]
+        params = params if isinstance(max_tokens, list) else params[0]
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
-        self.llm.reset_prefix_cache()
+        if reset_cache:
+            self.llm.reset_prefix_cache()
         self.llm.collective_rpc(_seed_sampler, args=(self.sampler_seed(seed),))
         try:
             outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)

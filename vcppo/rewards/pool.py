@@ -56,8 +56,9 @@ def resolve_reward_fn(reward_fn: Callable | str) -> Callable:
     return load_reward_fn(reward_fn) if isinstance(reward_fn, str) else reward_fn
 
 
-def _worker_main(conn: Connection, reward_fn: Callable | str) -> None:
-    """A worker's loop: chunks in, one answer per sample out; exits when the pipe closes."""
+def _worker_main(conn: Connection, reward_fn: Callable | str, convert: Callable | None = float) -> None:
+    """A worker's loop: chunks in, one answer per sample out (``convert``-ed: a float for a reward,
+    None: as the function returned it); exits when the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     fn = resolve_reward_fn(reward_fn)
     conn.send(("ready", os.getpid()))
@@ -70,7 +71,8 @@ def _worker_main(conn: Connection, reward_fn: Callable | str) -> None:
             return
         for text, truth, kwargs in chunk:
             try:
-                conn.send(("ok", float(fn(text, truth, **kwargs))))
+                out = fn(text, truth, **kwargs)
+                conn.send(("ok", convert(out) if convert is not None else out))
             except Exception as e:  # the parent counts it and scores the sample wrong
                 conn.send(("error", repr(e)[:500]))
 
@@ -101,10 +103,13 @@ def _stop_workers(workers: list[_Worker]) -> None:
 
 class RewardPool:
     """``num_workers`` processes scoring with ``reward_fn`` (a ``'module:function'`` path, or a
-    callable that pickles by reference); see the module docstring."""
+    callable that pickles by reference); see the module docstring. ``convert``: what a worker sends
+    back of each answer (``float`` for a reward; None: the answer as returned, which must pickle:
+    the environments' turns, :mod:`vcppo.envs.worker`). ``preload``: modules the fork server imports."""
 
     def __init__(self, reward_fn: Callable | str, num_workers: int, timeout_s: float,
-                 start_method: str | None = None):
+                 start_method: str | None = None, convert: Callable | None = float,
+                 preload: tuple[str, ...] = ("vcppo.rewards.verifier", "math_verify")):
         if num_workers < 1 or not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"RewardPool needs num_workers >= 1 and a finite timeout_s > 0, got "
                              f"{num_workers}, {timeout_s}")
@@ -114,10 +119,11 @@ class RewardPool:
             raise TypeError(f"reward function {reward_fn!r} cannot be sent to worker processes ({e}); "
                             "pass a 'module:function' path, or score serially (num_workers=0)") from None
         self.reward_fn, self.timeout_s, self.num_workers = reward_fn, float(timeout_s), num_workers
+        self.convert = convert
         method = start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
         self._ctx = mp.get_context(method)
         if method == "forkserver":  # workers fork from a server that already imported these
-            self._ctx.set_forkserver_preload(["vcppo.rewards.verifier", "math_verify"])
+            self._ctx.set_forkserver_preload(list(preload))
         self.num_timeouts = 0
         self.num_restarts = 0
         self._failed_starts = 0
@@ -126,7 +132,7 @@ class RewardPool:
 
     def _start(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=_worker_main, args=(child, self.reward_fn), daemon=True,
+        process = self._ctx.Process(target=_worker_main, args=(child, self.reward_fn, self.convert), daemon=True,
                                     name="vcppo-reward")
         process.start()
         child.close()

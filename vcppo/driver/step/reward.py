@@ -27,7 +27,7 @@ from vcppo.algos.rewards import combine_rewards
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.step.model_reward import ModelReward
 from vcppo.engines import collectives
-from vcppo.experience import Rollout, last_token_rewards
+from vcppo.experience import Rollout, last_token_index, last_token_rewards
 from vcppo.schema import Config
 
 
@@ -50,7 +50,7 @@ def overlong_metrics(penalty: torch.Tensor) -> dict:
 
 def add_on_last_token(token_rewards: torch.Tensor, response_mask: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
     """(B, R) ``token_rewards`` with ``extra`` (B,) added on each row's last response token."""
-    last = (response_mask.sum(1).long() - 1).clamp(min=0)
+    last = last_token_index(response_mask)
     out = token_rewards.clone()
     out[torch.arange(out.shape[0], device=out.device), last] += extra
     return out

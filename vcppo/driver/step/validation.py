@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from vcppo.algos.stats import pass_at_k
+from vcppo.driver.step.episodes import EpisodeRunner
 from vcppo.driver.step.experience_maker import sample_seed
 from vcppo.driver.step.sampling import rollout_share
 from vcppo.engines import collectives
@@ -17,44 +18,51 @@ from vcppo.schema import Config, RolloutConfig
 
 
 def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sampling: RolloutConfig,
-                   n_samples: int, ks: list[int], seed: int, greedy: bool, keep: range, first: int) -> dict:
+                   n_samples: int, ks: list[int], seed: int, greedy: bool, keep: range, first: int,
+                   episodes: EpisodeRunner | None = None) -> dict:
     """Metrics of the rows in ``keep`` (indices into ``mine``, the rows this rank's rollout group
     samples: the whole group sends the same requests, each rank keeps its part); each entry's
-    row, as an index into the whole split (``first``: the index of ``mine[0]``), in ``*_rows``."""
+    row, as an index into the whole split (``first``: the index of ``mine[0]``), in ``*_rows``.
+    With ``episodes`` a sample is a multi-turn episode, correct where the env says it was solved,
+    its length its model tokens."""
     part = {"greedy_correct": [], "greedy_lengths": [], "greedy_rows": [], "n_correct": [], "n_correct_rows": [],
             "sampled_lengths": [], "sampled_rows": []}
     if not mine:
         return part
-    ids = [r["prompt_ids"] for r in mine]
-    stop, max_tokens = sampling.stop or None, sampling.max_response_tokens
 
-    def generate(**kw):
-        out = rollout.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=False, **kw)
-        return [s for s in out if s.prompt_index in keep]
+    def run(n: int, temperature: float, top_p: float, seed: int) -> list[tuple[int, bool, int]]:
+        """(row index into ``mine``, correct, length) of each sample of the kept rows."""
+        if episodes is not None:
+            done = episodes.run(mine, n, seed, "val", temperature, logprobs=False)
+            return [(e.prompt_index, e.solved, int(sum(e.policy))) for e in done if e.prompt_index in keep]
+        out = rollout.generate([r["prompt_ids"] for r in mine], n=n, temperature=temperature, top_p=top_p,
+                               max_tokens=sampling.max_response_tokens, stop=sampling.stop or None, seed=seed,
+                               logprobs=False)
+        out = [s for s in out if s.prompt_index in keep]
+        ok = scorer.judge([s.text for s in out], [mine[s.prompt_index]["answer"] for s in out],
+                          [s.finish_reason for s in out])[1]
+        return [(s.prompt_index, bool(c), len(s.response_ids)) for s, c in zip(out, ok)]
 
-    def judge(samples):
-        return scorer.judge([s.text for s in samples], [mine[s.prompt_index]["answer"] for s in samples],
-                            [s.finish_reason for s in samples])[1]
     if greedy:
-        out = generate(n=1, temperature=0.0, top_p=1.0, seed=seed)
-        part["greedy_correct"] = [float(x) for x in judge(out)]
-        part["greedy_lengths"] = [len(s.response_ids) for s in out]
-        part["greedy_rows"] = [first + s.prompt_index for s in out]
+        out = run(1, 0.0, 1.0, seed)
+        part["greedy_correct"] = [float(c) for _, c, _ in out]
+        part["greedy_lengths"] = [n for _, _, n in out]
+        part["greedy_rows"] = [first + i for i, _, _ in out]
     if n_samples > 0 and ks:
-        out = generate(n=n_samples, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed + 1)
+        out = run(n_samples, sampling.temperature, sampling.top_p, seed + 1)
         counts = [0] * len(mine)
-        for s, ok in zip(out, judge(out)):
-            counts[s.prompt_index] += int(ok)
+        for i, ok, _ in out:
+            counts[i] += int(ok)
         part["n_correct"] = [counts[i] for i in keep]
         part["n_correct_rows"] = [first + i for i in keep]
-        part["sampled_lengths"] = [len(s.response_ids) for s in out]
-        part["sampled_rows"] = [first + s.prompt_index for s in out]
+        part["sampled_lengths"] = [n for _, _, n in out]
+        part["sampled_rows"] = [first + i for i, _, _ in out]
     return part
 
 
 def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, dist: DistInfo,
              sampling: RolloutConfig, n_samples: int, ks: list[int], seed: int = 0, greedy: bool = True,
-             groups: list[str] | None = None) -> dict:
+             groups: list[str] | None = None, episodes: EpisodeRunner | None = None) -> dict:
     """Each rank evaluates its slice of ``rows`` ({"prompt_ids", "answer"}); results are merged.
 
     Returns ``val/pass@1_greedy`` (temperature 0), ``val/pass@k`` for each k (unbiased estimator
@@ -63,7 +71,7 @@ def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, 
     """
     sampled, kept = rollout_share(len(rows), dist, sampling.tensor_parallel_size)
     part = _score_on_rank(rollout, rows[sampled.start:sampled.stop], scorer, sampling, n_samples, ks, seed, greedy,
-                          keep=kept, first=sampled.start)
+                          keep=kept, first=sampled.start, episodes=episodes)
     merged = {k: [] for k in part}
     for p in collectives.all_gather_object(part):
         for k, v in p.items():
@@ -77,12 +85,13 @@ def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, 
 
 
 def validate_run(cfg: Config, rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, dist: DistInfo,
-                 step: int) -> dict:
+                 step: int, episodes: EpisodeRunner | None = None) -> dict:
     """A training run's validation with the weights of ``step`` (``trainer.val_*``, seeded per step
     and rollout engine): :func:`evaluate`'s metrics and ``time/val_s``, its wall-clock seconds."""
     start = time.perf_counter()
     metrics = evaluate(rollout, rows, scorer, dist=dist, sampling=cfg.rollout, n_samples=cfg.trainer.val_n_samples,
-                       ks=cfg.trainer.val_k, seed=sample_seed(cfg.trainer.seed, "val", step, rollout.replica))
+                       ks=cfg.trainer.val_k, seed=sample_seed(cfg.trainer.seed, "val", step, rollout.replica),
+                       episodes=episodes)
     metrics["time/val_s"] = time.perf_counter() - start
     return metrics
 

@@ -1,0 +1,130 @@
+"""The episode runner on a scripted sampler (milliseconds): a trained episode's token ids are its
+sampled ids plus its observation ids (nothing decoded and re-encoded), the policy mask holds the
+model tokens, each turn's reward sits on its last model token, the limits cut and mark, a failing
+env ends its episode as a counted failure, and observations follow the chat template."""
+import pytest
+import torch
+
+from vcppo.data import tasks_guess
+from vcppo.data.dataset import encode_prompt
+from vcppo.driver.step.episodes import EpisodeRunner, ObservationEncoder, episodes_rollout
+from vcppo.engines.rollout import RolloutSample
+from vcppo.envs.worker import EnvRunner
+from vcppo.models.tokenizer import build_tokenizer
+from vcppo.schema import Config
+
+TOK = build_tokenizer()
+
+
+class ScriptedSampler:
+    """Answers each turn's contexts with scripted texts (encoded, ending with <|im_end|>), and keeps
+    what it was asked."""
+
+    def __init__(self, turns: list[list[str]], cut: set = frozenset()):
+        self.tokenizer, self.turns, self.cut, self.calls = TOK, turns, cut, []
+
+    def generate(self, prompts, n, temperature, top_p, max_tokens, stop=None, seed=None, logprobs=True,
+                 reset_cache=True):
+        turn = len(self.calls)
+        self.calls.append({"prompts": [list(p) for p in prompts], "max_tokens": max_tokens, "reset": reset_cache})
+        out = []
+        for i, text in enumerate(self.turns[turn][:len(prompts)]):
+            ids = TOK.encode(text, add_special_tokens=False)
+            cut = (turn, i) in self.cut
+            ids = ids[:2] if cut else ids + [TOK.eos_token_id]
+            out.append(RolloutSample(i, list(prompts[i]), ids, [-0.1 * (k + 1) for k in range(len(ids))],
+                                     "length" if cut else "stop", text))
+        return out
+
+
+def cfg_for(**rollout) -> Config:
+    cfg = Config()
+    cfg.rollout.env, cfg.rollout.env_args = "guess", {"n": 16, "max_turns": 4}
+    for k, v in rollout.items():
+        setattr(cfg.rollout, k, v)
+    return cfg
+
+
+def rows(*answers):
+    prompt = encode_prompt(TOK, "guess 1-16 in 4", use_chat_template=True)
+    return [{"prompt_ids": list(prompt), "answer": a} for a in answers]
+
+
+def test_token_ids_are_the_sampled_ids_plus_the_observation_ids():
+    sampler = ScriptedSampler([["<think>1-16</think>8", "<think>1-16</think>8"],
+                               ["<think>9-16</think>12", "<think>1-7</think>3"],
+                               ["<think>9-11</think>10"]])
+    runner = EpisodeRunner(cfg_for(), sampler, EnvRunner(0, 5.0), max_model_len=512)
+    done = runner.run(rows("10", "3"), n=1, seed=0, phase="ppo", temperature=1.0, logprobs=True)
+    encode = ObservationEncoder(TOK)
+    eos = [TOK.eos_token_id]
+    turn = lambda text: TOK.encode(text, add_special_tokens=False) + eos  # noqa: E731
+    want0 = (turn("<think>1-16</think>8") + encode("higher") + turn("<think>9-16</think>12") + encode("lower")
+             + turn("<think>9-11</think>10"))
+    want1 = turn("<think>1-16</think>8") + encode("lower") + turn("<think>1-7</think>3")
+    assert done[0].tokens == want0 and done[1].tokens == want1
+    # each turn's context was exactly the prompt plus everything so far: no re-tokenized text
+    assert sampler.calls[1]["prompts"][0] == rows("10")[0]["prompt_ids"] + turn("<think>1-16</think>8") + encode("higher")
+    assert [c["reset"] for c in sampler.calls] == [True, False, False]  # the prefix cache kept between turns
+    batch = episodes_rollout(done, first_index=0, pad_id=0, device="cpu", logprobs=True)
+    P = batch.prompt_len
+    assert batch.input_ids[0, P:P + len(want0)].tolist() == want0
+    policy = [1.0] * len(turn("<think>1-16</think>8")) + [0.0] * len(encode("higher"))
+    assert batch.response_mask[0, :len(policy)].tolist() == policy
+    assert batch.attention_mask[0, P:P + len(want0)].sum() == len(want0)  # the passes read every token
+    ends = [len(turn("<think>1-16</think>8")) - 1, len(want0) - 1]
+    assert batch.token_rewards[0].nonzero().flatten().tolist() == [ends[1]] and batch.scores.tolist() == [1.0, 1.0]
+    assert batch.sampler_logprobs[0, len(policy) - 1].item() == 0.0  # none at an observation token
+    assert batch.correct.tolist() == [1.0, 1.0] and batch.truncated.tolist() == [0.0, 0.0]
+
+
+def test_per_turn_rewards_on_each_turns_last_model_token():
+    sampler = ScriptedSampler([["8"], ["12"], ["10"]])
+    cfg = cfg_for(env_args={"n": 16, "max_turns": 4, "shaped": True, "step_penalty": -0.25})
+    done = EpisodeRunner(cfg, sampler, EnvRunner(0, 5.0), 512).run(rows("10"), 1, 0, "ppo", 1.0, False)
+    batch = episodes_rollout(done, 0, 0, "cpu", logprobs=False)
+    model = batch.response_mask[0].nonzero().flatten().tolist()
+    turn_ends = [i for i in model if i + 1 not in model]
+    assert batch.token_rewards[0, turn_ends].tolist() == [-0.25, -0.25, 1.0]
+    assert batch.token_rewards[0].sum().item() == pytest.approx(0.5) and batch.scores.item() == pytest.approx(0.5)
+
+
+def test_limits_cut_and_mark():
+    cut = EpisodeRunner(cfg_for(), ScriptedSampler([["8"], ["12"]], cut={(1, 0)}), EnvRunner(0, 5.0), 512)
+    e = cut.run(rows("10"), 1, 0, "ppo", 1.0, False)[0]
+    assert e.truncated and e.turns == 2 and not e.solved  # the second turn hit its token budget
+    turns = EpisodeRunner(cfg_for(max_turns=2), ScriptedSampler([["8"], ["12"]]), EnvRunner(0, 5.0), 512)
+    e = turns.run(rows("10"), 1, 0, "ppo", 1.0, False)[0]
+    assert e.truncated and e.turns == 2 and e.tokens[-1] == TOK.eos_token_id  # ends on a model token
+    sampler = ScriptedSampler([["8"], ["12"], ["10"]])
+    EpisodeRunner(cfg_for(turn_max_tokens=7), sampler, EnvRunner(0, 5.0), 512).run(rows("10"), 1, 0, "ppo", 1.0, False)
+    assert sampler.calls[0]["max_tokens"] == [7]
+
+
+def test_a_failing_env_ends_its_episode_counted():
+    cfg = cfg_for()
+    cfg.rollout.env, cfg.rollout.env_args = "tests.envs.hostile:Raises", {}
+    envs = EnvRunner(0, 5.0)
+    e = EpisodeRunner(cfg, ScriptedSampler([["8"]]), envs, 512).run(rows("10"), 1, 0, "ppo", 1.0, False)[0]
+    assert e.failed and e.done and envs.num_failures == 1 and e.rewards == [(len(e.tokens) - 1, cfg.reward.wrong_score)]
+
+
+def test_observation_frame_follows_the_chat_template():
+    encode = ObservationEncoder(TOK)
+    assert encode("higher") == TOK.encode(tasks_guess.USER_TURN.format(obs="higher"), add_special_tokens=False)
+    # a turn that stopped on a stop string (no end-of-turn token) is closed first
+    assert encode("x", closed=False)[0] == TOK.eos_token_id
+    no_template = build_tokenizer()
+    no_template.chat_template = None
+    assert ObservationEncoder(no_template)("hi") == no_template.encode("\nhi\n", add_special_tokens=False)
+
+
+def test_sft_demonstrations_tokenize_like_the_episodes():
+    """A guess row's SFT target is the episode the runner would build from the same turns."""
+    row = {"solution": "<think>1-16</think>8" + tasks_guess.IM_END + tasks_guess.USER_TURN.format(obs="higher")
+                       + "<think>9-16</think>12"}
+    encode = ObservationEncoder(TOK)
+    episode = (TOK.encode("<think>1-16</think>8", add_special_tokens=False) + [TOK.eos_token_id] + encode("higher")
+               + TOK.encode("<think>9-16</think>12", add_special_tokens=False))
+    assert TOK.encode(row["solution"], add_special_tokens=False) == episode
+    assert torch.tensor(episode).numel() > 0

@@ -1,0 +1,82 @@
+"""Multi-turn episodes through `vcppo train` with the real engines (vLLM CPU, DeepSpeed on gloo):
+the `guess` env answers every turn, the critic reads the observations and is fit at model tokens,
+the fp32 sampler/trainer mismatch on model tokens stays at the single-turn level, and a run
+killed with SIGKILL resumes to the uninterrupted records. The tiny random policy is made to take
+turns by stopping each turn at its first digit (rollout.stop): its guess."""
+import os
+import signal
+import time
+
+import pytest
+
+from tests.conftest import start_process, vcppo
+from tests.driver.test_exact_resume_e2e import assert_same, records
+from tests.driver.test_train_e2e import train
+from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
+
+pytestmark = [pytest.mark.integration]
+
+DIGITS = "[" + ",".join(f"'{d}'" for d in "0123456789") + "]"
+
+
+@pytest.fixture(scope="module")
+def guess_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("guess")
+    vcppo("data", "make", "--task", "guess", "--out", "data", "--n", "64", "--n-eval", "8", cwd=root)
+    return root / "data"
+
+
+def overrides(art, data, out, **extra) -> list[str]:
+    o = {"model.policy_path": art / "tiny", "data.train_files": data / "train.parquet",
+         "data.val_files": data / "val.parquet", "trainer.output_root": out, "trainer.total_steps": 3,
+         "trainer.prompts_per_step": 4, "rollout.n_samples_per_prompt": 2, "rollout.env": "guess",
+         "rollout.stop": DIGITS, "rollout.max_response_tokens": 96, "rollout.turn_max_tokens": 12,
+         "rollout.sampler_logprobs": True, "value_pretrain.steps": 2, "trainer.val_max_prompts": 4,
+         "trainer.val_n_samples": 2, "trainer.val_k": "[1,2]", "trainer.save_every": 1, "actor.lr": 1e-4,
+         "critic.lr": 1e-4, "logging.progress_bar": False, "logging.wandb": False, "actor.micro_batch_size": 4,
+         "critic.micro_batch_size": 4}
+    o.update(extra)
+    return [f"{k}={v}" for k, v in o.items()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_artifacts, guess_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("episodes")
+    res = train("vcppo", overrides(tiny_artifacts, guess_data, root), cwd=root, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root, records(root / "vcppo-seed0")
+
+
+def test_a_multi_turn_run_reads_and_trains_on_episodes(uninterrupted):
+    _, full = uninterrupted
+    ppo = [r for r in full if r["phase"] == "ppo"]
+    assert len(ppo) == 3
+    assert max(r["env/turns_mean"] for r in ppo) > 1.2  # the env answered and the policy replied
+    assert all(0 < r["env/obs_token_frac"] < 1 for r in ppo) and all(r["env/failures"] == 0 for r in ppo)
+    # fp32 on CPU: vLLM's logprobs of the model tokens equal the trainer's (~1e-7), as single-turn
+    assert all(r["mismatch/logprob_abs_max"] < 1e-4 for r in ppo)
+    assert all("critic/explained_variance" in r for r in ppo)
+    vals = [r for r in full if r["phase"] == "val"]
+    assert vals and all("val/pass@1_greedy" in r for r in vals)
+
+
+@pytest.mark.extended
+def test_a_sigkilled_multi_turn_run_resumes_exactly(uninterrupted, tiny_artifacts, guess_data, tmp_path):
+    """Env seeds are fixed per sample and step, so the resumed run replays the same episodes."""
+    _, full = uninterrupted
+    over = overrides(tiny_artifacts, guess_data, tmp_path)
+    proc = start_process("train", "vcppo", *over, cwd=tmp_path)
+    ckpts = checkpoint_root(tmp_path / "vcppo-seed0")
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None:  # PPO step 1's checkpoint (tag 2 + 1)
+        if any(p.name >= "step_000003" for p in list_complete(ckpts)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list_complete(ckpts)[-1].name < "step_000005"
+    res = train("vcppo", over, cwd=tmp_path, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming from" in res.stderr
+    assert_same(records(tmp_path / "vcppo-seed0"), full)

@@ -1,0 +1,39 @@
+"""Environments that misbehave, for the worker-pool tests (imported by the workers by path)."""
+import os
+import time
+
+
+class _Base:
+    def __init__(self, **_):
+        self.turn = 0
+
+    def reset(self, row, seed):
+        return "", {}
+
+
+class Raises(_Base):
+    def step(self, action):
+        raise RuntimeError("the env broke")
+
+
+class Hangs(_Base):
+    def step(self, action):
+        time.sleep(60)
+
+
+class Exits(_Base):
+    def step(self, action):
+        os._exit(3)
+
+
+class Garbage(_Base):
+    def step(self, action):
+        return "obs", float("nan"), False, False, {}
+
+
+class Fine(_Base):
+    """Answers "ok <turn>" and ends at the third turn with reward 1."""
+
+    def step(self, action):
+        self.turn += 1
+        return f"ok {self.turn}", 1.0 if self.turn == 3 else 0.0, self.turn == 3, False, {}

@@ -1,0 +1,33 @@
+"""Env turns in the isolated worker pool: an env that raises, hangs, exits or answers garbage ends
+its episode as a counted failure while the others go on; a worker that did not serve an episode's
+earlier turns replays them."""
+import pytest
+
+from vcppo.envs.base import Turn
+from vcppo.envs.worker import EnvRunner, EpisodeKey
+
+HOSTILE = "tests.envs.hostile"
+
+
+def key(env: str, episode: str = "e", actions=()) -> EpisodeKey:
+    return EpisodeKey(episode, f"{HOSTILE}:{env}", (), (("answer", "1"),), 0, tuple(actions))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_hostile_envs_are_counted_and_the_rest_go_on(workers):
+    runner = EnvRunner(num_workers=workers, timeout_s=2.0)
+    try:
+        kinds = ["Raises", "Garbage", "Fine"] + (["Hangs", "Exits"] if workers else [])  # in process: no bound
+        out = runner.step([("a", key(k, f"e{i}")) for i, k in enumerate(kinds)])
+        assert isinstance(out[kinds.index("Fine")], Turn) and out[kinds.index("Fine")].observation == "ok 1"
+        failed = [k for k, o in zip(kinds, out) if isinstance(o, str)]
+        assert failed == [k for k in kinds if k != "Fine"]
+        assert "the env broke" in out[0] and "finite" in out[1]
+        assert runner.num_failures == len(failed) and runner.num_timeouts == (1 if workers else 0)
+        if workers:
+            assert out[kinds.index("Hangs")].startswith("timeout") and "died" in out[kinds.index("Exits")]
+        # the pool still serves: a later turn of the good episode replays or continues it exactly
+        third = runner.step([("c", key("Fine", "e2", actions=("a", "b")))])[0]
+        assert (third.observation, third.reward, third.terminated) == ("ok 3", 1.0, True)
+    finally:
+        runner.close()
