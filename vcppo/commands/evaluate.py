@@ -28,6 +28,7 @@ from vcppo.config import load_command_config
 from vcppo.config_paths import split_paths
 from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
+from vcppo.driver.step.episodes import episode_runner
 from vcppo.driver.step.validation import evaluate
 from vcppo.engines import dist as D
 from vcppo.engines.rollout import RolloutEngine
@@ -252,8 +253,10 @@ def evaluate_policy(cfg: Config) -> dict | None:
                             max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
     clean = False
     try:
-        metrics = evaluate(rollout, rows, make_scorer(cfg), dist=dist, sampling=cfg.rollout, n_samples=e.n_samples,
-                           ks=e.k, seed=cfg.trainer.seed, groups=groups)
+        scorer = make_scorer(cfg)
+        metrics = evaluate(rollout, rows, scorer, dist=dist, sampling=cfg.rollout, n_samples=e.n_samples,
+                           ks=e.k, seed=cfg.trainer.seed, groups=groups,
+                           episodes=episode_runner(cfg, rollout, scorer.num_workers))
         clean = True
     finally:
         rollout.close(final=True)

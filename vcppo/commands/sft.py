@@ -19,6 +19,7 @@ from pathlib import Path
 
 from vcppo.config import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
+from vcppo.driver.step.episodes import episode_runner
 from vcppo.driver.step.validation import evaluate
 from vcppo.driver.step.sampling import rank_slice
 from vcppo.engines import dist as D
@@ -89,10 +90,12 @@ def run_sft(cfg: Config) -> dict:
     max_len = max(len(r) for r in train.dataset["prompt_ids"]) + cfg.rollout.max_response_tokens
     rollout = RolloutEngine(s.init_model, cfg.rollout, dist, seed=seed, max_model_len=max_len) if val_rows else None
     scorer = make_scorer(cfg)
+    episodes = episode_runner(cfg, rollout, scorer.num_workers, max_model_len=max_len) if val_rows else None
 
     def eval_now(step: int) -> dict:
         rollout.sync_weights(actor.named_parameters_gathered())
-        m = evaluate(rollout, val_rows, scorer, dist=dist, sampling=cfg.rollout, n_samples=0, ks=[], seed=seed)
+        m = evaluate(rollout, val_rows, scorer, dist=dist, sampling=cfg.rollout, n_samples=0, ks=[], seed=seed,
+                     episodes=episodes)
         log.log(m, step=step, phase="sft_val")
         log.info(f"step {step}: val greedy accuracy {m['val/pass@1_greedy']:.3f} "
                  f"(mean length {m['val/response_length_greedy']:.0f} tokens)")

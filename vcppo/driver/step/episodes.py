@@ -105,10 +105,13 @@ def env_args_of(cfg_args: dict, row: dict) -> dict:
     return args
 
 
-def episode_runner(cfg: Config, rollout, num_workers: int) -> "EpisodeRunner":
-    """The run's episodes, their env in ``num_workers`` worker processes (0: in this process)."""
+def episode_runner(cfg: Config, rollout, num_workers: int, max_model_len: int | None = None) -> "EpisodeRunner | None":
+    """The episodes of ``rollout.env`` (None without one), their env in ``num_workers`` worker
+    processes (0: in this process); ``max_model_len``: the engine's context (default: the run's)."""
+    if not cfg.rollout.env:
+        return None
     return EpisodeRunner(cfg, rollout, EnvRunner(num_workers, cfg.rollout.env_timeout_s),
-                         max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
+                         max_model_len=max_model_len or cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
 
 
 class EpisodeRunner:

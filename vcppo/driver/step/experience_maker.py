@@ -69,7 +69,7 @@ class ExperienceMaker:
                  scorer: RewardScorer, pad_id: int, logprobs: bool):
         self.cfg, self.dist, self.prompts = cfg, dist, prompts
         self.rollout, self.scorer, self.pad_id, self.logprobs = rollout, scorer, pad_id, logprobs
-        self.episodes = episode_runner(cfg, rollout, getattr(scorer, "num_workers", 0)) if cfg.rollout.env else None
+        self.episodes = episode_runner(cfg, rollout, getattr(scorer, "num_workers", 0))
         self.episode_figures: dict = {}
 
     def seed(self, phase: str, step: int) -> int:
