@@ -220,8 +220,7 @@ def _check_episodes(cfg: Config) -> None:
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         raise ConfigError(f"config key 'rollout.env': {r.env!r} is neither a built-in env (guess, tools) nor an "
                           f"importable 'module:Class' ({str(e).splitlines()[0][:160]})") from None
-    refused = (("placement.mode", cfg.placement.mode == "split", "split placement"),
-               ("rollout.tensor_parallel_size", r.tensor_parallel_size > 1, "a tensor-parallel sampler"),
+    refused = (("rollout.tensor_parallel_size", r.tensor_parallel_size > 1, "a tensor-parallel sampler"),
                ("reward.model_path", bool(cfg.reward.model_path), "a reward model (it would score the episode's "
                                                                     "observations as the policy's text)"),
                ("critic.confidence_features", cfg.critic.confidence_features, "confidence features"))

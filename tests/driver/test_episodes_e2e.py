@@ -80,3 +80,21 @@ def test_a_sigkilled_multi_turn_run_resumes_exactly(uninterrupted, tiny_artifact
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming from" in res.stderr
     assert_same(records(tmp_path / "vcppo-seed0"), full)
+
+
+@pytest.mark.extended
+@pytest.mark.distributed
+def test_split_synchronous_episodes_log_what_colocated_logs(tiny_artifacts, guess_data, tmp_path):
+    """The rollout rank runs the env pool and the episodes; at staleness 0 the training rank gets the
+    batch a colocated rank would have made, so every logged figure matches."""
+    from tests.conftest import run_ranks
+    from tests.driver.test_split_e2e import ONE_THREAD, comparable
+    colocated, split = tmp_path / "colocated", tmp_path / "split"
+    extra = {"trainer.total_steps": 2, "trainer.save_every": 0}
+    run_ranks("train", "vcppo", *overrides(tiny_artifacts, guess_data, colocated, **extra), cwd=tmp_path,
+              world_size=1, env=ONE_THREAD)
+    run_ranks("train", "vcppo", *overrides(tiny_artifacts, guess_data, split, **extra), "placement.mode=split",
+              cwd=tmp_path, env=ONE_THREAD)
+    want, got = records(colocated / "vcppo-seed0"), records(split / "vcppo-seed0")
+    assert any(r.get("env/turns_mean", 0) > 1 for r in want)
+    assert_same(comparable(got), comparable(want))

@@ -109,7 +109,8 @@ class RolloutServer:
         metrics = {}
         with self.timeline.span("validate"):
             if self.val_rows:
-                metrics = validate_run(self.cfg, self.engine, self.val_rows, self.scorer, self.dist, step)
+                metrics = validate_run(self.cfg, self.engine, self.val_rows, self.scorer, self.dist, step,
+                                       episodes=self.maker.episodes)
         if self.dist.rank == 0:
             self.bridge.send(ValidationResult(step=step, metrics=metrics))
 
