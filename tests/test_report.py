@@ -49,3 +49,22 @@ def test_the_wallclock_starts_when_the_first_step_or_validation_began():
     assert _began({"time": 10.0, "time/step_s": 2.5}) == 7.5  # a step's record is written as it ends
     assert _began({"time": 10.0, "time/val_s": 4.0}) == 6.0   # so is a validation's
     assert _began({"time": 10.0}) == 10.0                     # records from before time/val_s was logged
+
+
+def test_a_multi_turn_run_gets_its_value_and_advantage_by_turn(tmp_path):
+    run = tmp_path / "guess-seed0"
+    _write_run(run)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    for r in records:
+        if r["phase"] == "ppo":
+            r["env/value_by_turn"] = [0.1 * r["step"], 0.5, None]
+            r["env/adv_by_turn"] = [0.2, -0.1 * r["step"], None]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main([str(run)]) == 0
+    assert "by_turn.png" in (run / "report" / "report.md").read_text()
+    summary = json.loads((run / "report" / "summary.json").read_text())[0]
+    assert summary["value_by_turn_end"] == [0.5, 0.5, None] and summary["adv_by_turn_end"] == [0.2, -0.5, None]
+    single = tmp_path / "single"
+    _write_run(single)
+    assert main([str(single)]) == 0 and not (single / "report" / "by_turn.png").exists()

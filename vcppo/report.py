@@ -8,6 +8,7 @@ Reads each run's ``metrics.jsonl`` (and ``final_metrics.json``) and draws, one l
   * the critic's explained variance and the advantage-position correlation over PPO steps
   * the mean advantage by token position at the start and end of value pretraining (or of PPO
     for runs without it)
+  * for multi-turn runs, the critic's value and the advantage by turn, first and last PPO step
 """
 from __future__ import annotations
 
@@ -49,6 +50,10 @@ def run_summary(run_dir: Path) -> dict:
         out["explained_variance_end"] = sum(evs) / len(evs) if evs else math.nan
         corr = [r.get("adv/position_corr") for r in ppo[:k] if r.get("adv/position_corr") is not None]
         out["adv_position_corr_start"] = sum(corr) / len(corr) if corr else math.nan
+        by_turn = [r for r in ppo if r.get("env/value_by_turn")]
+        if by_turn:  # multi-turn: what the plot of value and advantage by turn drew, last step
+            out["value_by_turn_end"] = by_turn[-1]["env/value_by_turn"]
+            out["adv_by_turn_end"] = by_turn[-1]["env/adv_by_turn"]
     if val:
         out.update({k.replace("val/", "start_"): v for k, v in val[0].items() if k.startswith("val/pass")})
         out.update({k.replace("val/", "final_"): v for k, v in val[-1].items() if k.startswith("val/")})
@@ -139,6 +144,32 @@ def _advantage_profile_plot(plt, out_dir: Path, data: dict) -> tuple[str, str] |
     return ("advantage_profile.png", "Mean advantage by token position") if drew else None
 
 
+def _by_turn_plot(plt, out_dir: Path, data: dict) -> tuple[str, str] | None:
+    """Multi-turn runs: the mean value and the mean raw advantage of each turn's model tokens, at the
+    first and the last PPO step."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    drew = False
+    for name, d in data.items():
+        recs = [r for r in d["ppo"] if r.get("env/adv_by_turn")]
+        for rec, style, when in ((recs[0], "--", "first"), (recs[-1], "-", "last")) if recs else ():
+            for ax, key in zip(axes, ("env/value_by_turn", "env/adv_by_turn")):
+                pts = [(k + 1, v) for k, v in enumerate(rec.get(key) or []) if v is not None]
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", label=f"{name}: step {rec['step']} ({when})")
+                    drew = True
+    if drew:
+        for ax, label in zip(axes, ("mean value V_old", "mean raw advantage")):
+            ax.axhline(0, color="gray", lw=0.8)
+            ax.set_xlabel("turn")
+            ax.set_ylabel(label)
+            ax.legend(fontsize=7)
+        fig.suptitle("Episodes: value and advantage by turn")
+        fig.tight_layout()
+        fig.savefig(out_dir / "by_turn.png", dpi=110)
+    plt.close(fig)
+    return ("by_turn.png", "Episodes: value and advantage by turn") if drew else None
+
+
 _LINE_PLOTS = [
     ("response_length.png", "ppo", [("response/length_mean", "mean response length (tokens)")],
      "PPO: mean response length"),
@@ -179,6 +210,7 @@ def make_report(run_dirs: list[Path], out_dir: Path, title: str = "vcppo report"
     plots = [_line_plot(plt, out_dir, data, *spec) for spec in _LINE_PLOTS]
     plots.append(_wallclock_plot(plt, out_dir, data))
     plots.append(_advantage_profile_plot(plt, out_dir, data))
+    plots.append(_by_turn_plot(plt, out_dir, data))
     plots = [p for p in plots if p is not None]
     summaries = [run_summary(d) for d in run_dirs]
     page = out_dir / "report.md"

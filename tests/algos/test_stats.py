@@ -157,3 +157,11 @@ def test_pass_at_k_hand_computed_and_vectorised():
     np.testing.assert_allclose(got, [1 - 21 / 45, 0.0, 1.0])
     with pytest.raises(ValueError):
         pass_at_k(5, 6, 1)
+
+
+def test_per_turn_means_of_an_episode():
+    from vcppo.algos.stats import per_turn_means, turn_index
+    mask = torch.tensor([[1., 1, 0, 0, 1, 0, 1, 1], [1., 1, 1, 0, 0, 0, 0, 0]])
+    assert turn_index(mask).tolist() == [[0, 0, -1, -1, 1, -1, 2, 2], [0, 0, 0, -1, -1, -1, -1, -1]]
+    x = torch.tensor([[1., 3, 9, 9, 5, 9, 7, 9], [2., 2, 2, 9, 9, 9, 9, 9]])
+    assert per_turn_means(x, mask, 4) == [2.0, 5.0, 8.0, None]  # turn 0: (1 + 3 + 2 + 2 + 2) / 5

@@ -30,8 +30,9 @@ class ScriptedSampler:
         out = []
         for i, text in enumerate(self.turns[turn][:len(prompts)]):
             ids = TOK.encode(text, add_special_tokens=False)
-            cut = (turn, i) in self.cut
-            ids = ids[:2] if cut else ids + [TOK.eos_token_id]
+            cut = (turn, i) in self.cut  # the model runs on without an end-of-turn until its budget
+            budget = max_tokens[i] if isinstance(max_tokens, list) else max_tokens
+            ids = (ids + TOK.encode("x" * budget, add_special_tokens=False))[:budget] if cut else ids + [TOK.eos_token_id]
             out.append(RolloutSample(i, list(prompts[i]), ids, [-0.1 * (k + 1) for k in range(len(ids))],
                                      "length" if cut else "stop", text))
         return out
@@ -90,15 +91,21 @@ def test_per_turn_rewards_on_each_turns_last_model_token():
 
 
 def test_limits_cut_and_mark():
-    cut = EpisodeRunner(cfg_for(), ScriptedSampler([["8"], ["12"]], cut={(1, 0)}), EnvRunner(0, 5.0), 512)
+    cut = EpisodeRunner(cfg_for(max_response_tokens=40), ScriptedSampler([["8"], ["12"]], cut={(1, 0)}),
+                        EnvRunner(0, 5.0), 512)
     e = cut.run(rows("10"), 1, 0, "ppo", 1.0, False)[0]
-    assert e.truncated and e.turns == 2 and not e.solved  # the second turn hit its token budget
+    assert e.truncated and e.turns == 2 and not e.solved and len(e.tokens) == 40  # the episode's budget ran out
     turns = EpisodeRunner(cfg_for(max_turns=2), ScriptedSampler([["8"], ["12"]]), EnvRunner(0, 5.0), 512)
     e = turns.run(rows("10"), 1, 0, "ppo", 1.0, False)[0]
     assert e.truncated and e.turns == 2 and e.tokens[-1] == TOK.eos_token_id  # ends on a model token
-    sampler = ScriptedSampler([["8"], ["12"], ["10"]])
-    EpisodeRunner(cfg_for(turn_max_tokens=7), sampler, EnvRunner(0, 5.0), 512).run(rows("10"), 1, 0, "ppo", 1.0, False)
+    sampler = ScriptedSampler([["8"], ["12"], ["10"]], cut={(1, 0)})
+    e = EpisodeRunner(cfg_for(turn_max_tokens=7), sampler, EnvRunner(0, 5.0), 512).run(rows("10"), 1, 0, "ppo", 1.0,
+                                                                                          False)[0]
     assert sampler.calls[0]["max_tokens"] == [7]
+    # a turn cut at rollout.turn_max_tokens is answered ("12xxxxx" reads as 12): the episode goes on
+    assert e.turns == 3 and e.solved and not e.truncated
+    assert sampler.calls[2]["prompts"][0][-len(ObservationEncoder(TOK)("lower", closed=False)):] == \
+        ObservationEncoder(TOK)("lower", closed=False)  # the cut turn closed by the observation frame
 
 
 def test_a_failing_env_ends_its_episode_counted():

@@ -240,3 +240,22 @@ def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> Union[float, np.ndarr
     result = 1.0 - np.prod(terms, axis=-1)
     result = np.where(n_arr - c_arr < k_arr, 1.0, result)
     return float(result) if result.ndim == 0 else result
+
+
+def turn_index(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) policy mask with holes -> (B, T) long: each masked-in token's turn (0-based: a turn is
+    a maximal run of 1s), -1 elsewhere. One run per row (a single-turn response) is turn 0."""
+    m = mask > 0
+    starts = m & ~torch.nn.functional.pad(m[:, :-1], (1, 0), value=False)
+    return torch.where(m, starts.long().cumsum(1) - 1, torch.full_like(starts, -1, dtype=torch.long))
+
+
+def per_turn_means(x: torch.Tensor, mask: torch.Tensor, max_turns: int) -> list[float | None]:
+    """(B, T) x, (B, T) policy mask -> the mean of x over the model tokens of turn k, k = 0 ..
+    max_turns - 1, over every episode (None where no episode has that turn)."""
+    turns = turn_index(mask)
+    out: list[float | None] = []
+    for k in range(max_turns):
+        sel = turns == k
+        out.append(float(x[sel].float().mean()) if bool(sel.any()) else None)
+    return out

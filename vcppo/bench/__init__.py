@@ -11,6 +11,7 @@
     vcppo bench lora [--sizes small,medium] [--rank 16] [--syncs 3] [--rounds 3] [--json PATH]
     vcppo bench shape [--ranks 2] [--steps 2] [--lora-rank 16] [--json PATH]
     vcppo bench sp [--sizes 1,2] [--layers 24] [--tokens 8192] [--dtype float32] [--lora 0] [--json PATH]
+    vcppo bench episodes [--size small] [--turns 4 --turn-tokens 32] [--env-latency-ms 0,50] [--json PATH]
 
 ``gae`` (:mod:`vcppo.bench.gae`): the fused Decoupled-GAE vs the reference loop vs a copy floor.
 ``rollout`` (:mod:`vcppo.bench.rollout`): vLLM vs HF generate tokens/s, weight sync time and one
@@ -24,7 +25,8 @@ a LoRA actor's sync into vLLM as merged weights vs as vLLM's own LoRA, and decod
 ``shape`` (:mod:`vcppo.bench.shape`): Qwen2.5-0.5B's shape on 2 CPU ranks: peak memory per rank against
 `vcppo plan`, weight sync against a plain copy, checkpoint size, write and restore time. ``sp``
 (:mod:`vcppo.bench.sp`): the actor's train step on one long sequence per CPU rank at each
-sequence-parallel size, peak memory per rank and tokens/s.
+sequence-parallel size, peak memory per rank and tokens/s. ``episodes`` (:mod:`vcppo.bench.episodes`):
+model tokens/s of K-turn episodes against one-turn samples of the same length on one engine.
 ``vcppo bench <benchmark> -h`` lists its options.
 """
 from __future__ import annotations
@@ -47,6 +49,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "split": ("vcppo.bench.split", "colocated vs split placement (staleness 0 / 1): steps/h, per-rank timeline"),
     "lora": ("vcppo.bench.lora", "a LoRA actor into vLLM: merged weights vs vLLM's LoRA, sync time and decode tok/s"),
     "sp": ("vcppo.bench.sp", "sequence parallelism on CPU ranks: the actor's train step on one long sequence per rank, memory and tokens/s"),
+    "episodes": ("vcppo.bench.episodes", "K-turn episodes vs one-turn samples of the same model tokens: tok/s, env latency"),
     "shape": ("vcppo.bench.shape", "Qwen2.5-0.5B's shape on 2 CPU ranks: memory vs `vcppo plan`, sync, checkpoints"),
 }
 

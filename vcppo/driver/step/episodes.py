@@ -133,10 +133,15 @@ class EpisodeRunner:
                 out.append(Episode(i, key, list(row["prompt_ids"])))
         return out
 
+    def room(self, e: Episode) -> int:
+        """The tokens the episode may still take (``rollout.max_response_tokens`` and the context)."""
+        return min(self.cfg.rollout.max_response_tokens - len(e.tokens),
+                   self.max_model_len - len(e.prompt_ids) - len(e.tokens))
+
     def budget(self, e: Episode) -> int:
-        r = self.cfg.rollout
-        room = min(r.max_response_tokens - len(e.tokens), self.max_model_len - len(e.prompt_ids) - len(e.tokens))
-        return min(room, r.turn_max_tokens) if r.turn_max_tokens else room
+        """The next turn's token budget: the episode's room, at most ``rollout.turn_max_tokens``."""
+        cap = self.cfg.rollout.turn_max_tokens
+        return min(self.room(e), cap) if cap else self.room(e)
 
     def run(self, rows: list[dict], n: int, seed: int, phase: str, temperature: float,
             logprobs: bool) -> list[Episode]:
@@ -157,13 +162,15 @@ class EpisodeRunner:
                                             reset_cache=turn == 0)
             stepped = []
             for e, s in zip(live, samples):
+                room = self.room(e)
                 e.tokens += s.response_ids
                 e.policy += [1.0] * len(s.response_ids)
                 e.logprobs += s.logprobs if logprobs else [0.0] * len(s.response_ids)
-                if s.finish_reason == "length" or not s.response_ids:  # the turn was cut: the episode ends here
-                    e.done = e.truncated = True
+                if not s.response_ids or (s.finish_reason == "length" and len(s.response_ids) >= room):
+                    e.done = e.truncated = True  # the episode's budget ran out inside this turn
                     e.actions.append(s.text)
                     continue
+                # a turn cut at rollout.turn_max_tokens is still the turn: the env answers it
                 stepped.append((e, self.rollout.tokenizer.decode(s.response_ids, skip_special_tokens=True)))
             start = time.perf_counter()
             answers = self.envs.step([(action, _with_actions(e.key, e.actions)) for e, action in stepped])

@@ -70,6 +70,11 @@ def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Befo
     m.update(position_diagnostics(raw, mask, ctx.cfg.logging.profile_buckets))
     if plan.v_old is not Source.NONE:
         m.update(_critic_metrics(gather_cat(models.old_values), gather_cat(critic.returns), mask))
+    if ctx.cfg.rollout.env:  # episodes: the critic's values and the advantages by turn
+        turns = ctx.cfg.rollout.max_turns
+        m["env/adv_by_turn"] = stats.per_turn_means(raw, mask, turns)
+        if plan.v_old is not Source.NONE:
+            m["env/value_by_turn"] = stats.per_turn_means(gather_cat(models.old_values), mask, turns)
     if plan.sampler_logprobs and plan.pi_old in (Source.PASS, Source.UPDATE):
         # (pi_old taken from the sampler: nothing to compare)
         m.update(mismatch_metrics(gather_cat(models.old_logprobs), gather_cat(rollout.sampler_logprobs), mask,
