@@ -237,3 +237,15 @@ def test_split_placement_settings_that_cannot_work_name_their_key(overrides, key
 def test_split_placement_with_staleness_and_a_cap_loads():
     cfg = load_config("vcppo", ["placement.mode=split", "trainer.max_staleness=1", "algorithm.rollout_is_cap=2"])
     assert cfg.placement.rollout_ranks == 1 and cfg.trainer.max_staleness == 1
+
+
+def test_episode_settings_are_checked_before_any_engine():
+    cfg = load_config("vcppo", ["rollout.env=guess", "rollout.env_args={n: 8, max_turns: 3}"])
+    assert cfg.rollout.env == "guess" and dict(cfg.rollout.env_args) == {"n": 8, "max_turns": 3}
+    for overrides, key in ((["rollout.env=no_such_env"], "rollout.env"),
+                           (["rollout.env=tests.envs.hostile:Missing"], "rollout.env"),
+                           (["rollout.env=guess", "reward.model_path=rm"], "reward.model_path"),
+                           (["rollout.env=guess", "critic.confidence_features=true"], "critic.confidence_features"),
+                           (["rollout.env=guess", "rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size")):
+        with pytest.raises(ConfigError, match=f"config key '{re.escape(key)}'"):
+            load_config("vcppo", overrides)
