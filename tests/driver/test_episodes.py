@@ -135,3 +135,15 @@ def test_sft_demonstrations_tokenize_like_the_episodes():
                + TOK.encode("<think>9-16</think>12", add_special_tokens=False))
     assert TOK.encode(row["solution"], add_special_tokens=False) == episode
     assert torch.tensor(episode).numel() > 0
+
+
+def test_episode_metrics_per_episode_and_shares():
+    from vcppo.driver.step.episodes import episode_metrics, summed_episode_metrics
+    sampler = ScriptedSampler([["8", "8"], ["12", "3"], ["10"]])
+    done = EpisodeRunner(cfg_for(), sampler, EnvRunner(0, 5.0), 512).run(rows("10", "3"), 1, 0, "ppo", 1.0, False)
+    figures = episode_metrics(done, env_seconds=0.5)
+    figures["env/rollout_seconds"] = 2.0
+    m = summed_episode_metrics(figures)
+    obs = sum(len(e.tokens) - sum(e.policy) for e in done)
+    assert m["env/turns_mean"] == 2.5 and m["env/failures"] == 0 and m["time/env_s"] == 0.5
+    assert m["env/obs_token_frac"] == pytest.approx(obs / sum(len(e.tokens) for e in done))
