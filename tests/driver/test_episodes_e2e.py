@@ -98,3 +98,51 @@ def test_split_synchronous_episodes_log_what_colocated_logs(tiny_artifacts, gues
     want, got = records(colocated / "vcppo-seed0"), records(split / "vcppo-seed0")
     assert any(r.get("env/turns_mean", 0) > 1 for r in want)
     assert_same(comparable(got), comparable(want))
+
+
+def test_real_vllm_episodes_are_the_sampled_ids_plus_the_observation_ids(tiny_artifacts, info):
+    """With the real vLLM engine: every turn's context is exactly the prompt, the ids vLLM returned for
+    the earlier turns and the observation frames of the env's answers (replayed here), and the
+    episode's tokens and logprobs are those ids and vLLM's logprobs, nothing decoded and re-encoded."""
+    from vcppo.data.dataset import encode_prompt
+    from vcppo.driver.step.episodes import EpisodeRunner, ObservationEncoder
+    from vcppo.engines.rollout import RolloutEngine
+    from vcppo.envs.guess import GuessEnv
+    from vcppo.envs.worker import EnvRunner
+    from vcppo.schema import Config, RolloutConfig
+
+    cfg = Config()
+    r = cfg.rollout
+    r.env, r.env_args, r.stop = "guess", {"n": 16, "max_turns": 4}, list("0123456789")
+    r.turn_max_tokens, r.max_response_tokens = 12, 96
+    engine = RolloutEngine(str(tiny_artifacts / "tiny"), RolloutConfig(gpu_memory_utilization=0.02), info, seed=0,
+                           max_model_len=256)
+    calls, generate = [], engine.generate
+    engine.generate = lambda prompts, **kw: calls.append((prompts, out := generate(prompts, **kw))) or out
+    try:
+        prompt = encode_prompt(engine.tokenizer, "guess 1-16 in 4", use_chat_template=True)
+        rows = [{"prompt_ids": prompt, "answer": str(a)} for a in (3, 11)]
+        done = EpisodeRunner(cfg, engine, EnvRunner(0, 5.0), max_model_len=256).run(rows, 2, 7, "ppo", 1.0, True)
+    finally:
+        engine.close()
+    tok, encode = engine.tokenizer, ObservationEncoder(engine.tokenizer)
+    assert max(e.turns for e in done) >= 2
+    contexts = [list(e.prompt_ids) for e in done]
+    sampled = [[] for _ in done]
+    envs = [GuessEnv(16, 4) for _ in done]
+    for env, e in zip(envs, done):
+        env.reset(rows[e.prompt_index], 0)
+    for t, (prompts, samples) in enumerate(calls):
+        live = [k for k, e in enumerate(done) if e.turns > t]
+        assert len(live) == len(prompts)
+        for i, k in enumerate(live):
+            assert prompts[i] == contexts[k], (t, k)  # exactly what the episode holds so far
+            ids = samples[i].response_ids
+            contexts[k] += ids
+            sampled[k] += samples[i].logprobs
+            if t + 1 < done[k].turns:  # the env answered this turn: its observation frame follows
+                observation = envs[k].step(tok.decode(ids, skip_special_tokens=True))[0]
+                contexts[k] += encode(observation, "user", closed=ids[-1] == tok.eos_token_id)
+    for k, e in enumerate(done):
+        assert contexts[k][len(e.prompt_ids):] == e.tokens
+        assert [lp for lp, p in zip(e.logprobs, e.policy) if p] == sampled[k]
