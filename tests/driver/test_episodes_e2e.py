@@ -3,16 +3,12 @@ the `guess` env answers every turn, the critic reads the observations and is fit
 the fp32 sampler/trainer mismatch on model tokens stays at the single-turn level, and a run
 killed with SIGKILL resumes to the uninterrupted records. The tiny random policy is made to take
 turns by stopping each turn at its first digit (rollout.stop): its guess."""
-import os
-import signal
-import time
-
 import pytest
 
-from tests.conftest import start_process, vcppo
-from tests.driver.test_exact_resume_e2e import assert_same, records
+from tests.conftest import vcppo
+from tests.driver.test_exact_resume_e2e import assert_same, records, sigkill_after_checkpoint
 from tests.driver.test_train_e2e import train
-from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
+from vcppo.driver.durability.checkpoint import list_complete
 
 pytestmark = [pytest.mark.integration]
 
@@ -65,16 +61,7 @@ def test_a_sigkilled_multi_turn_run_resumes_exactly(uninterrupted, tiny_artifact
     """Env seeds are fixed per sample and step, so the resumed run replays the same episodes."""
     _, full = uninterrupted
     over = overrides(tiny_artifacts, guess_data, tmp_path)
-    proc = start_process("train", "vcppo", *over, cwd=tmp_path)
-    ckpts = checkpoint_root(tmp_path / "vcppo-seed0")
-    deadline = time.time() + 900
-    while time.time() < deadline and proc.poll() is None:  # PPO step 1's checkpoint (tag 2 + 1)
-        if any(p.name >= "step_000003" for p in list_complete(ckpts)):
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    ckpts = sigkill_after_checkpoint(over, tmp_path, "step_000003")  # PPO step 1's checkpoint (tag 2 + 1)
     assert list_complete(ckpts)[-1].name < "step_000005"
     res = train("vcppo", over, cwd=tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]

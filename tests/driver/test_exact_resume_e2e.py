@@ -60,6 +60,22 @@ def assert_same(got, want):
                 assert g[k] == v, (g["phase"], g["step"], k)
 
 
+def sigkill_after_checkpoint(args: list[str], cwd, first: str, timeout: float = 900):
+    """`vcppo train vcppo ARGS` in ``cwd``, its process group SIGKILLed once a checkpoint named
+    ``first`` or later is complete (wherever the run is then); the run's checkpoint root."""
+    proc = start_process("train", "vcppo", *args, cwd=cwd)
+    ckpts = checkpoint_root(cwd / "vcppo-seed0")
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if any(p.name >= first for p in list_complete(ckpts)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return ckpts
+
+
 def overrides(art, out):
     return base_overrides(art, out, **{
         "trainer.total_steps": 4, "trainer.save_every": 2, "trainer.keep_last": 5, "value_pretrain.steps": 3,
@@ -110,17 +126,9 @@ def test_a_sigkilled_run_resumes_with_the_uninterrupted_metrics(uninterrupted, t
     then (mid-step, mid-write); rerunning the same command resumes from the last complete
     checkpoint and logs what the uninterrupted run logged, each step once."""
     _, full = uninterrupted
-    proc = start_process("train", "vcppo", *overrides(tiny_artifacts, tmp_path), cwd=tmp_path)
-    ckpts = checkpoint_root(tmp_path / "vcppo-seed0")
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:  # the first PPO checkpoint (tag 3 + 2)
-        if any(p.name >= "step_000005" for p in list_complete(ckpts)):
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert list_complete(ckpts)[-1].name < "step_000007"  # it really was cut short
+    # the first PPO checkpoint is tag 3 + 2; it really was cut short before the last (3 + 4)
+    ckpts = sigkill_after_checkpoint(overrides(tiny_artifacts, tmp_path), tmp_path, "step_000005")
+    assert list_complete(ckpts)[-1].name < "step_000007"
 
     res = train("vcppo", overrides(tiny_artifacts, tmp_path), cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
