@@ -87,6 +87,7 @@ def test_split_synchronous_episodes_log_what_colocated_logs(tiny_artifacts, gues
     assert_same(comparable(got), comparable(want))
 
 
+@pytest.mark.extended  # make test runs the same check on a scripted sampler (tests/driver/test_episodes.py)
 def test_real_vllm_episodes_are_the_sampled_ids_plus_the_observation_ids(tiny_artifacts, info):
     """With the real vLLM engine: every turn's context is exactly the prompt, the ids vLLM returned for
     the earlier turns and the observation frames of the env's answers (replayed here), and the
