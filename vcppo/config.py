@@ -158,18 +158,22 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
 
 def parse_overrides(overrides: Sequence[str]) -> DictConfig:
     """``["actor.lr=1e-6", "rollout.stop=[a,b]"]`` -> a DictConfig (values parsed as YAML)."""
-    items = []
+    merged = OmegaConf.create()
     for item in overrides:
-        key, sep, _ = item.partition("=")
+        key, sep, value = str(item).strip().lstrip("+").partition("=")
         if not sep:
             raise ConfigError(f"override '{item}' is not of the form key=value")
-        if not key.strip().lstrip("+"):
+        if not key.strip():
             raise ConfigError(f"override '{item}' has an empty key")
-        items.append(item.strip().lstrip("+"))
-    try:
-        return OmegaConf.from_dotlist(items)
-    except OmegaConfBaseException as e:
-        raise _config_error(e, "command line") from None
+        try:  # one item at a time, so that a value that does not parse is named with its key
+            merged.merge_with_dotlist([f"{key}={value}"])
+        except OmegaConfBaseException as e:
+            raise _config_error(e, "command line") from None
+        except Exception as e:  # noqa: BLE001 - yaml's parse errors, and whatever else a key or value trips
+            cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ConfigError(f"config key '{key}': value {value!r} does not parse as YAML ({cause}); quote a "
+                              f"plain string: {key}='\"{value}\"' (command line)") from None
+    return merged
 
 
 def load_config(config: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:

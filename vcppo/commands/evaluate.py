@@ -37,7 +37,7 @@ from vcppo.schema import Config, ConfigError
 
 
 USAGE = ("usage: vcppo eval MODEL_DIR DATA [key=value ...]  (or: [CONFIG] MODEL_DIR DATA ..., "
-         "[CONFIG] eval.model_path=DIR eval.data_files=FILE ...)")
+         "MODEL --benchmark NAMES ..., [CONFIG] eval.model_path=DIR eval.data_files=FILE ...)")
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 _TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -60,7 +60,10 @@ def _benchmark_flag(argv: list[str]) -> tuple[list[str], list[str]]:
             rest.append(a)
     if names is None:
         return rest, []
-    extra = [f"eval.benchmark={names}"]
+    if not [n for n in names.split(",") if n.strip()]:
+        raise ConfigError(f"--benchmark needs a name (gsm8k, math500, aime24, aime25; several comma-separated), "
+                          f"got {names!r}\n{USAGE}")
+    extra = [f"eval.benchmark={json.dumps(names)}"]  # a quoted YAML string, whatever the names hold
     if not any(a.lstrip("+").startswith("eval.max_prompts=") for a in rest):
         extra.append("eval.max_prompts=null")
     return rest, extra
@@ -74,10 +77,16 @@ def eval_argv(argv: list[str]) -> list[str]:
     argv, bench = _benchmark_flag(list(argv))
     positional = [a for a in argv if "=" not in a]
     overrides = [a for a in argv if "=" in a] + bench
-    if bench and len(positional) in (1, 2) and _is_model(positional[-1]):
+    lone_model = len(positional) == 1 and not _is_config(positional[0])  # not a config: a model, maybe a typo
+    if bench and len(positional) in (1, 2) and (_is_model(positional[-1]) or lone_model):
         config, model = (["base"] + positional)[-2:]
         _refuse_twice(overrides, ("eval.model_path",))
+        if parse_id(model) is None:  # a hub id is checked once resolved to its snapshot
+            check_model_dir(model, "MODEL")
         return [config, f"eval.model_path={model}", *overrides]
+    if bench and not positional and not any(a.lstrip("+").startswith("eval.model_path=") for a in overrides):
+        raise ConfigError(f"MODEL is missing: name the model to evaluate (a model directory or a hub id) "
+                          f"before --benchmark\n{USAGE}")
     if len(positional) <= 1:
         if positional and os.path.isfile(os.path.join(positional[0], "config.json")):
             raise ConfigError(f"DATA is missing after MODEL_DIR {positional[0]}\n{USAGE}")
@@ -98,6 +107,12 @@ def _refuse_twice(overrides: list[str], keys: tuple[str, ...]) -> None:
     for key in keys:
         if any(a.lstrip("+").startswith(key + "=") for a in overrides):
             raise ConfigError(f"{key} is given twice: as an argument and as '{key}=...'")
+
+
+def _is_config(arg: str) -> bool:
+    """``arg`` names a config: a YAML file, or a shipped preset's name."""
+    from vcppo.config import CONFIG_DIR
+    return arg.endswith((".yaml", ".yml")) or ("/" not in arg and (CONFIG_DIR / f"{arg}.yaml").is_file())
 
 
 def _is_model(arg: str) -> bool:
