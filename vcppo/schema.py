@@ -256,7 +256,8 @@ class TrainerConfig:
     save_every: int = _f(0, "Checkpoint every N steps (0: only at the end).", low=0, resume="free")
     keep_last: int = _f(2, "Keep the last K checkpoints.", low=1, resume="free")
     resume: str = _f("auto", "'auto' continues from the run's last complete checkpoint, 'never' "
-                     "starts over, or a checkpoint path.", resume="free")
+                     "starts over (the previous run's files move into previous_<date>-<time>/ inside the run "
+                     "dir), or a checkpoint path.", resume="free")
     val_every: int = _f(0, "Validate every N steps (0: only at the start and end).", low=0, resume="free")
     val_max_prompts: int = _f(128, "Validation prompts used (from the start of the val split).", low=1, resume="free")
     val_n_samples: int = _f(4, "Samples per validation prompt for pass@k.", low=1, resume="free")

@@ -23,7 +23,8 @@ from vcppo.config_parallel import check_sequence_parallel_ranks
 from vcppo.config_provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.durability import reshard
-from vcppo.driver.durability.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
+from vcppo.driver.durability.checkpoint import (RunState, checkpoint_root, clean_partial, find_resume_point,
+                                                peek_state, rewind_metrics)
 from vcppo.driver.step.critic_side import Critic
 from vcppo.driver.engines import build_engines
 from vcppo.driver.step.model_reward import ModelReward
@@ -32,6 +33,7 @@ from vcppo.driver.teardown import close_parts
 from vcppo.models.hub import model_sources
 from vcppo.driver.step.timeline import Timeline
 from vcppo.driver.durability.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
+from vcppo.driver.durability.start_over import set_aside
 from vcppo.engines import dist as D
 from vcppo.engines import collectives
 from vcppo.engines import launch_env
@@ -109,6 +111,20 @@ def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunSt
                    global_step=resumed.global_step if resumed else 0, resumed_from=point, changes=changes,
                    models=model_sources(cfg))
     save_config(cfg, run_dir)
+
+
+def prepare_run_dir(cfg: Config, run_dir: Path) -> list[str]:
+    """Main rank, with the directory locked, before anything reads it: a start-over
+    (``trainer.resume=never``) moves the previous run aside, and what a crash left (a stale
+    ``step_N.tmp``, possibly the write that filled the disk) is removed. Returns the lines to log."""
+    notes: list[str] = []
+    if cfg.trainer.resume == "never":
+        set_aside(run_dir, notes.append)
+    removed = clean_partial(checkpoint_root(run_dir))
+    if removed:
+        notes.append(f"removed {len(removed)} unfinished checkpoint folder(s) a stopped run left behind: "
+                     f"{', '.join(str(p) for p in removed)}")
+    return notes
 
 
 def check_split_sizes(cfg: Config, world: int) -> None:
@@ -197,6 +213,7 @@ class RunContext:
         if (problem := collectives.all_gather_object(problem)[0]) is not None:  # every rank stops, not only the main
             raise RunDirInUse(problem)
         try:  # from here on, a failure must not leave the lock held by this (still living) process
+            notes = prepare_run_dir(cfg, run_dir) if dist.is_main else []
             # verified here, before the engines start: a damaged checkpoint is skipped (or named)
             point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
                                       gather=collectives.all_gather_object)
@@ -214,6 +231,8 @@ class RunContext:
             # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
             sent = rewind_metrics(run_dir, resumed) if (own and dist.is_main) else set()
             log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None, already_sent=sent)
+            for note in notes:
+                log.info(note)
             if dist.is_main:
                 record_config(cfg, run_dir, point, resumed, changes, log.info)
             log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "

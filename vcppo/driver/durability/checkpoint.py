@@ -184,16 +184,19 @@ def list_complete(root: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def clean_partial(root: str | os.PathLike) -> None:
+def clean_partial(root: str | os.PathLike) -> list[Path]:
     """Remove what a crash left: unsealed ``.tmp`` dirs, ``.deleting`` dirs, and ``step_N`` dirs
-    that are not complete checkpoints."""
+    that are not complete checkpoints. Returns what was removed."""
     root = Path(root)
     if not root.is_dir():
-        return
-    for p in root.iterdir():
+        return []
+    removed = []
+    for p in sorted(root.iterdir()):
         stray_step = _STEP_DIR.match(p.name) and p.is_dir() and not _is_complete(p)
         if p.is_dir() and (p.name.endswith((".tmp", ".deleting")) or stray_step):
             shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 _VERDICTS: dict[tuple, list[str]] = {}  # a checkpoint is hashed once per process, not per caller

@@ -49,12 +49,11 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSou
 def resume_or_start(ctx: RunContext) -> ckpt.RunState:
     """The state to continue from: the resume point's (engines restored; the data position and
     the sampler's weights are the experience source's, :meth:`ExperienceSource.start`), or a fresh
-    start (stale partial checkpoints removed)."""
+    start."""
     cfg = ctx.cfg
     first_phase = Phase.VALUE_PRETRAIN if (ctx.critic is not None and cfg.value_pretrain.enabled) else Phase.PPO
-    point = ctx.resume_point  # found and verified once, before the engines started
-    if ctx.dist.is_main:  # what a crash left behind (unsealed, half-deleted) is never resumed from
-        ckpt.clean_partial(ckpt.checkpoint_root(ctx.run_dir))
+    point = ctx.resume_point  # found and verified once, before the engines started (what a crash left
+    # behind, unsealed or half-deleted, was removed then: driver/context.py prepare_run_dir)
     if point is None:
         return ckpt.RunState(phase=first_phase)
     ctx.log.info(f"resuming from {point}")
