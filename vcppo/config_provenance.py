@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vcppo.records import read_records
 from vcppo.schema import RESUME_CLASSES, Config, ConfigError
 
 HISTORY_FILE = "config_history.jsonl"
@@ -138,7 +139,8 @@ def record_segment(run_dir: Path, *, phase: str, step: int, global_step: int, re
     """Append this segment to ``<run_dir>/config_history.jsonl`` (main rank); ``models``: the hub
     snapshots the model keys resolved to (``{key: org/name@commit}``)."""
     path = Path(run_dir) / HISTORY_FILE
-    segments = len(path.read_text().splitlines()) if path.exists() else 0
+    segments = max((r.get("segment", 0) for r in read_history(run_dir) if isinstance(r.get("segment"), int)),
+                   default=0)
     record = {"segment": segments + 1, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "phase": phase, "step": step, "global_step": global_step,
               "resumed_from": str(resumed_from) if resumed_from is not None else None,
@@ -151,9 +153,9 @@ def record_segment(run_dir: Path, *, phase: str, step: int, global_step: int, re
     return path
 
 
-def read_history(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / HISTORY_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+def read_history(run_dir: Path, say=None) -> list[dict]:
+    """The segments of ``config_history.jsonl`` (:func:`read_records`)."""
+    return read_records(Path(run_dir) / HISTORY_FILE, say)
 
 
 def describe_classes() -> str:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vcppo.records import read_records
 from vcppo.schema import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -161,15 +162,10 @@ class MetricsLogger:
 
 
 def read_metrics(run_dir: str | os.PathLike, phase: str | None = None) -> list[dict]:
-    """The records of ``metrics.jsonl``; for a resumed run, a step logged twice keeps its last record."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
+    """The records of ``metrics.jsonl``; for a resumed run, a step logged twice keeps its last record.
+    A line that is not a JSON record is named (a warning) and skipped."""
     by_key: dict[tuple, dict] = {}
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
+    for rec in read_records(Path(run_dir) / "metrics.jsonl", logger.warning):  # a bad line: named, skipped
         if phase is None or rec.get("phase") == phase:
             by_key[(rec.get("phase"), rec.get("step"))] = rec
     return list(by_key.values())

@@ -1,10 +1,12 @@
 """`trainer.resume=never` in a directory that holds a run starts over: the old records and
-checkpoints move aside, and the next plain rerun resumes from the new run, not the old one."""
+checkpoints move aside, and the next plain rerun resumes from the new run, not the old one (with a
+damaged line in its config history, which is named and skipped)."""
 import json
 
 import pytest
 
 from tests.driver.test_train_e2e import base_overrides, train
+from vcppo.config_provenance import HISTORY_FILE, read_history
 from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
 
 pytestmark = [pytest.mark.integration]
@@ -34,7 +36,11 @@ def test_resume_never_starts_over_and_the_next_rerun_continues_the_new_run(tiny_
     assert (aside / "metrics.jsonl").read_text() == old_metrics  # nothing deleted
     assert [p.name for p in list_complete(checkpoint_root(aside))] == ["step_000001", "step_000002"]
 
+    with open(run / HISTORY_FILE, "ab") as f:  # and one non-UTF-8 byte in the history: named, not fatal
+        f.write(b'{"segment": 9, "command": "\xff"}\n')
     res = train("vcppo", over, cwd=tmp_path)  # a plain rerun: the new run's step 1, not the old step 2
     assert res.returncode == 0, res.stderr[-4000:]
     assert f"resuming from {run / 'checkpoints' / 'step_000001'}" in res.stderr
+    assert f"{run / HISTORY_FILE} line 2 is not a JSON record" in res.stderr and "Traceback" not in res.stderr
     assert _ppo_steps(run) == [1, 2]
+    assert [r["segment"] for r in read_history(run)] == [1, 2]

@@ -23,8 +23,7 @@ from vcppo.config_parallel import check_sequence_parallel_ranks
 from vcppo.config_provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.durability import reshard
-from vcppo.driver.durability.checkpoint import (RunState, checkpoint_root, clean_partial, find_resume_point,
-                                                peek_state, rewind_metrics)
+from vcppo.driver.durability.checkpoint import RunState, checkpoint_root, clean_partial, find_resume_point, peek_state
 from vcppo.driver.step.critic_side import Critic
 from vcppo.driver.engines import build_engines
 from vcppo.driver.step.model_reward import ModelReward
@@ -33,6 +32,7 @@ from vcppo.driver.teardown import close_parts
 from vcppo.models.hub import model_sources
 from vcppo.driver.step.timeline import Timeline
 from vcppo.driver.durability.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
+from vcppo.driver.durability.run_records import check_run_records, rewind_metrics
 from vcppo.driver.durability.start_over import set_aside
 from vcppo.engines import dist as D
 from vcppo.engines import collectives
@@ -115,11 +115,13 @@ def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunSt
 
 def prepare_run_dir(cfg: Config, run_dir: Path) -> list[str]:
     """Main rank, with the directory locked, before anything reads it: a start-over
-    (``trainer.resume=never``) moves the previous run aside, and what a crash left (a stale
-    ``step_N.tmp``, possibly the write that filled the disk) is removed. Returns the lines to log."""
+    (``trainer.resume=never``) moves the previous run aside, damaged records are named and set aside
+    or rebuilt (run_records), and what a crash left (a stale ``step_N.tmp``, possibly the write that
+    filled the disk) is removed. Returns the lines to log."""
     notes: list[str] = []
     if cfg.trainer.resume == "never":
         set_aside(run_dir, notes.append)
+    check_run_records(run_dir, notes.append)
     removed = clean_partial(checkpoint_root(run_dir))
     if removed:
         notes.append(f"removed {len(removed)} unfinished checkpoint folder(s) a stopped run left behind: "

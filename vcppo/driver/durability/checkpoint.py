@@ -251,37 +251,6 @@ def peek_state(ckpt: Path) -> RunState:
     return RunState(**json.loads((ckpt / "state.json").read_text()))
 
 
-METRICS_FILE = "metrics.jsonl"
-
-
-def metrics_size(run_dir: Path) -> int:
-    """Bytes of metrics.jsonl now (the logger writes whole lines, line-buffered)."""
-    path = Path(run_dir) / METRICS_FILE
-    return path.stat().st_size if path.exists() else 0
-
-
-def rewind_metrics(run_dir: Path, state: RunState) -> set[tuple]:
-    """Main rank, on resume, before the logger opens: cut metrics.jsonl back to what it held when
-    the checkpoint was sealed, so the replayed steps are not recorded twice. Returns the
-    ``(phase, step)`` of the records cut off: the killed run already sent those to wandb, so the
-    logger must not send them again."""
-    path = Path(run_dir) / METRICS_FILE
-    if state.metrics_bytes is None or not path.exists() or path.stat().st_size <= state.metrics_bytes:
-        return set()
-    with open(path, "rb+") as f:
-        f.seek(state.metrics_bytes)
-        tail = f.read()
-        f.truncate(state.metrics_bytes)
-    sent = set()
-    for line in tail.decode("utf-8", "replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:  # a line cut by the kill was never sent anywhere
-            continue
-        sent.add((rec.get("phase"), rec.get("step")))
-    return sent
-
-
 def load_state(ckpt: Path, rank: int, restore_rng: bool = True) -> RunState:
     """The run state, with this rank's RNG states restored (a missing RNG file is reported: the
     run continues, but no longer bit-exact). ``restore_rng`` False: on another number of ranks, the

@@ -13,6 +13,7 @@ from vcppo.driver.durability import manifest, reshard
 from vcppo.driver.context import RunContext
 from vcppo.driver.step.phase import Phase
 from vcppo.driver.durability.resume_checks import write_run_config
+from vcppo.driver.durability.run_records import metrics_size
 from vcppo.driver.durability.restore_engine import restore_engine
 from vcppo.driver.step.sources import ExperienceSource
 from vcppo.engines import collectives
@@ -39,7 +40,7 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSou
     parts = collectives.all_gather_object(manifest.hash_share(stage, ctx.dist.rank, ctx.dist.world_size))
     if ctx.dist.is_main:
         state.data = source.checkpoint(stage, state)
-        state.metrics_bytes = ckpt.metrics_size(ctx.run_dir)  # a resume cuts the file back to here
+        state.metrics_bytes = metrics_size(ctx.run_dir)  # a resume cuts the file back to here
         write_run_config(ctx.cfg, stage)  # what a resume compares its config with
         final = ckpt.commit(stage, dataclasses.asdict(state), ctx.cfg.trainer.keep_last, manifest_parts=parts)
         ctx.log.info(f"checkpoint {final} ({time.perf_counter() - started:.1f} s)")
