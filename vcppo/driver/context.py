@@ -22,8 +22,8 @@ from vcppo.config import save_config, to_dict
 from vcppo.config_parallel import check_sequence_parallel_ranks
 from vcppo.config_provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
-from vcppo.driver.durability import reshard
-from vcppo.driver.durability.checkpoint import RunState, checkpoint_root, clean_partial, find_resume_point, peek_state
+from vcppo.driver.durability import disk_space, reshard
+from vcppo.driver.durability.checkpoint import RunState, find_resume_point, peek_state
 from vcppo.driver.step.critic_side import Critic
 from vcppo.driver.engines import build_engines
 from vcppo.driver.step.model_reward import ModelReward
@@ -32,8 +32,7 @@ from vcppo.driver.teardown import close_parts
 from vcppo.models.hub import model_sources
 from vcppo.driver.step.timeline import Timeline
 from vcppo.driver.durability.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
-from vcppo.driver.durability.run_records import check_run_records, rewind_metrics
-from vcppo.driver.durability.start_over import set_aside
+from vcppo.driver.durability.run_records import prepare_run_dir, rewind_metrics
 from vcppo.engines import dist as D
 from vcppo.engines import collectives
 from vcppo.engines import launch_env
@@ -107,26 +106,14 @@ def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunSt
     if changes:
         say(f"resuming with a changed config: {summary(changes)}")
     phase = resumed.phase if resumed is not None else "start"
-    record_segment(run_dir, phase=phase, step=resumed.step if resumed else 0,
-                   global_step=resumed.global_step if resumed else 0, resumed_from=point, changes=changes,
-                   models=model_sources(cfg))
-    save_config(cfg, run_dir)
-
-
-def prepare_run_dir(cfg: Config, run_dir: Path) -> list[str]:
-    """Main rank, with the directory locked, before anything reads it: a start-over
-    (``trainer.resume=never``) moves the previous run aside, damaged records are named and set aside
-    or rebuilt (run_records), and what a crash left (a stale ``step_N.tmp``, possibly the write that
-    filled the disk) is removed. Returns the lines to log."""
-    notes: list[str] = []
-    if cfg.trainer.resume == "never":
-        set_aside(run_dir, notes.append)
-    check_run_records(run_dir, notes.append)
-    removed = clean_partial(checkpoint_root(run_dir))
-    if removed:
-        notes.append(f"removed {len(removed)} unfinished checkpoint folder(s) a stopped run left behind: "
-                     f"{', '.join(str(p) for p in removed)}")
-    return notes
+    try:
+        record_segment(run_dir, phase=phase, step=resumed.step if resumed else 0,
+                       global_step=resumed.global_step if resumed else 0, resumed_from=point, changes=changes,
+                       models=model_sources(cfg))
+        save_config(cfg, run_dir)
+    except OSError as error:
+        raise disk_space.write_error("the run's config (config.yaml, config_history.jsonl)", run_dir, error) \
+            or error
 
 
 def check_split_sizes(cfg: Config, world: int) -> None:
@@ -215,7 +202,7 @@ class RunContext:
         if (problem := collectives.all_gather_object(problem)[0]) is not None:  # every rank stops, not only the main
             raise RunDirInUse(problem)
         try:  # from here on, a failure must not leave the lock held by this (still living) process
-            notes = prepare_run_dir(cfg, run_dir) if dist.is_main else []
+            notes = prepare_run_dir(run_dir, cfg.trainer.resume) if dist.is_main else []
             # verified here, before the engines start: a damaged checkpoint is skipped (or named)
             point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
                                       gather=collectives.all_gather_object)

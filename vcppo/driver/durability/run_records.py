@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 from vcppo.config_provenance import HISTORY_FILE, diff_configs, read_history
-from vcppo.driver.durability.checkpoint import RunState, checkpoint_root, list_complete
+from vcppo.driver.durability.checkpoint import RunState, checkpoint_root, clean_partial, list_complete
 from vcppo.driver.durability.resume_checks import RUN_CONFIG
+from vcppo.driver.durability.start_over import set_aside
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -113,6 +114,26 @@ def check_run_records(run_dir: Path, say) -> None:
     if history.exists():
         read_history(run_dir, say)  # names each bad line; record_segment skips them the same way
     elif _checkpoint_configs(run_dir):
-        n = rebuild_history(run_dir)
+        try:
+            n = rebuild_history(run_dir)
+        except OSError as e:  # a full disk, say: the run goes on, and records its own segment
+            say(f"{history} is missing, and rebuilding it failed ({e.strerror or e}): the run goes on without it")
+            return
         say(f"{history} is missing: rebuilt from the checkpoints' {RUN_CONFIG} ({n} segment(s), marked "
             f"'rebuilt'; their commands and start times are unknown)")
+
+
+def prepare_run_dir(run_dir: Path, resume: str) -> list[str]:
+    """Main rank, with the directory locked, before anything reads it: a start-over
+    (``trainer.resume=never``) moves the previous run aside, damaged records are named and set aside
+    or rebuilt (run_records), and what a crash left (a stale ``step_N.tmp``, possibly the write that
+    filled the disk) is removed. Returns the lines to log."""
+    notes: list[str] = []
+    if resume == "never":
+        set_aside(run_dir, notes.append)
+    removed = clean_partial(checkpoint_root(run_dir))  # first: it gives back the space a failed write took
+    if removed:
+        notes.append(f"removed {len(removed)} unfinished checkpoint folder(s) a stopped run left behind: "
+                     f"{', '.join(str(p) for p in removed)}")
+    check_run_records(run_dir, notes.append)
+    return notes
