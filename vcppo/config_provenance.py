@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import shlex
 import sys
 import time
@@ -76,6 +77,23 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+# Keys that name a file or directory (by their schema names): two spellings of one path (a trailing
+# slash, relative or absolute) are the same value.
+PATH_KEYS = tuple(k for k in CLASSES if k.endswith(("_path", "_files", "_dir", "_root")))
+
+
+def same_path(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` name the same path, from the current directory (or are equal as they are)."""
+    if a == b or not (isinstance(a, str) and isinstance(b, str) and a and b):
+        return a == b
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+
+
+def same_value(key: str, a: Any, b: Any) -> bool:
+    """Whether key ``key`` holds one value in both configs (paths compared after resolving them)."""
+    return same_path(a, b) if key in PATH_KEYS else _same(a, b)
+
+
 def diff_configs(old: dict, new: dict) -> list[Change]:
     """The schema keys whose value differs between two resolved configs (plain dicts). A key the
     old config does not hold (written by a version without it) is not a change."""
@@ -83,7 +101,7 @@ def diff_configs(old: dict, new: dict) -> list[Change]:
     for key, klass in CLASSES.items():
         had, before = _select(old, key)
         has, after = _select(new, key)
-        if had and has and not _same(before, after):
+        if had and has and not same_value(key, before, after):
             changes.append(Change(key, before, after, klass))
     return changes
 

@@ -136,8 +136,24 @@ def _legacy_rng_state(path: Path) -> dict:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, weights_only=True)
     except Exception as e:  # pickle.UnpicklingError for anything beyond those types
-        raise CheckpointError(f"{path}: refusing to load (it holds more than RNG arrays; a crafted file "
-                              f"would run code if unpickled): {str(e).splitlines()[0][:300]}") from None
+        raise unpickle_refusal(path, e, "RNG arrays") from None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def unpickle_refusal(path: str | Path, error: BaseException, allowed: str = "tensors and plain values") -> CheckpointError:
+    """One line for a checkpoint file torch will not unpickle with ``weights_only``: the file, what it
+    holds (torch's reason, without its colour codes), and what to do. torch's own advice (load it with
+    ``weights_only=False``) is not ours to give."""
+    lines = [_ANSI.sub("", ln).strip() for ln in str(error).splitlines()]
+    cause = next((ln.split("error:", 1)[-1].strip() for ln in lines if "WeightsUnpickler error" in ln),
+                 lines[0] if lines else type(error).__name__).split(". Please use")[0]
+    return CheckpointError(
+        f"{path}: refusing to load this checkpoint file: it holds more than {allowed} ({cause[:300]}), "
+        "and unpickling it could run code from the file. If you did not put it there, the checkpoint was tampered "
+        "with: move its step_N directory out of checkpoints/ (the run resumes from the previous one) or start over "
+        "with trainer.resume=never (the run dir's files are moved aside, not deleted)")
 
 
 def _delete(path: Path) -> None:

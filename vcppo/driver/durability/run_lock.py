@@ -11,7 +11,8 @@ Over time: ``trainer.resume=auto`` continues whatever run the directory holds, s
 lands on another run's directory (a sweep for seed 1 whose run names leave the seed out, after the
 seed-0 sweep finished there) would silently continue, or simply re-report, the other run. Before
 resuming from the directory's own checkpoint, the keys that say which run it is are compared with
-the saved ``config.yaml``; any difference refuses the resume. Other keys are judged by their
+the saved ``config.yaml`` (paths after resolving them: ``dir/`` and ``./dir`` are one model); any
+difference refuses the resume. Other keys are judged by their
 resume class (:mod:`vcppo.config_provenance`): more steps or other logging go through, a change to
 the math only when ``trainer.resume_allow_changes`` lists it.
 """
@@ -26,6 +27,7 @@ from typing import IO
 from omegaconf import OmegaConf
 
 from vcppo.config import SAVED_CONFIG
+from vcppo.config_provenance import same_value
 from vcppo.schema import Config, ConfigError
 
 LOCK_FILE = ".run.lock"
@@ -72,9 +74,10 @@ def identity_conflict(run_dir: Path, cfg: Config) -> str | None:
         return None
     saved, now = OmegaConf.load(saved_path), OmegaConf.structured(cfg)
     diffs = [f"{key}: {OmegaConf.select(saved, key)!r} there, {OmegaConf.select(now, key)!r} now"
-             for key in IDENTITY_KEYS if OmegaConf.select(saved, key) != OmegaConf.select(now, key)]
+             for key in IDENTITY_KEYS if not same_value(key, OmegaConf.select(saved, key), OmegaConf.select(now, key))]
     if not diffs:
         return None
     return (f"run dir {run_dir} holds another run ({'; '.join(diffs)}), and trainer.resume=auto would "
             f"continue it. Give this run its own trainer.run_name or trainer.output_root, or pass "
-            f"trainer.resume=never to start over in that directory.")
+            f"trainer.resume=never to start over in that directory (the other run is moved into a dated "
+            f"folder inside it, not deleted).")
