@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from vcppo.config_extends import read_yaml_chain
 from vcppo.config_paths import check_paths, commands_with_paths
 from vcppo.config_provenance import resume_classes
-from vcppo.config_rules import validate
+from vcppo.config_rules import check_critic_keys, validate
 from vcppo.models.hub import resolve_model_keys
 from vcppo.methods import uses_critic
 from vcppo.schema import RESUME_CLASSES, Config, ConfigError
@@ -47,6 +47,21 @@ def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
         else:
             keys.append(prefix + f.name)
     return keys
+
+
+def critic_keys(cls: type = Config, prefix: str = "", section: bool = False) -> list[str]:
+    """Every dotted key only a critic reads: marked ``critic`` in the schema, or inside a section so marked."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        marked = section or bool(f.metadata.get("critic"))
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
+            keys += critic_keys(f.default_factory, f"{prefix}{f.name}.", marked)
+        elif marked:
+            keys.append(prefix + f.name)
+    return keys
+
+
+CRITIC_KEYS = tuple(critic_keys())
 
 
 def _unknown_key(key: str, where: str) -> ConfigError:
@@ -179,20 +194,25 @@ def parse_overrides(overrides: Sequence[str]) -> DictConfig:
 def load_config(config: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults <- YAML chain <- overrides; validated and finalized."""
     merged = OmegaConf.structured(Config)
-    preset = None
+    preset, user_keys = None, {}  # the keys the user set (their files, the command line): key -> where
     if config:
         path = resolve_config_path(str(config))
         for p, data in read_yaml_chain(path, CONFIG_DIR):
             merged = _merge(merged, data, where=str(p))
+            if CONFIG_DIR not in p.parents:  # a shipped preset's settings are not the user's
+                user_keys.update(dict.fromkeys(_leaf_keys(OmegaConf.to_container(data, resolve=False)), str(p)))
         preset = path.stem
     if overrides:
-        merged = _merge(merged, parse_overrides(overrides), where="command line")
+        data = parse_overrides(overrides)
+        merged = _merge(merged, data, where="command line")
+        user_keys.update(dict.fromkeys(_leaf_keys(OmegaConf.to_container(data, resolve=False)), "command line"))
     try:
         cfg: Config = OmegaConf.to_object(merged)  # resolves ${...} interpolations
     except OmegaConfBaseException as e:
         raise _config_error(e, "interpolation") from None
     if preset and cfg.preset == "custom":
         cfg.preset = preset
+    check_critic_keys(cfg, {k: w for k, w in user_keys.items() if k in CRITIC_KEYS})  # named before the rules
     validate(cfg)
     return finalize(cfg)
 

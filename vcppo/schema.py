@@ -32,9 +32,9 @@ class ModelConfig:
     critic_init: str = _f("policy", "Critic initialisation: 'policy' (backbone of the policy + fresh "
                           "value head), 'reward_model' (an RM incl. its head; the paper's PPO "
                           "baseline), or 'checkpoint' (a pretrained critic).",
-                          choices=("policy", "reward_model", "checkpoint"), resume="math")
+                          choices=("policy", "reward_model", "checkpoint"), resume="math", critic=True)
     critic_path: Optional[str] = _f(None, "Directory (or hub id) of the RM or critic checkpoint when "
-                                    "critic_init is 'reward_model' or 'checkpoint'.", resume="math")
+                                    "critic_init is 'reward_model' or 'checkpoint'.", resume="math", critic=True)
     dtype: str = _f("auto", "Training dtype: 'auto' = bf16 on CUDA, fp32 on CPU.",
                     choices=("auto", "float32", "bfloat16", "float16"), resume="math")
 
@@ -129,7 +129,7 @@ class AlgorithmConfig:
     lambda_actor: float = _f(0.95, "GAE lambda of the actor's advantages (Decoupled-GAE, paper sec. 4.2).",
                              low=0.0, high=1.0, resume="math")
     lambda_critic: float = _f(1.0, "GAE lambda of the critic's targets; 1.0 = Monte-Carlo returns, no "
-                              "reward decay (Decoupled-GAE).", low=0.0, high=1.0, resume="math")
+                              "reward decay (Decoupled-GAE).", low=0.0, high=1.0, resume="math", critic=True)
     length_adaptive_lambda: bool = _f(False, "VAPO: lambda_actor = 1 - 1/(alpha * length) per sequence.", resume="math")
     length_adaptive_alpha: float = _f(0.05, "alpha of the length-adaptive lambda (VAPO: 0.05).", low=0.0,
                                       low_open=True, resume="math")
@@ -307,7 +307,8 @@ class PlacementConfig:
                             resume="numerics")
     critic_ranks: int = _f(0, "Split placement: ranks that hold the critic only (after the actor's ranks, "
                            "as many as they), so the critic's values pass and update run while the actor "
-                           "trains; 0: the critic trains on the actor's ranks.", low=0, resume="numerics")
+                           "trains; 0: the critic trains on the actor's ranks.", low=0, resume="numerics",
+                           critic=True)
 
 
 @dataclass
@@ -335,11 +336,12 @@ class Config:
                                                                              "(built when algorithm.kl_coef > 0)."})
     reward_model: EngineConfig = field(default_factory=EngineConfig, metadata={"doc": "Reward model engine "
                                                                                "(built when reward.model_path is set)."})
-    critic: CriticConfig = field(default_factory=CriticConfig, metadata={"doc": "Value model optimisation."})
+    critic: CriticConfig = field(default_factory=CriticConfig, metadata={"doc": "Value model optimisation.",
+                                                                         "critic": True})
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig, metadata={"doc": "Advantages and losses."})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"doc": "Verifier / reward function."})
     value_pretrain: ValuePretrainConfig = field(default_factory=ValuePretrainConfig,
-                                                metadata={"doc": "Value pretraining phase."})
+                                                metadata={"doc": "Value pretraining phase.", "critic": True})
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={"doc": "Loop, checkpoints, eval."})
     placement: PlacementConfig = field(default_factory=PlacementConfig,
                                        metadata={"doc": "Which ranks sample and which train."})
