@@ -132,9 +132,13 @@ def check_split_sizes(cfg: Config, world: int) -> None:
 
 def init_run_distributed(cfg: Config) -> DistInfo:
     """The run's process groups: one world, or (placement.mode=split) this rank's role world and the
-    bridge (:mod:`vcppo.engines.bridge`). Split sizes are checked on every rank before anything starts."""
+    bridge (:mod:`vcppo.engines.bridge`). The sizes the ranks must divide are checked on every rank
+    before anything starts: a config error then exits before DeepSpeed's CPU shm collective makes its
+    /dev/shm segments, which only a clean end of a run removes."""
     timeout_s = cfg.trainer.collective_timeout_s
     if cfg.placement.mode != "split":
+        if D.get_info() is None:  # before the group and DeepSpeed's shm segments exist: a clean exit leaves none
+            _check_rank_counts(cfg, launch_env.launched_world_size())
         return D.init_distributed(cfg.trainer.device, timeout_s=timeout_s)
     if D.get_info() is None:
         check_split_sizes(cfg, launch_env.launched_world_size())
