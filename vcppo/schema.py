@@ -320,6 +320,9 @@ class LoggingConfig:
     tensorboard: bool = _f(False, "Also write TensorBoard event files to <run dir>/tensorboard (tags "
                            "<phase>/<metric>; needs the tensorboard package).", resume="free")
     progress_bar: bool = _f(True, "Show a progress bar on rank 0.", resume="free")
+    log_samples: int = _f(0, "Samples per step written as text to <run dir>/samples.jsonl (prompt, response, "
+                          "reward, score, length, the advantages' mean / min / max) and, with wandb on, to a "
+                          "table; `vcppo report` shows the last step's. 0: off.", low=0, resume="free")
     profile_buckets: int = _f(16, "Buckets of the advantage-vs-position profile.", low=1, resume="free")
     timeline: bool = _f(False, "Write every rank's busy intervals by phase (sampling, scoring, waiting, each "
                         "update) to <run dir>/timeline/rank<N>.jsonl; `vcppo bench split` draws them.", resume="free")

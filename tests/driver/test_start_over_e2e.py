@@ -20,7 +20,8 @@ def _ppo_steps(run_dir):
 @pytest.mark.slow
 def test_resume_never_starts_over_and_the_next_rerun_continues_the_new_run(tiny_artifacts, tmp_path):
     over = base_overrides(tiny_artifacts, tmp_path, **{"value_pretrain.enabled": False, "trainer.save_every": 1,
-                                                       "trainer.keep_last": 5, "data.val_files": "null"})
+                                                       "trainer.keep_last": 5, "data.val_files": "null",
+                                                       "logging.log_samples": 2})
     run = tmp_path / "vcppo-seed0"
     res = train("vcppo", over, cwd=tmp_path)  # the old run: 2 steps, checkpoints 1 and 2
     assert res.returncode == 0, res.stderr[-4000:]
@@ -34,6 +35,8 @@ def test_resume_never_starts_over_and_the_next_rerun_continues_the_new_run(tiny_
     assert _ppo_steps(run) == [1]  # the new run's record only, not appended after the old ones
     assert [p.name for p in list_complete(checkpoint_root(run))] == ["step_000001"]
     assert (aside / "metrics.jsonl").read_text() == old_metrics  # nothing deleted
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]  # logging.log_samples
+    assert [(r["phase"], r["step"]) for r in samples] == [("ppo", 1)] * 2 and all(r["response"] for r in samples)
     assert [p.name for p in list_complete(checkpoint_root(aside))] == ["step_000001", "step_000002"]
 
     with open(run / HISTORY_FILE, "ab") as f:  # and one non-UTF-8 byte in the history: named, not fatal

@@ -13,7 +13,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -184,6 +184,7 @@ class RunContext:
     # resuming on another number of ranks: {engine role: its checkpoint in DeepSpeed's universal format}
     universal_checkpoints: dict = dataclasses.field(default_factory=dict)
     timeline: Timeline = dataclasses.field(default_factory=lambda: Timeline(None, "both"))
+    tokenizer: Any = None  # the policy's tokenizer (samples as text: logging.log_samples)
 
     @classmethod
     def create(cls, cfg: Config, run_dir: Path) -> "RunContext":
@@ -240,7 +241,7 @@ class RunContext:
                        reference=engines.reference, log=log, critic_from_cache=engines.critic_from_cache,
                        reward_model=reward_model,
                        run_lock=held, resume_point=point, universal_checkpoints=universal,
-                       timeline=Timeline(run_dir if cfg.logging.timeline else None, dist.role))
+                       timeline=Timeline(run_dir if cfg.logging.timeline else None, dist.role), tokenizer=tokenizer)
         except BaseException:
             release(held)
             raise

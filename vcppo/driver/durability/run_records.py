@@ -7,7 +7,8 @@ because ``metrics.jsonl`` or ``config_history.jsonl`` is damaged.
 - a history that is missing (or was moved aside) while the directory holds checkpoints is rebuilt
   from their ``run_config.json``: one segment per config the checkpoints hold, marked ``rebuilt``.
 
-On resume ``metrics.jsonl`` is cut back to its size at the checkpoint (:func:`rewind_metrics`).
+On resume ``metrics.jsonl`` is cut back to its size at the checkpoint, and ``samples.jsonl`` loses the
+samples of the steps cut (:func:`rewind_metrics`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from vcppo.config_provenance import HISTORY_FILE, diff_configs, read_history
 from vcppo.driver.durability.checkpoint import RunState, checkpoint_root, clean_partial, list_complete
 from vcppo.driver.durability.resume_checks import RUN_CONFIG
 from vcppo.driver.durability.start_over import set_aside
+from vcppo.records import read_records
+from vcppo.tracking import SAMPLES_FILE
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -49,7 +52,19 @@ def rewind_metrics(run_dir: Path, state: RunState) -> set[tuple]:
         except ValueError:  # a line cut by the kill was never sent anywhere
             continue
         sent.add((rec.get("phase"), rec.get("step")))
+    _drop_samples(run_dir, sent)
     return sent
+
+
+def _drop_samples(run_dir: Path, steps: set[tuple]) -> None:
+    """``samples.jsonl`` without the samples of ``steps`` ((phase, step): the steps a resume replays)."""
+    path = Path(run_dir) / SAMPLES_FILE
+    if not steps or not path.is_file():
+        return
+    kept = [r for r in read_records(path) if (r.get("phase"), r.get("step")) not in steps]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, path)
 
 
 def _readable(path: Path) -> bool:

@@ -29,7 +29,7 @@ from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
 from vcppo.driver.step.advantages import estimate
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.context import RunContext
-from vcppo.driver.step.metrics import kl_metrics, step_metrics
+from vcppo.driver.step.metrics import kl_metrics, log_samples, step_metrics
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.sources import ExperienceSource
@@ -113,6 +113,7 @@ def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: Ru
         source.step_done(plan.phase, step, None)
     targets = critic.finish_step() if critic is not None else None
     # 9. Metrics.
+    log_samples(ctx, plan.phase, step, rollout, rewards, adv)  # logging.log_samples: a few as text
     metrics = step_metrics(ctx, plan, rollout, models, adv, timer, targets)
     metrics.update({**(targets.metrics if targets is not None else {}), **actor_metrics})
     metrics.update(sample_metrics)
