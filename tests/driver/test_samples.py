@@ -54,3 +54,44 @@ def test_samples_go_to_samples_jsonl_a_wandb_table_and_the_report(tmp_path):
     assert last_samples(tmp_path) == (2, lines[2:])
     page = samples_markdown(tmp_path)
     assert "PPO step 2" in page and "| w5 | w8 w9 w10 | 1 | 1 | 3 |" in page
+
+
+class _Engine:
+    """A rollout engine that answers prompt i with 'answer <i>' (greedy and sampled alike)."""
+    replica = 0
+
+    def generate(self, ids, *, max_tokens, stop, logprobs, n, temperature, top_p, seed):
+        from types import SimpleNamespace
+        return [SimpleNamespace(prompt_index=i, text=f"answer {i}", response_ids=[1] * (i + 2),
+                                finish_reason="stop") for i in range(len(ids)) for _ in range(n)]
+
+
+class _Scorer:
+    def judge(self, texts, truths, finish_reasons):
+        ok = [t == f"answer {truth}" for t, truth in zip(texts, truths)]
+        return [float(x) for x in ok], ok
+
+
+def test_validation_hands_its_greedy_samples_to_samples_jsonl(tmp_path):
+    from types import SimpleNamespace
+
+    from vcppo.config import load_config
+    from vcppo.driver.step.metrics import log_validations
+    from vcppo.driver.step.validation import SAMPLES_KEY, validate_run
+    from vcppo.engines.dist import DistInfo
+    dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo", is_main=True)
+    rows = [{"prompt_ids": [3], "prompt": "q0", "answer": 0}, {"prompt_ids": [4], "prompt": "q1", "answer": 5}]
+    cfg = load_config("vcppo", ["logging.log_samples=1", "trainer.val_k=[1]", "trainer.val_n_samples=1"])
+    metrics = validate_run(cfg, _Engine(), rows, _Scorer(), dist, step=3)
+    assert metrics["val/pass@1_greedy"] == 0.5 and metrics[SAMPLES_KEY] == [
+        {"prompt": "q0", "response": "answer 0", "reward": 1.0, "score": 1.0, "correct": True, "truncated": False,
+         "length": 2, "adv_mean": None, "adv_min": None, "adv_max": None}]
+    off = load_config("vcppo", ["trainer.val_k=[1]", "trainer.val_n_samples=1"])
+    assert SAMPLES_KEY not in validate_run(off, _Engine(), rows, _Scorer(), dist, step=3)
+
+    log = MetricsLogger(tmp_path, {}, use_wandb=False, progress_bar=False)
+    source = SimpleNamespace(finished_validations=lambda wait: [(3, dict(metrics))])
+    log_validations(SimpleNamespace(log=log, write_final_metrics=lambda m: None), source)
+    log.close()
+    assert [json.loads(x)["phase"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == ["val"]
+    assert SAMPLES_KEY not in json.loads((tmp_path / "metrics.jsonl").read_text())  # not a metric

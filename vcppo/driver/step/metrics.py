@@ -14,6 +14,7 @@ from vcppo.engines.collectives import gather_cat
 from vcppo.driver.step.samples import pick_samples
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.timeline import PhaseTimer
+from vcppo.driver.step.validation import SAMPLES_KEY
 from vcppo.experience import Advantages, BeforeUpdate, CriticResult, Rollout
 
 
@@ -128,6 +129,7 @@ def log_validations(ctx: RunContext, source, wait: bool = False, final_step: int
     for step, metrics in source.finished_validations(wait):
         if not metrics:
             continue
+        ctx.log.log_samples(metrics.pop(SAMPLES_KEY, []), step=step, phase="val")
         ctx.log.log(metrics, step=step, phase="val")
         ctx.log.info(f"val step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()
                                                       if k.startswith("val/")))

@@ -17,12 +17,14 @@ from vcppo.schema import Config, RolloutConfig
 
 
 def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sampling: RolloutConfig,
-                   n_samples: int, ks: list[int], seed: int, greedy: bool, keep: range, first: int) -> dict:
+                   n_samples: int, ks: list[int], seed: int, greedy: bool, keep: range, first: int,
+                   text_samples: int = 0) -> dict:
     """Metrics of the rows in ``keep`` (indices into ``mine``, the rows this rank's rollout group
     samples: the whole group sends the same requests, each rank keeps its part); each entry's
-    row, as an index into the whole split (``first``: the index of ``mine[0]``), in ``*_rows``."""
+    row, as an index into the whole split (``first``: the index of ``mine[0]``), in ``*_rows``;
+    ``text_samples`` greedy responses as text in ``samples``."""
     part = {"greedy_correct": [], "greedy_lengths": [], "greedy_rows": [], "n_correct": [], "n_correct_rows": [],
-            "sampled_lengths": [], "sampled_rows": []}
+            "sampled_lengths": [], "sampled_rows": [], "samples": []}
     if not mine:
         return part
     ids = [r["prompt_ids"] for r in mine]
@@ -40,6 +42,8 @@ def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScore
         part["greedy_correct"] = [float(x) for x in judge(out)]
         part["greedy_lengths"] = [len(s.response_ids) for s in out]
         part["greedy_rows"] = [first + s.prompt_index for s in out]
+        part["samples"] = [_text_sample(mine[s.prompt_index], s, ok) for s, ok in
+                           zip(out[:text_samples], part["greedy_correct"])]
     if n_samples > 0 and ks:
         out = generate(n=n_samples, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed + 1)
         counts = [0] * len(mine)
@@ -52,9 +56,16 @@ def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScore
     return part
 
 
+def _text_sample(row: dict, sample, correct: float) -> dict:
+    """A greedy validation response as a record of samples.jsonl (no advantages: nothing trains on it)."""
+    return {"prompt": str(row.get("prompt", "")), "response": sample.text, "reward": correct, "score": correct,
+            "correct": bool(correct), "truncated": sample.finish_reason == "length",
+            "length": len(sample.response_ids), "adv_mean": None, "adv_min": None, "adv_max": None}
+
+
 def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, dist: DistInfo,
              sampling: RolloutConfig, n_samples: int, ks: list[int], seed: int = 0, greedy: bool = True,
-             groups: list[str] | None = None) -> dict:
+             groups: list[str] | None = None, text_samples: int = 0) -> dict:
     """Each rank evaluates its slice of ``rows`` ({"prompt_ids", "answer"}); results are merged.
 
     Returns ``val/pass@1_greedy`` (temperature 0), ``val/pass@k`` for each k (unbiased estimator
@@ -63,17 +74,22 @@ def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, 
     """
     sampled, kept = rollout_share(len(rows), dist, sampling.tensor_parallel_size)
     part = _score_on_rank(rollout, rows[sampled.start:sampled.stop], scorer, sampling, n_samples, ks, seed, greedy,
-                          keep=kept, first=sampled.start)
+                          keep=kept, first=sampled.start, text_samples=text_samples)
     merged = {k: [] for k in part}
     for p in collectives.all_gather_object(part):
         for k, v in p.items():
             merged[k] += v
     res = _summary(merged, len(rows), n_samples, ks, greedy, "val/")
+    if text_samples:  # not a metric: log_validations writes them to samples.jsonl
+        res[SAMPLES_KEY] = merged["samples"][:text_samples]
     for label in dict.fromkeys(groups or []):
         mine = {i for i, g in enumerate(groups) if g == label}
         picked = {k: [v for v, r in zip(merged[k], merged[_ROWS[k]]) if r in mine] for k in _ROWS}
         res.update(_summary(picked, len(mine), n_samples, ks, greedy, f"val/{label}/"))
     return res
+
+
+SAMPLES_KEY = "samples"  # validate_run's greedy responses as text (logging.log_samples), beside the metrics
 
 
 def validate_run(cfg: Config, rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, dist: DistInfo,
@@ -82,7 +98,8 @@ def validate_run(cfg: Config, rollout: RolloutEngine, rows: list[dict], scorer: 
     and rollout engine): :func:`evaluate`'s metrics and ``time/val_s``, its wall-clock seconds."""
     start = time.perf_counter()
     metrics = evaluate(rollout, rows, scorer, dist=dist, sampling=cfg.rollout, n_samples=cfg.trainer.val_n_samples,
-                       ks=cfg.trainer.val_k, seed=sample_seed(cfg.trainer.seed, "val", step, rollout.replica))
+                       ks=cfg.trainer.val_k, seed=sample_seed(cfg.trainer.seed, "val", step, rollout.replica),
+                       text_samples=cfg.logging.log_samples)
     metrics["time/val_s"] = time.perf_counter() - start
     return metrics
 
