@@ -3,7 +3,8 @@ eval.data_files=FILE [key=value ...]`): greedy pass@1 and sampled unbiased pass@
 prompt split (sampling settings from ``rollout``).
 
 MODEL_DIR is any Hugging Face causal-LM directory (config.json, weights, tokenizer files: a real
-Qwen2.5 checkpoint, a `vcppo model make` dir, a run's ``final/actor``); DATA any prompt file of the
+Qwen2.5 checkpoint, a `vcppo model make` dir, a run's ``final/actor``) or a run's checkpoint
+(``checkpoints/step_N``, exported first: :mod:`vcppo.driver.durability.model_export`); DATA any prompt file of the
 supported formats: parquet / jsonl / json with a text prompt and a flat answer, or verl-format
 parquet (chat-message prompt, answer at ``reward_model.ground_truth``, found without
 ``data.answer_field`` when the file has no ``answer`` column). The model directory and the file are
@@ -28,6 +29,7 @@ from vcppo.config import load_command_config
 from vcppo.config_paths import split_paths
 from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
+from vcppo.driver.durability.model_export import export_checkpoint, is_checkpoint
 from vcppo.driver.step.validation import evaluate
 from vcppo.engines import dist as D
 from vcppo.engines.rollout import RolloutEngine
@@ -85,8 +87,8 @@ def eval_argv(argv: list[str]) -> list[str]:
             check_model_dir(model, "MODEL")
         return [config, f"eval.model_path={model}", *overrides]
     if bench and not positional and not any(a.lstrip("+").startswith("eval.model_path=") for a in overrides):
-        raise ConfigError(f"MODEL is missing: name the model to evaluate (a model directory or a hub id) "
-                          f"before --benchmark\n{USAGE}")
+        raise ConfigError("MODEL is missing: name the model to evaluate (a model directory, a run's checkpoint or a "
+                          f"hub id) before --benchmark\n{USAGE}")
     if len(positional) <= 1:
         if positional and os.path.isfile(os.path.join(positional[0], "config.json")):
             raise ConfigError(f"DATA is missing after MODEL_DIR {positional[0]}\n{USAGE}")
@@ -116,7 +118,7 @@ def _is_config(arg: str) -> bool:
 
 
 def _is_model(arg: str) -> bool:
-    return parse_id(arg) is not None or os.path.isfile(os.path.join(arg, "config.json"))
+    return parse_id(arg) is not None or os.path.isfile(os.path.join(arg, "config.json")) or is_checkpoint(arg)
 
 
 def check_model_dir(path: str, what: str) -> None:
@@ -124,6 +126,8 @@ def check_model_dir(path: str, what: str) -> None:
     architecture), weights, and tokenizer files (eval reads the tokenizer from it)."""
     from vcppo.models.value_model import MARKER
 
+    if is_checkpoint(path):  # a run's checkpoint: exported before it is evaluated
+        return
     if not os.path.exists(path):
         raise ConfigError(f"{what}: model directory not found: {path}")
     if not os.path.isdir(path):
@@ -206,6 +210,11 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="vcppo-benchmark-") as workdir:
         if cfg.eval.benchmark:
             cfg = with_benchmarks(cfg, workdir)
+        if is_checkpoint(cfg.eval.model_path):  # exported (ZeRO shards joined, LoRA merged), then evaluated
+            model = export_checkpoint(cfg.eval.model_path, os.path.join(workdir, "model"))
+            print(f"vcppo eval: {cfg.eval.model_path} is a run's checkpoint: exported its policy to evaluate it",
+                  flush=True)
+            cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, model_path=str(model)))
         metrics = evaluate_policy(cfg)
     if metrics is not None:
         print(json.dumps(metrics, indent=1))
