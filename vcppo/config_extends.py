@@ -44,7 +44,8 @@ def resolve_extends(name: str, child: Path, preset_dir: Path) -> Path:
         raise ConfigError(f"config file {child}: 'extends' must be a file name or a preset name, got {name!r}")
     tried = extends_candidates(name.strip(), child, preset_dir)
     found = [candidate for candidate in tried if candidate.is_file()]
-    if len(found) > 1 and found[0].resolve() != found[1].resolve():  # a shipped preset and the user's file of the same name: say which one is read
+    # a shipped preset and the user's file of the same name: say which one is read
+    if len(found) > 1 and found[0].resolve() != found[1].resolve():
         logger.warning("config file %s: 'extends: %s' reads the shipped preset %s, not %s beside it "
                        "(write 'extends: ./%s' for that one)", child, name, found[0].stem, found[1], name.strip())
     if found:

@@ -180,11 +180,12 @@ def samples_markdown(run_dir: Path) -> str:
     if not samples:
         return ""
     lines = [f"## Samples of {run_dir.name}, PPO step {step}", "",
-             "| prompt | response | reward | score | length | advantage mean / min / max |", "|---|---|---|---|---|---|"]
+             "| prompt | response | reward | score | length | advantage mean / min / max |",
+             "|---|---|---|---|---|---|"]
     for s in samples:
-        lines.append(f"| {_cell(s.get('prompt', ''), 120)} | {_cell(s.get('response', ''))} | {s.get('reward', 0):.3g} | "
-                     f"{s.get('score', 0):.3g} | {s.get('length', '')} | {s.get('adv_mean', 0):.3g} / "
-                     f"{s.get('adv_min', 0):.3g} / {s.get('adv_max', 0):.3g} |")
+        num = lambda k: f"{s[k]:.3g}" if isinstance(s.get(k), (int, float)) else "-"  # noqa: E731
+        lines.append(f"| {_cell(s.get('prompt', ''), 120)} | {_cell(s.get('response', ''))} | {num('reward')} | "
+                     f"{num('score')} | {s.get('length', '')} | {num('adv_mean')} / {num('adv_min')} / {num('adv_max')} |")
     return "\n" + "\n".join(lines) + "\n"
 
 

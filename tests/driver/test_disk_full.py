@@ -69,7 +69,8 @@ def test_a_full_disk_is_said_then_the_rerun_cleans_up_and_resumes(small_disk, mo
     with pytest.raises(DiskFull) as err:  # step 2 does not fit
         save_checkpoint(_ctx(run_dir, 4 * 2**20, mounted), ckpt.RunState(phase="ppo", step=2), source)
     message = str(err.value)
-    assert "\n" not in message and "no space left on device" in message and str(ckpt.checkpoint_root(run_dir)) in message
+    assert "\n" not in message and "no space left on device" in message
+    assert str(ckpt.checkpoint_root(run_dir)) in message
     assert "MiB needed" in message or "KiB" in message or "bytes needed" in message
     assert "step_000001 the newest" in message
     assert ckpt.staging_dir(run_dir, 2).exists()  # what the failed write left

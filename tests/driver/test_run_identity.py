@@ -26,7 +26,8 @@ def test_one_model_path_spelled_differently_is_the_same_run(tmp_path, monkeypatc
     (tmp_path / "models" / "sft").mkdir(parents=True)
     (tmp_path / "data.parquet").write_text("")
     monkeypatch.chdir(tmp_path)
-    saved = load_config("vcppo", [f"model.policy_path={tmp_path}/models/sft", f"data.train_files={tmp_path}/data.parquet"])
+    saved = load_config("vcppo", [f"model.policy_path={tmp_path}/models/sft",
+                                  f"data.train_files={tmp_path}/data.parquet"])
     save_config(saved, tmp_path)
     for spelling in ("models/sft/", "./models/sft", f"{tmp_path}/models/../models/sft/"):
         now = load_config("vcppo", [f"model.policy_path={spelling}", "data.train_files=./data.parquet"])

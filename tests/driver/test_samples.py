@@ -20,7 +20,8 @@ class Words:
 def _rollout():
     layout = make_layout([[5], [6, 7]], [[8, 9, 10], [11]], pad_id=0)
     scores = torch.tensor([1.0, 0.0])
-    return Rollout(**layout.layout_fields(), scores=scores, token_rewards=last_token_rewards(scores, layout.response_mask),
+    return Rollout(**layout.layout_fields(), scores=scores,
+                   token_rewards=last_token_rewards(scores, layout.response_mask),
                    group=torch.tensor([0, 1]), correct=torch.tensor([1.0, 0.0]), truncated=torch.tensor([0.0, 1.0]))
 
 

@@ -142,7 +142,8 @@ def _legacy_rng_state(path: Path) -> dict:
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def unpickle_refusal(path: str | Path, error: BaseException, allowed: str = "tensors and plain values") -> CheckpointError:
+def unpickle_refusal(path: str | Path, error: BaseException,
+                     allowed: str = "tensors and plain values") -> CheckpointError:
     """One line for a checkpoint file torch will not unpickle with ``weights_only``: the file, what it
     holds (torch's reason, without its colour codes), and what to do. torch's own advice (load it with
     ``weights_only=False``) is not ours to give."""
