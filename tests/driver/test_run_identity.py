@@ -36,3 +36,9 @@ def test_one_model_path_spelled_differently_is_the_same_run(tmp_path, monkeypatc
     other = load_config("vcppo", ["model.policy_path=models/other", "data.train_files=data.parquet"])
     assert "model.policy_path" in identity_conflict(tmp_path, other)
     assert "start over in that directory (the other run is moved" in identity_conflict(tmp_path, other)
+
+
+def test_a_damaged_saved_config_does_not_stop_the_resume(tmp_path, caplog):
+    (tmp_path / "config.yaml").write_bytes(b"trainer:\n  seed: [\xff\n")
+    assert identity_conflict(tmp_path, load_config("vcppo", [])) is None
+    assert "config.yaml cannot be read" in caplog.text and "run_config.json" in caplog.text

@@ -19,6 +19,7 @@ the math only when ``trainer.resume_allow_changes`` lists it.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 from pathlib import Path
@@ -30,6 +31,7 @@ from vcppo.config import SAVED_CONFIG
 from vcppo.config_provenance import same_value
 from vcppo.schema import Config, ConfigError
 
+logger = logging.getLogger(__name__)
 LOCK_FILE = ".run.lock"
 # What makes a run that run: a resume that changes one of these would continue another experiment.
 IDENTITY_KEYS = ("preset", "trainer.seed", "model.policy_path", "model.critic_init", "data.train_files",
@@ -72,7 +74,14 @@ def identity_conflict(run_dir: Path, cfg: Config) -> str | None:
     saved_path = run_dir / SAVED_CONFIG
     if not saved_path.exists():  # a run from before configs were saved: nothing to compare
         return None
-    saved, now = OmegaConf.load(saved_path), OmegaConf.structured(cfg)
+    try:
+        saved = OmegaConf.load(saved_path)
+    except Exception as e:  # noqa: BLE001 - a damaged record must not stop a resume: the checkpoint's own
+        # run_config.json is still compared with this config (resume_checks)
+        logger.warning("%s cannot be read (%s): which run the directory holds is judged by its checkpoint's "
+                       "run_config.json alone", saved_path, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+        return None
+    now = OmegaConf.structured(cfg)
     diffs = [f"{key}: {OmegaConf.select(saved, key)!r} there, {OmegaConf.select(now, key)!r} now"
              for key in IDENTITY_KEYS if not same_value(key, OmegaConf.select(saved, key), OmegaConf.select(now, key))]
     if not diffs:
