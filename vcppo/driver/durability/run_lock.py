@@ -78,8 +78,9 @@ def identity_conflict(run_dir: Path, cfg: Config) -> str | None:
         saved = OmegaConf.load(saved_path)
     except Exception as e:  # noqa: BLE001 - a damaged record must not stop a resume: the checkpoint's own
         # run_config.json is still compared with this config (resume_checks)
+        cause = (str(e).splitlines() or [type(e).__name__])[0][:200]
         logger.warning("%s cannot be read (%s): which run the directory holds is judged by its checkpoint's "
-                       "run_config.json alone", saved_path, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+                       "run_config.json alone", saved_path, cause)
         return None
     now = OmegaConf.structured(cfg)
     diffs = [f"{key}: {OmegaConf.select(saved, key)!r} there, {OmegaConf.select(now, key)!r} now"
