@@ -2,6 +2,8 @@
 relative to the file, or an absolute path, in that order; chains across them; a missing parent is
 "not found" with the paths tried; a cycle is an error. For `vcppo train` (its config loader) and
 `vcppo plan` alike, and the README's example."""
+import logging
+
 import pytest
 
 from vcppo.cli import main as cli_main
@@ -106,3 +108,30 @@ def test_the_readme_example(tmp_path):
     assert "(`extends: vcppo`" in readme
     mine = _write(tmp_path / "my_run.yaml", "extends: vcppo\ntrainer:\n  total_steps: 50\n")
     assert load_config(str(mine), ["actor.lr=2e-6"]).trainer.total_steps == 50
+
+
+def test_extends_a_file_that_is_not_a_config_is_refused_without_echoing_it(tmp_path):
+    secret = tmp_path / "passwd"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n")
+    child = tmp_path / "exp.yaml"
+    child.write_text(f"extends: {secret}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(child)
+    assert f"config file {secret} is not a vcppo config" in str(err.value) and "root:x" not in str(err.value)
+    secret.write_text("token: [abc123\nmore: secret-value\n")  # not YAML at all: the line, not its text
+    with pytest.raises(ConfigError) as err:
+        load_config(child)
+    assert "is not valid YAML" in str(err.value) and "abc123" not in str(err.value)
+
+
+def test_a_same_named_file_beside_the_child_is_named_when_the_preset_is_taken(tmp_path, caplog):
+    (tmp_path / "base.yaml").write_text("trainer:\n  seed: 3\n")
+    child = tmp_path / "exp.yaml"
+    child.write_text("extends: base.yaml\n")
+    with caplog.at_level(logging.WARNING, logger="vcppo.config_extends"):
+        cfg = load_config(child)
+    assert cfg.trainer.seed == 0  # the shipped preset, as documented
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "reads the shipped preset base" in line and str(tmp_path / "base.yaml") in line and "./base.yaml" in line
+    child.write_text("extends: ./base.yaml\n")
+    assert load_config(child).trainer.seed == 3

@@ -44,5 +44,6 @@ def test_targets_are_checked_against_the_model(paths, overrides, message):
 def test_adapters_that_fit_pass(paths):
     check_paths(load_config("vcppo", paths + ["actor.lora.rank=32", "critic.lora.rank=16",
                                               "critic.lora.target_modules=[q_proj,v_proj]"]))
-    # GRPO has no critic: its LoRA settings are not checked against any model
-    check_paths(load_config("grpo", paths + ["critic.lora.rank=999"]))
+    # GRPO has no critic: a critic LoRA setting is refused as such, not checked against any model
+    with pytest.raises(ConfigError, match="config key 'critic.lora.rank' configures a critic"):
+        load_config("grpo", [p for p in paths if not p.startswith("model.critic_path")] + ["critic.lora.rank=999"])

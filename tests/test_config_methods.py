@@ -2,13 +2,16 @@
 before any engine starts, naming the key to change; `vcppo plan` plans no critic for the
 critic-free estimators."""
 import json
+import re
 
 import pytest
 
 from vcppo.commands.plan import main as plan_main
-from vcppo.config import load_config
+from omegaconf import OmegaConf
+
+from vcppo.config import CRITIC_KEYS, load_config
 from vcppo.methods import ESTIMATORS, uses_critic
-from vcppo.schema import ConfigError
+from vcppo.schema import Config, ConfigError
 
 NEW_PRESETS = {  # preset: (estimator, policy loss, loss aggregation)
     "rloo": ("rloo", "ppo", "token-mean"),
@@ -56,7 +59,7 @@ def test_reinforce_pp_runs_with_one_sample_per_prompt():
 ])
 def test_a_critic_configured_for_a_critic_free_estimator_names_the_key_to_drop(preset, override, key):
     with pytest.raises(ConfigError, match=rf"'{key}' configures a critic.*reads none.*drop {key}"):
-        load_config(preset, [override, "model.critic_path=/x"])
+        load_config(preset, [override])
 
 
 def test_an_estimator_that_needs_a_critic_without_one():
@@ -64,11 +67,33 @@ def test_an_estimator_that_needs_a_critic_without_one():
         load_config("base", ["model.critic_init=reward_model"])
 
 
-def test_shared_critic_overrides_stay_valid_for_critic_free_presets():
-    """A sweep's common overrides (a critic path, critic lr, value-pretraining steps) apply to every
-    preset; only keys that make a critic be built are refused."""
-    cfg = load_config("rloo", ["model.critic_path=chain/rm", "critic.lr=1e-4", "value_pretrain.steps=80"])
-    assert not cfg.value_pretrain.enabled
+@pytest.mark.parametrize("key", CRITIC_KEYS)
+def test_every_key_only_a_critic_reads_is_refused_for_a_critic_free_method(key):
+    """The keys come from the schema (``critic`` on a field or its section): a new critic key is covered."""
+    default = OmegaConf.select(OmegaConf.structured(Config), key)  # set to its default: still set
+    default = OmegaConf.to_container(default) if OmegaConf.is_config(default) else default
+    value = {"model.critic_init": "reward_model", "placement.critic_ranks": 1}.get(key, json.dumps(default))
+    for preset in ("grpo", "rloo"):
+        with pytest.raises(ConfigError, match=rf"config key '{re.escape(key)}' configures a critic, but "
+                                              rf"algorithm.advantage_estimator='{preset}' reads none"):
+            load_config(preset, [f"{key}={value}"])
+    if key != "placement.critic_ranks":  # (that one needs split placement)
+        load_config("vcppo", [f"{key}={value}", "model.critic_path=rm"])
+
+
+def test_the_critic_keys_are_the_critic_sections_and_the_marked_keys():
+    assert {"critic.lr", "critic.lr_schedule", "value_pretrain.steps", "value_pretrain.enabled",
+            "algorithm.lambda_critic", "model.critic_path", "model.critic_init"} <= set(CRITIC_KEYS)
+    assert not {"actor.lr", "algorithm.lambda_actor", "model.policy_path"} & set(CRITIC_KEYS)
+
+
+def test_a_presets_own_critic_settings_are_not_the_users(tmp_path):
+    """base.yaml sets critic.lr for every preset; grpo extends it. A user's file that sets one is refused."""
+    load_config("grpo")
+    own = tmp_path / "mine.yaml"
+    own.write_text("extends: grpo\ncritic:\n  lr: 1.0e-5\n")
+    with pytest.raises(ConfigError, match=rf"config key 'critic.lr' configures a critic.*\({re.escape(str(own))}\)"):
+        load_config(own)
 
 
 @pytest.mark.parametrize("override", ["algorithm.whiten_advantages=false", "algorithm.zero_mean_advantages=false"])

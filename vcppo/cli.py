@@ -34,8 +34,13 @@ CONFIG_COMMANDS = ("train", "sft", "rm", "eval", "demo")
 # eval also takes the model directory and the data file as arguments (vcppo.commands.evaluate).
 EVAL_USAGE = ("usage: vcppo eval MODEL_DIR DATA [section.key=value ...]",
               "       vcppo eval [CONFIG] MODEL_DIR DATA [section.key=value ...]",
+              "       vcppo eval [CONFIG] MODEL --benchmark NAMES [section.key=value ...]",
               "       vcppo eval [CONFIG] eval.model_path=DIR eval.data_files=FILE [section.key=value ...]",
-              "MODEL_DIR: any Hugging Face causal-LM directory; DATA: .parquet / .jsonl / .json (plain or verl format)")
+              "MODEL_DIR: any Hugging Face causal-LM directory; DATA: .parquet / .jsonl / .json (plain or verl format)",
+              "MODEL_DIR / MODEL may also be a run's checkpoint (checkpoints/step_N): its policy is exported first",
+              "MODEL: a model directory or a hub id (org/name[@revision])",
+              "--benchmark NAMES: standard benchmarks, comma-separated: gsm8k, math500, aime24, aime25 (every prompt,",
+              "                   verl's scorers; the files come from the Hugging Face cache, or eval.data_files)")
 
 
 def usage(prog: str, table: dict[str, tuple[str, str]], heading: str = "commands") -> str:

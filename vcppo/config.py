@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from vcppo.config_extends import read_yaml_chain
 from vcppo.config_paths import check_paths, commands_with_paths
 from vcppo.config_provenance import resume_classes
-from vcppo.config_rules import validate
+from vcppo.config_rules import check_critic_keys, validate
 from vcppo.models.hub import resolve_model_keys
 from vcppo.methods import uses_critic
 from vcppo.schema import RESUME_CLASSES, Config, ConfigError
@@ -47,6 +47,21 @@ def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
         else:
             keys.append(prefix + f.name)
     return keys
+
+
+def critic_keys(cls: type = Config, prefix: str = "", section: bool = False) -> list[str]:
+    """Every dotted key only a critic reads: marked ``critic`` in the schema, or inside a section so marked."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        marked = section or bool(f.metadata.get("critic"))
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
+            keys += critic_keys(f.default_factory, f"{prefix}{f.name}.", marked)
+        elif marked:
+            keys.append(prefix + f.name)
+    return keys
+
+
+CRITIC_KEYS = tuple(critic_keys())
 
 
 def _unknown_key(key: str, where: str) -> ConfigError:
@@ -158,37 +173,46 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
 
 def parse_overrides(overrides: Sequence[str]) -> DictConfig:
     """``["actor.lr=1e-6", "rollout.stop=[a,b]"]`` -> a DictConfig (values parsed as YAML)."""
-    items = []
+    merged = OmegaConf.create()
     for item in overrides:
-        key, sep, _ = item.partition("=")
+        key, sep, value = str(item).strip().lstrip("+").partition("=")
         if not sep:
             raise ConfigError(f"override '{item}' is not of the form key=value")
-        if not key.strip().lstrip("+"):
+        if not key.strip():
             raise ConfigError(f"override '{item}' has an empty key")
-        items.append(item.strip().lstrip("+"))
-    try:
-        return OmegaConf.from_dotlist(items)
-    except OmegaConfBaseException as e:
-        raise _config_error(e, "command line") from None
+        try:  # one item at a time, so that a value that does not parse is named with its key
+            merged.merge_with_dotlist([f"{key}={value}"])
+        except OmegaConfBaseException as e:
+            raise _config_error(e, "command line") from None
+        except Exception as e:  # noqa: BLE001 - yaml's parse errors, and whatever else a key or value trips
+            cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ConfigError(f"config key '{key}': value {value!r} does not parse as YAML ({cause}); quote a "
+                              f"plain string: {key}='\"{value}\"' (command line)") from None
+    return merged
 
 
 def load_config(config: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults <- YAML chain <- overrides; validated and finalized."""
     merged = OmegaConf.structured(Config)
-    preset = None
+    preset, user_keys = None, {}  # the keys the user set (their files, the command line): key -> where
     if config:
         path = resolve_config_path(str(config))
         for p, data in read_yaml_chain(path, CONFIG_DIR):
             merged = _merge(merged, data, where=str(p))
+            if CONFIG_DIR not in p.parents:  # a shipped preset's settings are not the user's
+                user_keys.update(dict.fromkeys(_leaf_keys(OmegaConf.to_container(data, resolve=False)), str(p)))
         preset = path.stem
     if overrides:
-        merged = _merge(merged, parse_overrides(overrides), where="command line")
+        data = parse_overrides(overrides)
+        merged = _merge(merged, data, where="command line")
+        user_keys.update(dict.fromkeys(_leaf_keys(OmegaConf.to_container(data, resolve=False)), "command line"))
     try:
         cfg: Config = OmegaConf.to_object(merged)  # resolves ${...} interpolations
     except OmegaConfBaseException as e:
         raise _config_error(e, "interpolation") from None
     if preset and cfg.preset == "custom":
         cfg.preset = preset
+    check_critic_keys(cfg, {k: w for k, w in user_keys.items() if k in CRITIC_KEYS})  # named before the rules
     validate(cfg)
     return finalize(cfg)
 

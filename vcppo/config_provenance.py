@@ -19,12 +19,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from vcppo.records import read_records
 from vcppo.schema import RESUME_CLASSES, Config, ConfigError
 
 HISTORY_FILE = "config_history.jsonl"
@@ -75,6 +77,23 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+# Keys that name a file or directory (by their schema names): two spellings of one path (a trailing
+# slash, relative or absolute) are the same value.
+PATH_KEYS = tuple(k for k in CLASSES if k.endswith(("_path", "_files", "_dir", "_root")))
+
+
+def same_path(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` name the same path, from the current directory (or are equal as they are)."""
+    if a == b or not (isinstance(a, str) and isinstance(b, str) and a and b):
+        return a == b
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+
+
+def same_value(key: str, a: Any, b: Any) -> bool:
+    """Whether key ``key`` holds one value in both configs (paths compared after resolving them)."""
+    return same_path(a, b) if key in PATH_KEYS else _same(a, b)
+
+
 def diff_configs(old: dict, new: dict) -> list[Change]:
     """The schema keys whose value differs between two resolved configs (plain dicts). A key the
     old config does not hold (written by a version without it) is not a change."""
@@ -82,7 +101,7 @@ def diff_configs(old: dict, new: dict) -> list[Change]:
     for key, klass in CLASSES.items():
         had, before = _select(old, key)
         has, after = _select(new, key)
-        if had and has and not _same(before, after):
+        if had and has and not same_value(key, before, after):
             changes.append(Change(key, before, after, klass))
     return changes
 
@@ -138,7 +157,8 @@ def record_segment(run_dir: Path, *, phase: str, step: int, global_step: int, re
     """Append this segment to ``<run_dir>/config_history.jsonl`` (main rank); ``models``: the hub
     snapshots the model keys resolved to (``{key: org/name@commit}``)."""
     path = Path(run_dir) / HISTORY_FILE
-    segments = len(path.read_text().splitlines()) if path.exists() else 0
+    segments = max((r.get("segment", 0) for r in read_history(run_dir) if isinstance(r.get("segment"), int)),
+                   default=0)
     record = {"segment": segments + 1, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "phase": phase, "step": step, "global_step": global_step,
               "resumed_from": str(resumed_from) if resumed_from is not None else None,
@@ -151,9 +171,9 @@ def record_segment(run_dir: Path, *, phase: str, step: int, global_step: int, re
     return path
 
 
-def read_history(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / HISTORY_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+def read_history(run_dir: Path, say=None) -> list[dict]:
+    """The segments of ``config_history.jsonl`` (:func:`read_records`)."""
+    return read_records(Path(run_dir) / HISTORY_FILE, say)
 
 
 def describe_classes() -> str:

@@ -93,6 +93,16 @@ def validate(cfg: Config) -> None:
                           f"must be <= rollout.max_response_tokens ({cfg.rollout.max_response_tokens})")
 
 
+def check_critic_keys(cfg: Config, set_critic_keys: dict[str, str]) -> None:
+    """A key only a critic reads (``critic`` in the schema), set by the user (``{key: where}``) for a
+    method that builds no critic, is an error naming it: it would be ignored without a word."""
+    name = cfg.algorithm.advantage_estimator
+    if set_critic_keys and not ESTIMATORS[name].critic:
+        key, where = next(iter(set_critic_keys.items()))
+        raise ConfigError(f"config key '{key}' configures a critic, but algorithm.advantage_estimator={name!r} "
+                          f"reads none (no critic is built): drop {key} ({where})")
+
+
 def _check_method(cfg: Config) -> None:
     """What the advantage estimator and the policy loss need (:mod:`vcppo.methods`): groups of
     samples, a critic only where one is read, their own normalisation and aggregation."""

@@ -16,7 +16,7 @@ import json
 import math
 from pathlib import Path
 
-from vcppo.tracking import read_metrics
+from vcppo.tracking import last_samples, read_metrics
 
 
 def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -199,6 +199,27 @@ def _markdown(title: str, summaries: list[dict], plots: list[tuple[str, str]]) -
     return "\n".join(lines)
 
 
+def _cell(text: str, limit: int = 300) -> str:
+    """Text for one markdown table cell: one line, pipes escaped, long text cut (its end kept)."""
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def samples_markdown(run_dir: Path) -> str:
+    """The last PPO step's samples (``logging.log_samples``) as a table; empty without any."""
+    step, samples = last_samples(run_dir)
+    if not samples:
+        return ""
+    lines = [f"## Samples of {run_dir.name}, PPO step {step}", "",
+             "| prompt | response | reward | score | length | advantage mean / min / max |",
+             "|---|---|---|---|---|---|"]
+    for s in samples:
+        num = lambda k: f"{s[k]:.3g}" if isinstance(s.get(k), (int, float)) else "-"  # noqa: E731
+        lines.append(f"| {_cell(s.get('prompt', ''), 120)} | {_cell(s.get('response', ''))} | {num('reward')} | "
+                     f"{num('score')} | {s.get('length', '')} | {num('adv_mean')} / {num('adv_min')} / {num('adv_max')} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def make_report(run_dirs: list[Path], out_dir: Path, title: str = "vcppo report") -> Path:
     import matplotlib
     matplotlib.use("Agg")
@@ -214,6 +235,6 @@ def make_report(run_dirs: list[Path], out_dir: Path, title: str = "vcppo report"
     plots = [p for p in plots if p is not None]
     summaries = [run_summary(d) for d in run_dirs]
     page = out_dir / "report.md"
-    page.write_text(_markdown(title, summaries, plots))
+    page.write_text(_markdown(title, summaries, plots) + "".join(samples_markdown(d) for d in run_dirs))
     (out_dir / "summary.json").write_text(json.dumps(summaries, indent=1))
     return page

@@ -32,9 +32,9 @@ class ModelConfig:
     critic_init: str = _f("policy", "Critic initialisation: 'policy' (backbone of the policy + fresh "
                           "value head), 'reward_model' (an RM incl. its head; the paper's PPO "
                           "baseline), or 'checkpoint' (a pretrained critic).",
-                          choices=("policy", "reward_model", "checkpoint"), resume="math")
+                          choices=("policy", "reward_model", "checkpoint"), resume="math", critic=True)
     critic_path: Optional[str] = _f(None, "Directory (or hub id) of the RM or critic checkpoint when "
-                                    "critic_init is 'reward_model' or 'checkpoint'.", resume="math")
+                                    "critic_init is 'reward_model' or 'checkpoint'.", resume="math", critic=True)
     dtype: str = _f("auto", "Training dtype: 'auto' = bf16 on CUDA, fp32 on CPU.",
                     choices=("auto", "float32", "bfloat16", "float16"), resume="math")
 
@@ -140,7 +140,7 @@ class AlgorithmConfig:
     lambda_actor: float = _f(0.95, "GAE lambda of the actor's advantages (Decoupled-GAE, paper sec. 4.2).",
                              low=0.0, high=1.0, resume="math")
     lambda_critic: float = _f(1.0, "GAE lambda of the critic's targets; 1.0 = Monte-Carlo returns, no "
-                              "reward decay (Decoupled-GAE).", low=0.0, high=1.0, resume="math")
+                              "reward decay (Decoupled-GAE).", low=0.0, high=1.0, resume="math", critic=True)
     length_adaptive_lambda: bool = _f(False, "VAPO: lambda_actor = 1 - 1/(alpha * length) per sequence.", resume="math")
     length_adaptive_alpha: float = _f(0.05, "alpha of the length-adaptive lambda (VAPO: 0.05).", low=0.0,
                                       low_open=True, resume="math")
@@ -267,7 +267,8 @@ class TrainerConfig:
     save_every: int = _f(0, "Checkpoint every N steps (0: only at the end).", low=0, resume="free")
     keep_last: int = _f(2, "Keep the last K checkpoints.", low=1, resume="free")
     resume: str = _f("auto", "'auto' continues from the run's last complete checkpoint, 'never' "
-                     "starts over, or a checkpoint path.", resume="free")
+                     "starts over (the previous run's files move into previous_<date>-<time>/ inside the run "
+                     "dir), or a checkpoint path.", resume="free")
     val_every: int = _f(0, "Validate every N steps (0: only at the start and end).", low=0, resume="free")
     val_max_prompts: int = _f(128, "Validation prompts used (from the start of the val split).", low=1, resume="free")
     val_n_samples: int = _f(4, "Samples per validation prompt for pass@k.", low=1, resume="free")
@@ -317,7 +318,8 @@ class PlacementConfig:
                             resume="numerics")
     critic_ranks: int = _f(0, "Split placement: ranks that hold the critic only (after the actor's ranks, "
                            "as many as they), so the critic's values pass and update run while the actor "
-                           "trains; 0: the critic trains on the actor's ranks.", low=0, resume="numerics")
+                           "trains; 0: the critic trains on the actor's ranks.", low=0, resume="numerics",
+                           critic=True)
 
 
 @dataclass
@@ -329,6 +331,9 @@ class LoggingConfig:
     tensorboard: bool = _f(False, "Also write TensorBoard event files to <run dir>/tensorboard (tags "
                            "<phase>/<metric>; needs the tensorboard package).", resume="free")
     progress_bar: bool = _f(True, "Show a progress bar on rank 0.", resume="free")
+    log_samples: int = _f(0, "Samples per step written as text to <run dir>/samples.jsonl (prompt, response, "
+                          "reward, score, length, the advantages' mean / min / max) and, with wandb on, to a "
+                          "table; `vcppo report` shows the last step's. 0: off.", low=0, resume="free")
     profile_buckets: int = _f(16, "Buckets of the advantage-vs-position profile.", low=1, resume="free")
     timeline: bool = _f(False, "Write every rank's busy intervals by phase (sampling, scoring, waiting, each "
                         "update) to <run dir>/timeline/rank<N>.jsonl; `vcppo bench split` draws them.", resume="free")
@@ -345,11 +350,12 @@ class Config:
                                                                              "(built when algorithm.kl_coef > 0)."})
     reward_model: EngineConfig = field(default_factory=EngineConfig, metadata={"doc": "Reward model engine "
                                                                                "(built when reward.model_path is set)."})
-    critic: CriticConfig = field(default_factory=CriticConfig, metadata={"doc": "Value model optimisation."})
+    critic: CriticConfig = field(default_factory=CriticConfig, metadata={"doc": "Value model optimisation.",
+                                                                         "critic": True})
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig, metadata={"doc": "Advantages and losses."})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"doc": "Verifier / reward function."})
     value_pretrain: ValuePretrainConfig = field(default_factory=ValuePretrainConfig,
-                                                metadata={"doc": "Value pretraining phase."})
+                                                metadata={"doc": "Value pretraining phase.", "critic": True})
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={"doc": "Loop, checkpoints, eval."})
     placement: PlacementConfig = field(default_factory=PlacementConfig,
                                        metadata={"doc": "Which ranks sample and which train."})

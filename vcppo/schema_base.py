@@ -25,12 +25,15 @@ RESUME_CLASSES = {
 
 
 def _f(default: Any, doc: str, *, resume: str, choices: tuple | None = None, low: float | None = None,
-       high: float | None = None, low_open: bool = False) -> Any:
+       high: float | None = None, low_open: bool = False, critic: bool = False) -> Any:
     """A schema field with its doc line, its valid range or choices, and ``resume``: what changing it
-    on resume does (a key of :data:`RESUME_CLASSES`; required, so a new key must be classified)."""
+    on resume does (a key of :data:`RESUME_CLASSES`; required, so a new key must be classified).
+    ``critic``: only a critic reads it (setting it for a method without one is an error); a section's
+    metadata may say so for every key inside it."""
     if resume not in RESUME_CLASSES:
         raise ValueError(f"resume={resume!r} is not one of {list(RESUME_CLASSES)}")
-    meta = {"doc": doc, "choices": choices, "low": low, "high": high, "low_open": low_open, "resume": resume}
+    meta = {"doc": doc, "choices": choices, "low": low, "high": high, "low_open": low_open, "resume": resume,
+            "critic": critic}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)

@@ -23,6 +23,9 @@ A sweep file::
 other key is a config override appended to every run (``trainer.total_steps=20``). Values are
 YAML. Give a shortened sweep its own ``output_root``: finished runs are skipped by directory.
 
+Keys only a critic reads (``critic.*``, ``value_pretrain.*``, ...) in the sweep-wide ``overrides`` go to
+the runs whose method has a critic only.
+
 Runs execute one after another here (each its own process), or ``--dry-run`` prints the launch
 commands for a cluster scheduler. Finished runs (``final_metrics.json`` present) are skipped, so a
 sweep is re-runnable; an interrupted run resumes from its last checkpoint. At the end the final
@@ -39,7 +42,8 @@ from pathlib import Path
 
 import yaml
 
-from vcppo.config import CONFIG_DIR, ConfigError, load_config, resolve_named_file
+from vcppo.config import CONFIG_DIR, CRITIC_KEYS, ConfigError, load_config, resolve_named_file
+from vcppo.methods import uses_critic
 
 _TOP_KEYS = {"name", "output_root", "launcher", "preset", "overrides", "grid", "runs", "preset_overrides"}
 
@@ -114,9 +118,23 @@ def expand(sweep: dict) -> list[dict]:
     root = sweep.get("output_root", f"runs/{sweep.get('name', 'sweep')}")
     for r in runs:
         r["overrides"] += [f"trainer.output_root={root}", f"trainer.run_name={r['name']}"]
+        r["overrides"] = _without_unread_critic_keys(r["preset"], r["overrides"], common)
         load_config(r["preset"], r["overrides"])  # a typo fails here, before any run starts
         r["run_dir"] = str(Path(root) / r["name"])
     return runs
+
+
+def _without_unread_critic_keys(preset: str, overrides: list[str], common: list[str]) -> list[str]:
+    """A run whose method builds no critic does not get the sweep-wide critic settings (``overrides``
+    applied to every run): they are meant for the runs that have one. Set for that run alone, such a
+    key is still an error."""
+    shared = [o for o in common if o.partition("=")[0].lstrip("+") in CRITIC_KEYS]
+    if not shared:
+        return overrides
+    method = load_config(preset, [o for o in overrides if o.partition("=")[0].lstrip("+") not in CRITIC_KEYS])
+    if uses_critic(method.algorithm.advantage_estimator):
+        return overrides
+    return [o for o in overrides if o not in shared]
 
 
 def with_overrides(sweep: dict, items: list[str]) -> dict:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vcppo.records import read_records
 from vcppo.schema import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,21 @@ class MetricsLogger:
                 self._bar.set_postfix(post, refresh=False)
                 self._bar.update(1)
 
+    def log_samples(self, samples: list[dict], *, step: int, phase: str) -> None:
+        """A step's samples as text: lines of ``samples.jsonl`` (``{"phase", "step", **sample}``), and
+        a wandb table ``<phase>/samples``."""
+        if not (self.enabled and samples):
+            return
+        with open(self.run_dir / SAMPLES_FILE, "a") as f:
+            for sample in samples:
+                f.write(json.dumps({"phase": phase, "step": step, **{k: _to_builtin(v) for k, v in sample.items()}})
+                        + "\n")
+        if self._wandb is not None and (phase, step) not in self._already_sent:
+            import wandb
+            columns = list(samples[0])
+            table = wandb.Table(columns=columns, data=[[s[c] for c in columns] for s in samples])
+            self._wandb.log({f"{phase}/samples": table, "global_step": step})
+
     def close(self) -> None:
         if not self.enabled:
             return
@@ -160,16 +176,23 @@ class MetricsLogger:
             self._wandb = None
 
 
+SAMPLES_FILE = "samples.jsonl"
+
+
+def last_samples(run_dir: str | os.PathLike, phase: str = "ppo") -> tuple[int | None, list[dict]]:
+    """The samples of the last step of ``phase`` in ``samples.jsonl``: ``(step, samples)``, or ``(None, [])``."""
+    records = [r for r in read_records(Path(run_dir) / SAMPLES_FILE, logger.warning) if r.get("phase") == phase]
+    if not records:
+        return None, []
+    step = records[-1].get("step")
+    return step, [r for r in records if r.get("step") == step]
+
+
 def read_metrics(run_dir: str | os.PathLike, phase: str | None = None) -> list[dict]:
-    """The records of ``metrics.jsonl``; for a resumed run, a step logged twice keeps its last record."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
+    """The records of ``metrics.jsonl``; for a resumed run, a step logged twice keeps its last record.
+    A line that is not a JSON record is named (a warning) and skipped."""
     by_key: dict[tuple, dict] = {}
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
+    for rec in read_records(Path(run_dir) / "metrics.jsonl", logger.warning):  # a bad line: named, skipped
         if phase is None or rec.get("phase") == phase:
             by_key[(rec.get("phase"), rec.get("step"))] = rec
     return list(by_key.values())

@@ -81,18 +81,35 @@ def test_argument_forms(art):
 
 def test_benchmark_argument_forms(art):
     m, d = str(art / "model"), str(art / "verl" / "test.parquet")
-    bench = ["eval.benchmark=gsm8k", "eval.max_prompts=null"]
+    bench = ['eval.benchmark="gsm8k"', "eval.max_prompts=null"]
     assert evaluate.eval_argv(["Qwen/Qwen2.5-0.5B-Instruct", "--benchmark", "gsm8k"]) == \
         ["base", "eval.model_path=Qwen/Qwen2.5-0.5B-Instruct", *bench]
     assert evaluate.eval_argv(["grpo", m, "--benchmark=gsm8k"]) == ["grpo", f"eval.model_path={m}", *bench]
     assert evaluate.eval_argv([m, d, "--benchmark", "gsm8k"]) == ["base", f"eval.model_path={m}",
                                                                   f"eval.data_files={d}", *bench]
     assert evaluate.eval_argv(["gsm8k_ppo", "--benchmark", "aime24", "eval.max_prompts=5"]) == \
-        ["gsm8k_ppo", "eval.max_prompts=5", "eval.benchmark=aime24"]  # a preset: its model.policy_path
+        ["gsm8k_ppo", "eval.max_prompts=5", 'eval.benchmark="aime24"']  # a preset: its model.policy_path
     with pytest.raises(evaluate.ConfigError, match="--benchmark needs a name"):
         evaluate.eval_argv([m, "--benchmark"])
     with pytest.raises(evaluate.ConfigError, match="eval.model_path is given twice"):
         evaluate.eval_argv([m, "--benchmark", "gsm8k", f"eval.model_path={m}"])
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--benchmark", "gsm8k"], "MODEL is missing"),  # not a download hint for the preset's default policy
+    (["/typo", "--benchmark", "gsm8k"], "MODEL: model directory not found: /typo"),  # not "no such preset"
+    (["--benchmark", ","], "--benchmark needs a name .* got ','"),
+    (["--benchmark", ""], "--benchmark needs a name .* got ''"),  # not "Incompatible value 'None'"
+])
+def test_benchmark_mistakes_are_named(argv, says):
+    with pytest.raises(evaluate.ConfigError, match=says):
+        evaluate.eval_argv(argv)
+
+
+def test_eval_help_documents_benchmark(capsys):
+    from vcppo.cli import main
+    assert main(["eval", "--help"]) == 0
+    assert "--benchmark NAMES" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name,expected", [

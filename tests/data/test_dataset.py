@@ -104,3 +104,37 @@ def test_prompt_stream_epochs_and_resume(parquet, tok):
     s2.load_state_dict(json.loads(json.dumps(state)))
     assert [r["prompt"] for r in s2.next_batch(30)] == rest
     assert s2.state_dict() == s.state_dict()
+
+
+def test_a_read_only_datasets_cache_is_named_with_the_fix(tmp_path, monkeypatch):
+    """A read-only HF_HOME (a shared cluster cache) blames the cache and names HF_DATASETS_CACHE, not the
+    data file. A read-only tmpfs where the host allows mounting one; else the same refusal injected."""
+    import errno
+    import subprocess
+
+    import datasets
+    import pandas as pd
+
+    from vcppo.data.checks import DataError
+    from vcppo.data.dataset import _read_table
+    pd.DataFrame({"prompt": ["1+1"], "answer": ["2"]}).to_parquet(tmp_path / "train.parquet")
+    cache = tmp_path / "ro"
+    cache.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(cache)],
+                                 capture_output=True).returncode == 0
+    except OSError:
+        mounted = False
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache / "datasets"))
+    if not mounted:
+        def refuse(*a, **k):
+            raise OSError(errno.EROFS, "Read-only file system", str(cache / "datasets"))
+        monkeypatch.setattr(datasets.Dataset, "from_parquet", refuse)
+    try:
+        with pytest.raises(DataError) as err:
+            _read_table(str(tmp_path / "train.parquet"))
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(cache)], check=False)
+    message = str(err.value)
+    assert f"the datasets cache {cache / 'datasets'} is not writable" in message and "set HF_DATASETS_CACHE" in message

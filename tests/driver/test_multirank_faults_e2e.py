@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import ENV, start_ranks
 from tests.driver.test_exact_resume_e2e import assert_same, records
-from tests.driver.test_train_e2e import base_overrides
+from tests.driver.test_train_e2e import base_overrides, for_preset
 from vcppo.engines.launch_env import free_port
 from vcppo.driver.durability import manifest
 from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete, peek_state
@@ -43,9 +43,9 @@ CASES = {  # preset: (the rank killed, where, what the preset's path adds)
 
 def args_for(preset, art, out):
     extra = {k: v.format(art=art) if isinstance(v, str) else v for k, v in CASES[preset][2].items()}
-    return base_overrides(art, out, **{"trainer.total_steps": 3, "trainer.save_every": 1, "trainer.keep_last": 8,
-                                       "rollout.temperature": 1.0, "rollout.max_response_tokens": 24,
-                                       "value_pretrain.steps": 1, **extra})
+    return for_preset(preset, base_overrides(art, out, **{
+        "trainer.total_steps": 3, "trainer.save_every": 1, "trainer.keep_last": 8, "rollout.temperature": 1.0,
+        "rollout.max_response_tokens": 24, "value_pretrain.steps": 1, **extra}))
 
 
 def start_two_ranks(cli_args, cwd, kill=None):

@@ -105,3 +105,15 @@ def test_deepspeed_state_files_load_weights_only_and_refuse_planted_objects(tmp_
     with pytest.raises(Exception, match="Unsupported global: GLOBAL print"):
         load_weights_only(str(tmp_path / "optim_states.pt"), map_location=lambda storage, loc: storage)
     assert PAYLOAD_OUTPUT not in capsys.readouterr().out
+
+
+def test_the_legacy_rng_refusal_says_what_to_do_in_plain_text(tmp_path):
+    final = _checkpoint(tmp_path)
+    (final / "rng_rank0.json").unlink()
+    torch.save({"torch": torch.get_rng_state(), "numpy": PrintOnUnpickle()}, final / "rng_rank0.pt")
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.load_state(final, rank=0)
+    message = str(err.value)
+    assert "\x1b[" not in message and "two options" not in message and "\n" not in message
+    assert "move its step_N directory out of checkpoints/" in message and "trainer.resume=never" in message
+    assert "Unsupported global" in message  # what the file holds, in torch's words

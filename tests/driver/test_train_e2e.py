@@ -29,8 +29,21 @@ def base_overrides(art: Path, out: Path, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in o.items()]
 
 
+def for_preset(preset: str, overrides: list[str]) -> list[str]:
+    """``overrides`` without the critic's keys (base_overrides sets them) for a preset without a critic,
+    where setting them is an error."""
+    from vcppo.config import CRITIC_KEYS, load_config
+    from vcppo.methods import uses_critic
+    if uses_critic(load_config(preset).algorithm.advantage_estimator):
+        return overrides
+    estimator = [o for o in overrides if o.startswith("algorithm.advantage_estimator=")]
+    if estimator and uses_critic(estimator[-1].partition("=")[2]):
+        return overrides
+    return [o for o in overrides if o.partition("=")[0] not in CRITIC_KEYS]
+
+
 def train(preset: str, overrides: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return vcppo("train", preset, *overrides, cwd=cwd, check=False, timeout=timeout)
+    return vcppo("train", preset, *for_preset(preset, overrides), cwd=cwd, check=False, timeout=timeout)
 
 
 def phases_in_file_order(run_dir: Path) -> list[str]:

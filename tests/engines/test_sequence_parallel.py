@@ -167,5 +167,5 @@ def test_config_names_the_key_and_the_model_counts(tiny_model_dir):
     cfg = load_config("base", [f"model.policy_path={tiny_model_dir}", "actor.sequence_parallel_size=2"])
     check_sequence_parallel_heads(cfg)  # 2 heads over 1 KV head: the KV head is replicated
     check_sequence_parallel_ranks(cfg, 4)
-    grpo = load_config("base", ["critic.sequence_parallel_size=3", "algorithm.advantage_estimator=grpo"])
-    check_sequence_parallel_ranks(grpo, 2)  # no critic is built: its key is not checked
+    with pytest.raises(ConfigError, match="'critic.sequence_parallel_size' configures a critic"):  # none is built
+        load_config("base", ["critic.sequence_parallel_size=3", "algorithm.advantage_estimator=grpo"])

@@ -3,7 +3,8 @@ eval.data_files=FILE [key=value ...]`): greedy pass@1 and sampled unbiased pass@
 prompt split (sampling settings from ``rollout``).
 
 MODEL_DIR is any Hugging Face causal-LM directory (config.json, weights, tokenizer files: a real
-Qwen2.5 checkpoint, a `vcppo model make` dir, a run's ``final/actor``); DATA any prompt file of the
+Qwen2.5 checkpoint, a `vcppo model make` dir, a run's ``final/actor``) or a run's checkpoint
+(``checkpoints/step_N``, exported first: :mod:`vcppo.driver.durability.model_export`); DATA any prompt file of the
 supported formats: parquet / jsonl / json with a text prompt and a flat answer, or verl-format
 parquet (chat-message prompt, answer at ``reward_model.ground_truth``, found without
 ``data.answer_field`` when the file has no ``answer`` column). The model directory and the file are
@@ -28,6 +29,7 @@ from vcppo.config import load_command_config
 from vcppo.config_paths import split_paths
 from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
+from vcppo.driver.durability.model_export import export_checkpoint, is_checkpoint
 from vcppo.driver.step.episodes import episode_runner
 from vcppo.driver.step.validation import evaluate
 from vcppo.engines import dist as D
@@ -38,7 +40,7 @@ from vcppo.schema import Config, ConfigError
 
 
 USAGE = ("usage: vcppo eval MODEL_DIR DATA [key=value ...]  (or: [CONFIG] MODEL_DIR DATA ..., "
-         "[CONFIG] eval.model_path=DIR eval.data_files=FILE ...)")
+         "MODEL --benchmark NAMES ..., [CONFIG] eval.model_path=DIR eval.data_files=FILE ...)")
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 _TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -61,7 +63,10 @@ def _benchmark_flag(argv: list[str]) -> tuple[list[str], list[str]]:
             rest.append(a)
     if names is None:
         return rest, []
-    extra = [f"eval.benchmark={names}"]
+    if not [n for n in names.split(",") if n.strip()]:
+        raise ConfigError(f"--benchmark needs a name (gsm8k, math500, aime24, aime25; several comma-separated), "
+                          f"got {names!r}\n{USAGE}")
+    extra = [f"eval.benchmark={json.dumps(names)}"]  # a quoted YAML string, whatever the names hold
     if not any(a.lstrip("+").startswith("eval.max_prompts=") for a in rest):
         extra.append("eval.max_prompts=null")
     return rest, extra
@@ -75,10 +80,16 @@ def eval_argv(argv: list[str]) -> list[str]:
     argv, bench = _benchmark_flag(list(argv))
     positional = [a for a in argv if "=" not in a]
     overrides = [a for a in argv if "=" in a] + bench
-    if bench and len(positional) in (1, 2) and _is_model(positional[-1]):
+    lone_model = len(positional) == 1 and not _is_config(positional[0])  # not a config: a model, maybe a typo
+    if bench and len(positional) in (1, 2) and (_is_model(positional[-1]) or lone_model):
         config, model = (["base"] + positional)[-2:]
         _refuse_twice(overrides, ("eval.model_path",))
+        if parse_id(model) is None:  # a hub id is checked once resolved to its snapshot
+            check_model_dir(model, "MODEL")
         return [config, f"eval.model_path={model}", *overrides]
+    if bench and not positional and not any(a.lstrip("+").startswith("eval.model_path=") for a in overrides):
+        raise ConfigError("MODEL is missing: name the model to evaluate (a model directory, a run's checkpoint or a "
+                          f"hub id) before --benchmark\n{USAGE}")
     if len(positional) <= 1:
         if positional and os.path.isfile(os.path.join(positional[0], "config.json")):
             raise ConfigError(f"DATA is missing after MODEL_DIR {positional[0]}\n{USAGE}")
@@ -101,8 +112,14 @@ def _refuse_twice(overrides: list[str], keys: tuple[str, ...]) -> None:
             raise ConfigError(f"{key} is given twice: as an argument and as '{key}=...'")
 
 
+def _is_config(arg: str) -> bool:
+    """``arg`` names a config: a YAML file, or a shipped preset's name."""
+    from vcppo.config import CONFIG_DIR
+    return arg.endswith((".yaml", ".yml")) or ("/" not in arg and (CONFIG_DIR / f"{arg}.yaml").is_file())
+
+
 def _is_model(arg: str) -> bool:
-    return parse_id(arg) is not None or os.path.isfile(os.path.join(arg, "config.json"))
+    return parse_id(arg) is not None or os.path.isfile(os.path.join(arg, "config.json")) or is_checkpoint(arg)
 
 
 def check_model_dir(path: str, what: str) -> None:
@@ -110,6 +127,8 @@ def check_model_dir(path: str, what: str) -> None:
     architecture), weights, and tokenizer files (eval reads the tokenizer from it)."""
     from vcppo.models.value_model import MARKER
 
+    if is_checkpoint(path):  # a run's checkpoint: exported before it is evaluated
+        return
     if not os.path.exists(path):
         raise ConfigError(f"{what}: model directory not found: {path}")
     if not os.path.isdir(path):
@@ -192,6 +211,11 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="vcppo-benchmark-") as workdir:
         if cfg.eval.benchmark:
             cfg = with_benchmarks(cfg, workdir)
+        if is_checkpoint(cfg.eval.model_path):  # exported (ZeRO shards joined, LoRA merged), then evaluated
+            model = export_checkpoint(cfg.eval.model_path, os.path.join(workdir, "model"))
+            print(f"vcppo eval: {cfg.eval.model_path} is a run's checkpoint: exported its policy to evaluate it",
+                  flush=True)
+            cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, model_path=str(model)))
         metrics = evaluate_policy(cfg)
     if metrics is not None:
         print(json.dumps(metrics, indent=1))

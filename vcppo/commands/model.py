@@ -4,10 +4,25 @@
     vcppo model tokenizer --out DIR
     vcppo model tokenizer --out DIR --bpe [--vocab-size 512] [--think-added] [--task add]   # Qwen2.5-style BPE
     vcppo model info DIR
+    vcppo model export CHECKPOINT --out DIR   # a run's checkpoints/step_N as an HF model (ZeRO shards joined,
+                                              # LoRA merged), for vcppo eval / vLLM / transformers
 """
 from __future__ import annotations
 
 import argparse
+
+
+def _add_export(sub) -> None:
+    ex = sub.add_parser("export", help="a run's checkpoint (checkpoints/step_N) as an HF causal-LM directory")
+    ex.add_argument("checkpoint")
+    ex.add_argument("--out", required=True, help="output model dir")
+
+
+def export(args) -> int:
+    from vcppo.driver.durability.model_export import export_checkpoint
+
+    print(f"wrote the policy of {args.checkpoint} to {export_checkpoint(args.checkpoint, args.out)}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     tk.add_argument("--task", default="add", help="task whose train split the BPE is trained on")
     inf = sub.add_parser("info", help="print a checkpoint's size and special tokens")
     inf.add_argument("path")
+    _add_export(sub)
     args = p.parse_args(argv)
+    if args.cmd == "export":
+        return export(args)
 
     if args.cmd == "make":
         from vcppo.models.factory import count_params, make_model

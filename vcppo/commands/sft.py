@@ -75,6 +75,12 @@ def _write_summary(summary: dict, out: Path, target_accuracy: float, log) -> Non
     log.info(f"SFT done: {json.dumps(summary)}")
 
 
+def _validation_sampler(cfg: Config, dist, max_len: int, env_workers: int):
+    """The vLLM engine that validates the SFT policy, and with ``rollout.env`` its episode runner."""
+    rollout = RolloutEngine(cfg.sft.init_model, cfg.rollout, dist, seed=cfg.trainer.seed, max_model_len=max_len)
+    return rollout, episode_runner(cfg, rollout, env_workers, max_len)
+
+
 def run_sft(cfg: Config) -> dict:
     from transformers import AutoTokenizer
 
@@ -88,9 +94,8 @@ def run_sft(cfg: Config) -> dict:
     log = make_logger(cfg, out, dist, run_name=f"sft-{out.name}")
     actor = ActorEngine(s.init_model, s, dist, total_optimizer_steps=s.steps, dtype=cfg.model.dtype)
     max_len = max(len(r) for r in train.dataset["prompt_ids"]) + cfg.rollout.max_response_tokens
-    rollout = RolloutEngine(s.init_model, cfg.rollout, dist, seed=seed, max_model_len=max_len) if val_rows else None
     scorer = make_scorer(cfg)
-    episodes = episode_runner(cfg, rollout, scorer.num_workers, max_model_len=max_len) if val_rows else None
+    rollout, episodes = _validation_sampler(cfg, dist, max_len, scorer.num_workers) if val_rows else (None, None)
 
     def eval_now(step: int) -> dict:
         rollout.sync_weights(actor.named_parameters_gathered())
@@ -106,8 +111,7 @@ def run_sft(cfg: Config) -> dict:
     for step in range(1, s.steps + 1):
         _, mine = rank_slice(stream.next_batch(s.batch_size), dist.rank, dist.world_size)
         responses = [tok.encode(r[s.solution_field], add_special_tokens=False) + [tok.eos_token_id] for r in mine]
-        batch = make_layout([r["prompt_ids"] for r in mine], responses, pad_id=pad_token_id(tok),
-                                device=dist.device)
+        batch = make_layout([r["prompt_ids"] for r in mine], responses, pad_id=pad_token_id(tok), device=dist.device)
         t0 = time.perf_counter()
         m = actor.train_step(batch, ResponseNLL(NLL_METRIC))
         m["time/step_s"] = time.perf_counter() - t0

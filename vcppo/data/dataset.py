@@ -8,6 +8,7 @@ that depends only on (seed, epoch), and can be checkpointed with ``state_dict``.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from dataclasses import dataclass
@@ -52,8 +53,25 @@ def _read_table(path: str, split: str | None = None):
             return datasets.Dataset.from_parquet(path, keep_in_memory=True)
         return datasets.Dataset.from_json(path, keep_in_memory=True)
     except Exception as e:  # datasets wraps the cause (e.g. mixed types in a column) in a generic error
+        cache = unwritable_cache(e, datasets.config.HF_DATASETS_CACHE)
+        if cache is not None:
+            raise DataError(f"cannot read {path}: the datasets cache {cache} is not writable, and `datasets` keeps "
+                            "its lock and cache files there even for a local file (HF_HOME read-only, as a shared "
+                            "model cache often is?): set HF_DATASETS_CACHE to a writable directory") from None
         cause = e.__cause__ or e.__context__ or e
         raise DataError(f"cannot read {path}: {type(cause).__name__}: {str(cause)[:500]}") from e
+
+
+def unwritable_cache(error: BaseException, cache: str | os.PathLike) -> str | None:
+    """``cache`` when ``error`` (or its cause) is a write refused inside it (read-only, no permission)."""
+    cache = os.path.realpath(cache)
+    while error is not None:
+        name = getattr(error, "filename", None)
+        if isinstance(error, OSError) and error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and name \
+                and os.path.realpath(name).startswith(cache):
+            return cache
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def format_prompt(tokenizer, prompt: str | list[dict], use_chat_template: bool | str = "auto") -> str:

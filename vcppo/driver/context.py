@@ -13,7 +13,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -22,8 +22,8 @@ from vcppo.config import save_config, to_dict
 from vcppo.config_parallel import check_sequence_parallel_ranks
 from vcppo.config_provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
-from vcppo.driver.durability import reshard
-from vcppo.driver.durability.checkpoint import RunState, find_resume_point, peek_state, rewind_metrics
+from vcppo.driver.durability import disk_space, reshard
+from vcppo.driver.durability.checkpoint import RunState, find_resume_point, peek_state
 from vcppo.driver.step.critic_side import Critic
 from vcppo.driver.engines import build_engines
 from vcppo.driver.step.model_reward import ModelReward
@@ -32,6 +32,7 @@ from vcppo.driver.teardown import close_parts
 from vcppo.models.hub import model_sources
 from vcppo.driver.step.timeline import Timeline
 from vcppo.driver.durability.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
+from vcppo.driver.durability.run_records import prepare_run_dir, rewind_metrics
 from vcppo.engines import dist as D
 from vcppo.engines import collectives
 from vcppo.engines import launch_env
@@ -105,10 +106,14 @@ def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunSt
     if changes:
         say(f"resuming with a changed config: {summary(changes)}")
     phase = resumed.phase if resumed is not None else "start"
-    record_segment(run_dir, phase=phase, step=resumed.step if resumed else 0,
-                   global_step=resumed.global_step if resumed else 0, resumed_from=point, changes=changes,
-                   models=model_sources(cfg))
-    save_config(cfg, run_dir)
+    try:
+        record_segment(run_dir, phase=phase, step=resumed.step if resumed else 0,
+                       global_step=resumed.global_step if resumed else 0, resumed_from=point, changes=changes,
+                       models=model_sources(cfg))
+        save_config(cfg, run_dir)
+    except OSError as error:
+        raise disk_space.write_error("the run's config (config.yaml, config_history.jsonl)", run_dir, error) \
+            or error
 
 
 def check_split_sizes(cfg: Config, world: int) -> None:
@@ -127,9 +132,13 @@ def check_split_sizes(cfg: Config, world: int) -> None:
 
 def init_run_distributed(cfg: Config) -> DistInfo:
     """The run's process groups: one world, or (placement.mode=split) this rank's role world and the
-    bridge (:mod:`vcppo.engines.bridge`). Split sizes are checked on every rank before anything starts."""
+    bridge (:mod:`vcppo.engines.bridge`). The sizes the ranks must divide are checked on every rank
+    before anything starts: a config error then exits before DeepSpeed's CPU shm collective makes its
+    /dev/shm segments, which only a clean end of a run removes."""
     timeout_s = cfg.trainer.collective_timeout_s
     if cfg.placement.mode != "split":
+        if D.get_info() is None:  # before the group and DeepSpeed's shm segments exist: a clean exit leaves none
+            _check_rank_counts(cfg, launch_env.launched_world_size())
         return D.init_distributed(cfg.trainer.device, timeout_s=timeout_s)
     if D.get_info() is None:
         check_split_sizes(cfg, launch_env.launched_world_size())
@@ -175,6 +184,7 @@ class RunContext:
     # resuming on another number of ranks: {engine role: its checkpoint in DeepSpeed's universal format}
     universal_checkpoints: dict = dataclasses.field(default_factory=dict)
     timeline: Timeline = dataclasses.field(default_factory=lambda: Timeline(None, "both"))
+    tokenizer: Any = None  # the policy's tokenizer (samples as text: logging.log_samples)
 
     @classmethod
     def create(cls, cfg: Config, run_dir: Path) -> "RunContext":
@@ -197,6 +207,7 @@ class RunContext:
         if (problem := collectives.all_gather_object(problem)[0]) is not None:  # every rank stops, not only the main
             raise RunDirInUse(problem)
         try:  # from here on, a failure must not leave the lock held by this (still living) process
+            notes = prepare_run_dir(run_dir, cfg.trainer.resume) if dist.is_main else []
             # verified here, before the engines start: a damaged checkpoint is skipped (or named)
             point = find_resume_point(run_dir, cfg.trainer.resume, dist.rank, dist.world_size,
                                       gather=collectives.all_gather_object)
@@ -214,6 +225,8 @@ class RunContext:
             # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
             sent = rewind_metrics(run_dir, resumed) if (own and dist.is_main) else set()
             log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None, already_sent=sent)
+            for note in notes:
+                log.info(note)
             if dist.is_main:
                 record_config(cfg, run_dir, point, resumed, changes, log.info)
             log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "
@@ -228,7 +241,7 @@ class RunContext:
                        reference=engines.reference, log=log, critic_from_cache=engines.critic_from_cache,
                        reward_model=reward_model,
                        run_lock=held, resume_point=point, universal_checkpoints=universal,
-                       timeline=Timeline(run_dir if cfg.logging.timeline else None, dist.role))
+                       timeline=Timeline(run_dir if cfg.logging.timeline else None, dist.role), tokenizer=tokenizer)
         except BaseException:
             release(held)
             raise

@@ -136,8 +136,25 @@ def _legacy_rng_state(path: Path) -> dict:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, weights_only=True)
     except Exception as e:  # pickle.UnpicklingError for anything beyond those types
-        raise CheckpointError(f"{path}: refusing to load (it holds more than RNG arrays; a crafted file "
-                              f"would run code if unpickled): {str(e).splitlines()[0][:300]}") from None
+        raise unpickle_refusal(path, e, "RNG arrays") from None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def unpickle_refusal(path: str | Path, error: BaseException,
+                     allowed: str = "tensors and plain values") -> CheckpointError:
+    """One line for a checkpoint file torch will not unpickle with ``weights_only``: the file, what it
+    holds (torch's reason, without its colour codes), and what to do. torch's own advice (load it with
+    ``weights_only=False``) is not ours to give."""
+    lines = [_ANSI.sub("", ln).strip() for ln in str(error).splitlines()]
+    cause = next((ln.split("error:", 1)[-1].strip() for ln in lines if "WeightsUnpickler error" in ln),
+                 lines[0] if lines else type(error).__name__).split(". Please use")[0]
+    return CheckpointError(
+        f"{path}: refusing to load this checkpoint file: it holds more than {allowed} ({cause[:300]}), "
+        "and unpickling it could run code from the file. If you did not put it there, the checkpoint was tampered "
+        "with: move its step_N directory out of checkpoints/ (the run resumes from the previous one) or start over "
+        "with trainer.resume=never (the run dir's files are moved aside, not deleted)")
 
 
 def _delete(path: Path) -> None:
@@ -184,16 +201,19 @@ def list_complete(root: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def clean_partial(root: str | os.PathLike) -> None:
+def clean_partial(root: str | os.PathLike) -> list[Path]:
     """Remove what a crash left: unsealed ``.tmp`` dirs, ``.deleting`` dirs, and ``step_N`` dirs
-    that are not complete checkpoints."""
+    that are not complete checkpoints. Returns what was removed."""
     root = Path(root)
     if not root.is_dir():
-        return
-    for p in root.iterdir():
+        return []
+    removed = []
+    for p in sorted(root.iterdir()):
         stray_step = _STEP_DIR.match(p.name) and p.is_dir() and not _is_complete(p)
         if p.is_dir() and (p.name.endswith((".tmp", ".deleting")) or stray_step):
             shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 _VERDICTS: dict[tuple, list[str]] = {}  # a checkpoint is hashed once per process, not per caller
@@ -246,37 +266,6 @@ def find_resume_point(run_dir: str | os.PathLike, resume: str, rank: int = 0, wo
 def peek_state(ckpt: Path) -> RunState:
     """The run state of a checkpoint, without restoring anything (to decide how to build engines)."""
     return RunState(**json.loads((ckpt / "state.json").read_text()))
-
-
-METRICS_FILE = "metrics.jsonl"
-
-
-def metrics_size(run_dir: Path) -> int:
-    """Bytes of metrics.jsonl now (the logger writes whole lines, line-buffered)."""
-    path = Path(run_dir) / METRICS_FILE
-    return path.stat().st_size if path.exists() else 0
-
-
-def rewind_metrics(run_dir: Path, state: RunState) -> set[tuple]:
-    """Main rank, on resume, before the logger opens: cut metrics.jsonl back to what it held when
-    the checkpoint was sealed, so the replayed steps are not recorded twice. Returns the
-    ``(phase, step)`` of the records cut off: the killed run already sent those to wandb, so the
-    logger must not send them again."""
-    path = Path(run_dir) / METRICS_FILE
-    if state.metrics_bytes is None or not path.exists() or path.stat().st_size <= state.metrics_bytes:
-        return set()
-    with open(path, "rb+") as f:
-        f.seek(state.metrics_bytes)
-        tail = f.read()
-        f.truncate(state.metrics_bytes)
-    sent = set()
-    for line in tail.decode("utf-8", "replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:  # a line cut by the kill was never sent anywhere
-            continue
-        sent.add((rec.get("phase"), rec.get("step")))
-    return sent
 
 
 def load_state(ckpt: Path, rank: int, restore_rng: bool = True) -> RunState:

@@ -18,14 +18,7 @@ def refused_file(path: str | Path, error: BaseException) -> ckpt.CheckpointError
     """One line for a checkpoint file torch will not unpickle with ``weights_only``: the file, what it
     holds, what to do; torch's own advice (load it with ``weights_only=False``) is not ours to give."""
     logger.debug("weights-only load of %s failed", path, exc_info=(type(error), error, error.__traceback__))
-    lines = [ln.strip() for ln in str(error).splitlines()]
-    cause = next((ln.split("error:", 1)[-1].strip() for ln in lines if "WeightsUnpickler error" in ln),
-                 lines[0] if lines else type(error).__name__).split(". Please use")[0]
-    return ckpt.CheckpointError(
-        f"{path}: refusing to load this checkpoint file: it holds more than tensors and plain values ({cause[:300]}), "
-        "and unpickling it could run code from the file. If you did not put it there, the checkpoint was tampered "
-        "with: move its step_N directory out of checkpoints/ (the run resumes from the previous one) or start over "
-        "with trainer.resume=never")
+    return ckpt.unpickle_refusal(path, error)
 
 
 def _name_refused_files(engine: DeepSpeedModelEngine) -> None:

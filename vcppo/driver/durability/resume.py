@@ -9,10 +9,11 @@ import dataclasses
 import time
 
 from vcppo.driver.durability import checkpoint as ckpt
-from vcppo.driver.durability import manifest, reshard
+from vcppo.driver.durability import disk_space, manifest, reshard
 from vcppo.driver.context import RunContext
 from vcppo.driver.step.phase import Phase
 from vcppo.driver.durability.resume_checks import write_run_config
+from vcppo.driver.durability.run_records import metrics_size
 from vcppo.driver.durability.restore_engine import restore_engine
 from vcppo.driver.step.sources import ExperienceSource
 from vcppo.engines import collectives
@@ -29,32 +30,53 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSou
         return
     started = time.perf_counter()
     stage = ckpt.staging_dir(ctx.run_dir, state.global_step)
+    try:
+        _write_engines(ctx, state, stage)
+    except Exception as error:  # noqa: BLE001 - a full disk, as torch or the OS reports it
+        raise _space_error(ctx, state, stage, error) or error
+    ctx.barrier()
+    # every rank hashes its share of the files for the manifest (the gather is also a barrier)
+    parts = collectives.all_gather_object(manifest.hash_share(stage, ctx.dist.rank, ctx.dist.world_size))
+    if ctx.dist.is_main:
+        try:
+            state.data = source.checkpoint(stage, state)
+            state.metrics_bytes = metrics_size(ctx.run_dir)  # a resume cuts the file back to here
+            write_run_config(ctx.cfg, stage)  # what a resume compares its config with
+            final = ckpt.commit(stage, dataclasses.asdict(state), ctx.cfg.trainer.keep_last, manifest_parts=parts)
+        except Exception as error:  # noqa: BLE001 - as above
+            raise _space_error(ctx, state, stage, error) or error
+        ctx.log.info(f"checkpoint {final} ({time.perf_counter() - started:.1f} s)")
+    ctx.barrier()
+
+
+def _write_engines(ctx: RunContext, state: ckpt.RunState, stage) -> None:
+    """This rank's share of the checkpoint: its RNG states and the engines' shards."""
     ckpt.write_rank_files(stage, ctx.dist.rank)
     if state.phase == Phase.PPO:  # during value pretraining the actor is frozen: nothing to save
         ctx.actor.save_checkpoint(str(stage / "actor"))
     if ctx.critic is not None:
         ctx.critic.save_checkpoint(str(stage / "critic"))
-    ctx.barrier()
-    # every rank hashes its share of the files for the manifest (the gather is also a barrier)
-    parts = collectives.all_gather_object(manifest.hash_share(stage, ctx.dist.rank, ctx.dist.world_size))
-    if ctx.dist.is_main:
-        state.data = source.checkpoint(stage, state)
-        state.metrics_bytes = ckpt.metrics_size(ctx.run_dir)  # a resume cuts the file back to here
-        write_run_config(ctx.cfg, stage)  # what a resume compares its config with
-        final = ckpt.commit(stage, dataclasses.asdict(state), ctx.cfg.trainer.keep_last, manifest_parts=parts)
-        ctx.log.info(f"checkpoint {final} ({time.perf_counter() - started:.1f} s)")
-    ctx.barrier()
+
+
+def _space_error(ctx: RunContext, state: ckpt.RunState, stage, error: BaseException):
+    """The checkpoint's write failing for space as one line (None: another error). The bytes needed
+    are the last complete checkpoint's size, when there is one."""
+    done = ckpt.list_complete(stage.parent)
+    needed = disk_space.tree_bytes(done[-1]) if done else None
+    kept = f"; the earlier checkpoints are intact ({done[-1].name} the newest), and rerunning the command " \
+           "resumes from it" if done else "; no earlier checkpoint was written"
+    return disk_space.write_error(f"the checkpoint of step {state.global_step}", stage.parent, error, needed,
+                                  after=kept + f" (the unfinished {stage.name} is removed when the run restarts)")
 
 
 def resume_or_start(ctx: RunContext) -> ckpt.RunState:
     """The state to continue from: the resume point's (engines restored; the data position and
     the sampler's weights are the experience source's, :meth:`ExperienceSource.start`), or a fresh
-    start (stale partial checkpoints removed)."""
+    start."""
     cfg = ctx.cfg
     first_phase = Phase.VALUE_PRETRAIN if (ctx.critic is not None and cfg.value_pretrain.enabled) else Phase.PPO
-    point = ctx.resume_point  # found and verified once, before the engines started
-    if ctx.dist.is_main:  # what a crash left behind (unsealed, half-deleted) is never resumed from
-        ckpt.clean_partial(ckpt.checkpoint_root(ctx.run_dir))
+    point = ctx.resume_point  # found and verified once, before the engines started (what a crash left
+    # behind, unsealed or half-deleted, was removed then: driver/context.py prepare_run_dir)
     if point is None:
         return ckpt.RunState(phase=first_phase)
     ctx.log.info(f"resuming from {point}")

@@ -11,13 +11,15 @@ Over time: ``trainer.resume=auto`` continues whatever run the directory holds, s
 lands on another run's directory (a sweep for seed 1 whose run names leave the seed out, after the
 seed-0 sweep finished there) would silently continue, or simply re-report, the other run. Before
 resuming from the directory's own checkpoint, the keys that say which run it is are compared with
-the saved ``config.yaml``; any difference refuses the resume. Other keys are judged by their
+the saved ``config.yaml`` (paths after resolving them: ``dir/`` and ``./dir`` are one model); any
+difference refuses the resume. Other keys are judged by their
 resume class (:mod:`vcppo.config_provenance`): more steps or other logging go through, a change to
 the math only when ``trainer.resume_allow_changes`` lists it.
 """
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 from pathlib import Path
@@ -26,8 +28,10 @@ from typing import IO
 from omegaconf import OmegaConf
 
 from vcppo.config import SAVED_CONFIG
+from vcppo.config_provenance import same_value
 from vcppo.schema import Config, ConfigError
 
+logger = logging.getLogger(__name__)
 LOCK_FILE = ".run.lock"
 # What makes a run that run: a resume that changes one of these would continue another experiment.
 IDENTITY_KEYS = ("preset", "trainer.seed", "model.policy_path", "model.critic_init", "data.train_files",
@@ -70,11 +74,20 @@ def identity_conflict(run_dir: Path, cfg: Config) -> str | None:
     saved_path = run_dir / SAVED_CONFIG
     if not saved_path.exists():  # a run from before configs were saved: nothing to compare
         return None
-    saved, now = OmegaConf.load(saved_path), OmegaConf.structured(cfg)
+    try:
+        saved = OmegaConf.load(saved_path)
+    except Exception as e:  # noqa: BLE001 - a damaged record must not stop a resume: the checkpoint's own
+        # run_config.json is still compared with this config (resume_checks)
+        cause = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        logger.warning("%s cannot be read (%s): which run the directory holds is judged by its checkpoint's "
+                       "run_config.json alone", saved_path, cause)
+        return None
+    now = OmegaConf.structured(cfg)
     diffs = [f"{key}: {OmegaConf.select(saved, key)!r} there, {OmegaConf.select(now, key)!r} now"
-             for key in IDENTITY_KEYS if OmegaConf.select(saved, key) != OmegaConf.select(now, key)]
+             for key in IDENTITY_KEYS if not same_value(key, OmegaConf.select(saved, key), OmegaConf.select(now, key))]
     if not diffs:
         return None
     return (f"run dir {run_dir} holds another run ({'; '.join(diffs)}), and trainer.resume=auto would "
             f"continue it. Give this run its own trainer.run_name or trainer.output_root, or pass "
-            f"trainer.resume=never to start over in that directory.")
+            f"trainer.resume=never to start over in that directory (the other run is moved into a dated "
+            f"folder inside it, not deleted).")

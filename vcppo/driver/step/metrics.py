@@ -11,8 +11,10 @@ from vcppo.algos.kl import kl_estimate, sequence_mean_kl
 from vcppo.algos.mismatch import mismatch_stats, tis_weights
 from vcppo.driver.context import RunContext
 from vcppo.engines.collectives import gather_cat
+from vcppo.driver.step.samples import pick_samples
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.timeline import PhaseTimer
+from vcppo.driver.step.validation import SAMPLES_KEY
 from vcppo.experience import Advantages, BeforeUpdate, CriticResult, Rollout
 
 
@@ -91,6 +93,15 @@ def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Befo
     return m
 
 
+def log_samples(ctx: RunContext, phase: str, step: int, rollout: Rollout, rewards: torch.Tensor,
+                adv: Advantages) -> None:
+    """``logging.log_samples`` of the main rank's samples, as text (:mod:`vcppo.driver.step.samples`)."""
+    n = ctx.cfg.logging.log_samples
+    if n and ctx.dist.is_main and ctx.tokenizer is not None:
+        picked = pick_samples(rollout, rewards, adv.raw_advantages, ctx.tokenizer, n)
+        ctx.log.log_samples([s.record() for s in picked], step=step, phase=getattr(phase, "value", phase))
+
+
 def kl_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: BeforeUpdate, rewards: torch.Tensor,
                kl_coef: float) -> dict:
     """The KL of pi_old to the reference over the global batch. ``actor/kl_ref``: the mean over
@@ -123,6 +134,7 @@ def log_validations(ctx: RunContext, source, wait: bool = False, final_step: int
     for step, metrics in source.finished_validations(wait):
         if not metrics:
             continue
+        ctx.log.log_samples(metrics.pop(SAMPLES_KEY, []), step=step, phase="val")
         ctx.log.log(metrics, step=step, phase="val")
         ctx.log.info(f"val step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()
                                                       if k.startswith("val/")))

@@ -19,6 +19,7 @@ keeps measuring the truth.
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 
 import torch
 
@@ -62,9 +63,10 @@ class RewardAssembly:
     def __init__(self, cfg: Config, model: ModelReward | None):
         self.cfg, self.model = cfg, model
 
-    def outcome(self, rollout: Rollout, state: RunState) -> tuple[Rollout, dict]:
+    def outcome(self, rollout: Rollout, state: RunState, timer=None) -> tuple[Rollout, dict]:
         """Terms 1-3: ``rollout`` with its final ``scores`` and ``token_rewards``, and each term's
-        metrics. ``state``: the run's, whose reward-model moments the step advances."""
+        metrics. ``state``: the run's, whose reward-model moments the step advances; ``timer``: the
+        step's :class:`~vcppo.driver.step.timeline.PhaseTimer` (the reward model's pass is timed)."""
         metrics: dict = {}
         rule, token_rewards = rollout.scores, rollout.token_rewards           # 1. the rule's score
         shaping = overlong_shaping(rollout, self.cfg)                         # 2. the overlong shaping
@@ -72,7 +74,8 @@ class RewardAssembly:
             metrics.update(overlong_metrics(shaping))
         final = rule
         if self.model is not None:                                            # 3. the reward model
-            combined, model_metrics = self.combined(rollout, state)
+            with timer("reward_model") if timer is not None else nullcontext():
+                combined, model_metrics = self.combined(rollout, state)
             metrics.update(model_metrics)
             if combined is not None:
                 final, token_rewards = combined, last_token_rewards(combined, rollout.response_mask)

@@ -27,13 +27,11 @@ own, while this rank's actor trains), and hands back its targets and metrics aft
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
 from vcppo.driver.step.advantages import estimate
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.context import RunContext
-from vcppo.driver.step.metrics import kl_metrics, step_metrics
+from vcppo.driver.step.metrics import kl_metrics, log_samples, step_metrics
 from vcppo.driver.step.reward import RewardAssembly
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.step_plan import Source, StepPlan
@@ -77,8 +75,7 @@ def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: Ru
     # 1. Sample and score (+ DAPO dynamic sampling); in a split run, receive. The outcome assembled.
     with timer("rollout"):
         rollout, sample_metrics = source.make(plan.phase, step)
-    with timer("reward_model") if ctx.reward_model is not None else nullcontext():
-        rollout, reward_metrics = reward.outcome(rollout, state)
+    rollout, reward_metrics = reward.outcome(rollout, state, timer)
     sample_metrics.update(reward_metrics)
     if critic is not None and plan.critic_starts_at_sampling:  # the rewards are final already
         critic.begin_step(plan, step, rollout, rollout.token_rewards, timer)
@@ -120,6 +117,7 @@ def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: Ru
         source.step_done(plan.phase, step, None)
     targets = critic.finish_step() if critic is not None else None
     # 9. Metrics.
+    log_samples(ctx, plan.phase, step, rollout, rewards, adv)  # logging.log_samples: a few as text
     metrics = step_metrics(ctx, plan, rollout, models, adv, timer, targets)
     metrics.update({**(targets.metrics if targets is not None else {}), **actor_metrics})
     metrics.update(sample_metrics)

@@ -3,6 +3,7 @@ validation inside training, the SFT command's stopping rule, and `vcppo eval`.""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,52 +18,77 @@ from vcppo.rewards.verifier import RewardScorer
 from vcppo.schema import Config, RolloutConfig
 
 
+@dataclass
+class Scored:
+    """One validation sample: its row (an index into the rank's rows), whether it is correct, its
+    length in model tokens, its text and whether a limit cut it."""
+    row: int
+    correct: bool
+    length: int
+    text: str
+    truncated: bool
+
+
+def _sampled(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sampling: RolloutConfig, keep: range,
+             episodes: EpisodeRunner | None, n: int, temperature: float, top_p: float, seed: int) -> list[Scored]:
+    """``n`` samples of each kept row: single-turn responses judged by the scorer, or with
+    ``episodes`` multi-turn episodes, correct where the env says it was solved."""
+    if episodes is not None:
+        done = episodes.run(mine, n, seed, "val", temperature, logprobs=False)
+        return [Scored(e.prompt_index, e.solved, int(sum(e.policy)), rollout.tokenizer.decode(e.tokens), e.truncated)
+                for e in done if e.prompt_index in keep]
+    out = rollout.generate([r["prompt_ids"] for r in mine], n=n, temperature=temperature, top_p=top_p,
+                           max_tokens=sampling.max_response_tokens, stop=sampling.stop or None, seed=seed,
+                           logprobs=False)
+    out = [s for s in out if s.prompt_index in keep]
+    ok = scorer.judge([s.text for s in out], [mine[s.prompt_index]["answer"] for s in out],
+                      [s.finish_reason for s in out])[1]
+    return [Scored(s.prompt_index, bool(c), len(s.response_ids), s.text, s.finish_reason == "length")
+            for s, c in zip(out, ok)]
+
+
 def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sampling: RolloutConfig,
                    n_samples: int, ks: list[int], seed: int, greedy: bool, keep: range, first: int,
-                   episodes: EpisodeRunner | None = None) -> dict:
+                   text_samples: int = 0, episodes: EpisodeRunner | None = None) -> dict:
     """Metrics of the rows in ``keep`` (indices into ``mine``, the rows this rank's rollout group
     samples: the whole group sends the same requests, each rank keeps its part); each entry's
-    row, as an index into the whole split (``first``: the index of ``mine[0]``), in ``*_rows``.
-    With ``episodes`` a sample is a multi-turn episode, correct where the env says it was solved,
-    its length its model tokens."""
+    row, as an index into the whole split (``first``: the index of ``mine[0]``), in ``*_rows``;
+    ``text_samples`` greedy responses as text in ``samples``. With ``episodes`` a sample is a
+    multi-turn episode (its length: its model tokens)."""
     part = {"greedy_correct": [], "greedy_lengths": [], "greedy_rows": [], "n_correct": [], "n_correct_rows": [],
-            "sampled_lengths": [], "sampled_rows": []}
+            "sampled_lengths": [], "sampled_rows": [], "samples": []}
     if not mine:
         return part
-
-    def run(n: int, temperature: float, top_p: float, seed: int) -> list[tuple[int, bool, int]]:
-        """(row index into ``mine``, correct, length) of each sample of the kept rows."""
-        if episodes is not None:
-            done = episodes.run(mine, n, seed, "val", temperature, logprobs=False)
-            return [(e.prompt_index, e.solved, int(sum(e.policy))) for e in done if e.prompt_index in keep]
-        out = rollout.generate([r["prompt_ids"] for r in mine], n=n, temperature=temperature, top_p=top_p,
-                               max_tokens=sampling.max_response_tokens, stop=sampling.stop or None, seed=seed,
-                               logprobs=False)
-        out = [s for s in out if s.prompt_index in keep]
-        ok = scorer.judge([s.text for s in out], [mine[s.prompt_index]["answer"] for s in out],
-                          [s.finish_reason for s in out])[1]
-        return [(s.prompt_index, bool(c), len(s.response_ids)) for s, c in zip(out, ok)]
-
     if greedy:
-        out = run(1, 0.0, 1.0, seed)
-        part["greedy_correct"] = [float(c) for _, c, _ in out]
-        part["greedy_lengths"] = [n for _, _, n in out]
-        part["greedy_rows"] = [first + i for i, _, _ in out]
+        out = _sampled(rollout, mine, scorer, sampling, keep, episodes, 1, 0.0, 1.0, seed)
+        part["greedy_correct"] = [float(s.correct) for s in out]
+        part["greedy_lengths"] = [s.length for s in out]
+        part["greedy_rows"] = [first + s.row for s in out]
+        part["samples"] = [_text_sample(mine[s.row], s) for s in out[:text_samples]]
     if n_samples > 0 and ks:
-        out = run(n_samples, sampling.temperature, sampling.top_p, seed + 1)
+        out = _sampled(rollout, mine, scorer, sampling, keep, episodes, n_samples, sampling.temperature,
+                       sampling.top_p, seed + 1)
         counts = [0] * len(mine)
-        for i, ok, _ in out:
-            counts[i] += int(ok)
+        for s in out:
+            counts[s.row] += int(s.correct)
         part["n_correct"] = [counts[i] for i in keep]
         part["n_correct_rows"] = [first + i for i in keep]
-        part["sampled_lengths"] = [n for _, _, n in out]
-        part["sampled_rows"] = [first + i for i, _, _ in out]
+        part["sampled_lengths"] = [s.length for s in out]
+        part["sampled_rows"] = [first + s.row for s in out]
     return part
+
+
+def _text_sample(row: dict, sample: Scored) -> dict:
+    """A greedy validation response as a record of samples.jsonl (no advantages: nothing trains on it)."""
+    correct = float(sample.correct)
+    return {"prompt": str(row.get("prompt", "")), "response": sample.text, "reward": correct, "score": correct,
+            "correct": sample.correct, "truncated": sample.truncated,
+            "length": sample.length, "adv_mean": None, "adv_min": None, "adv_max": None}
 
 
 def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, dist: DistInfo,
              sampling: RolloutConfig, n_samples: int, ks: list[int], seed: int = 0, greedy: bool = True,
-             groups: list[str] | None = None, episodes: EpisodeRunner | None = None) -> dict:
+             groups: list[str] | None = None, text_samples: int = 0, episodes: EpisodeRunner | None = None) -> dict:
     """Each rank evaluates its slice of ``rows`` ({"prompt_ids", "answer"}); results are merged.
 
     Returns ``val/pass@1_greedy`` (temperature 0), ``val/pass@k`` for each k (unbiased estimator
@@ -71,17 +97,22 @@ def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, 
     """
     sampled, kept = rollout_share(len(rows), dist, sampling.tensor_parallel_size)
     part = _score_on_rank(rollout, rows[sampled.start:sampled.stop], scorer, sampling, n_samples, ks, seed, greedy,
-                          keep=kept, first=sampled.start, episodes=episodes)
+                          keep=kept, first=sampled.start, text_samples=text_samples, episodes=episodes)
     merged = {k: [] for k in part}
     for p in collectives.all_gather_object(part):
         for k, v in p.items():
             merged[k] += v
     res = _summary(merged, len(rows), n_samples, ks, greedy, "val/")
+    if text_samples:  # not a metric: log_validations writes them to samples.jsonl
+        res[SAMPLES_KEY] = merged["samples"][:text_samples]
     for label in dict.fromkeys(groups or []):
         mine = {i for i, g in enumerate(groups) if g == label}
         picked = {k: [v for v, r in zip(merged[k], merged[_ROWS[k]]) if r in mine] for k in _ROWS}
         res.update(_summary(picked, len(mine), n_samples, ks, greedy, f"val/{label}/"))
     return res
+
+
+SAMPLES_KEY = "samples"  # validate_run's greedy responses as text (logging.log_samples), beside the metrics
 
 
 def validate_run(cfg: Config, rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, dist: DistInfo,
@@ -91,7 +122,7 @@ def validate_run(cfg: Config, rollout: RolloutEngine, rows: list[dict], scorer: 
     start = time.perf_counter()
     metrics = evaluate(rollout, rows, scorer, dist=dist, sampling=cfg.rollout, n_samples=cfg.trainer.val_n_samples,
                        ks=cfg.trainer.val_k, seed=sample_seed(cfg.trainer.seed, "val", step, rollout.replica),
-                       episodes=episodes)
+                       text_samples=cfg.logging.log_samples, episodes=episodes)
     metrics["time/val_s"] = time.perf_counter() - start
     return metrics
 
