@@ -30,7 +30,7 @@ from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.step.validation import evaluate
 from vcppo.engines import dist as D
-from vcppo.engines.rollout import RolloutEngine
+from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.models.hub import parse_id
 from vcppo.rewards.routing import data_source_of
 from vcppo.schema import Config, ConfigError
@@ -248,8 +248,8 @@ def evaluate_policy(cfg: Config) -> dict | None:
         raise ConfigError(f"cannot load the tokenizer of {e.model_path}: {type(err).__name__}: {err}") from None
     rows, groups = load_rows(cfg, tok)
     dist = D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s)
-    rollout = RolloutEngine(e.model_path, cfg.rollout, dist, seed=cfg.trainer.seed,
-                            max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
+    rollout = make_rollout_engine(e.model_path, cfg.rollout, dist, seed=cfg.trainer.seed,
+                                  max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
     clean = False
     try:
         metrics = evaluate(rollout, rows, make_scorer(cfg), dist=dist, sampling=cfg.rollout, n_samples=e.n_samples,

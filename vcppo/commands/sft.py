@@ -24,7 +24,7 @@ from vcppo.driver.step.sampling import rank_slice
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.loss_contract import ResponseNLL
-from vcppo.engines.rollout import RolloutEngine
+from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.experience import make_layout
 from vcppo.schema import Config
 
@@ -87,7 +87,8 @@ def run_sft(cfg: Config) -> dict:
     log = make_logger(cfg, out, dist, run_name=f"sft-{out.name}")
     actor = ActorEngine(s.init_model, s, dist, total_optimizer_steps=s.steps, dtype=cfg.model.dtype)
     max_len = max(len(r) for r in train.dataset["prompt_ids"]) + cfg.rollout.max_response_tokens
-    rollout = RolloutEngine(s.init_model, cfg.rollout, dist, seed=seed, max_model_len=max_len) if val_rows else None
+    rollout = make_rollout_engine(s.init_model, cfg.rollout, dist, seed=seed, max_model_len=max_len,
+                                  log=log.info) if val_rows else None
     scorer = make_scorer(cfg)
 
     def eval_now(step: int) -> dict:
