@@ -94,8 +94,8 @@ def test_greedy_outputs_equal_vllms_token_for_token(vllm_and_hf, two_stop_model)
     tok = AutoTokenizer.from_pretrained(two_stop_model)
     prompts = [tok.encode(t) for t in ("12+34=", "7+8=", "1+2+3+4+5=", "99+1=")] + MIXED
     for stop in (None, ["3", "+"]):
-        want = vllm.generate(prompts, n=2, temperature=0.0, top_p=1.0, max_tokens=40, stop=stop)
-        got = hf.generate(prompts, n=2, temperature=0.0, top_p=1.0, max_tokens=40, stop=stop)
+        want = vllm.generate(prompts, n=2, temperature=0.0, top_p=1.0, max_tokens=24, stop=stop)
+        got = hf.generate(prompts, n=2, temperature=0.0, top_p=1.0, max_tokens=24, stop=stop)
         assert [s.response_ids for s in got] == [s.response_ids for s in want]
         assert [(s.finish_reason, s.text, s.prompt_index) for s in got] == \
             [(s.finish_reason, s.text, s.prompt_index) for s in want]
@@ -107,7 +107,7 @@ def test_greedy_outputs_equal_vllms_token_for_token(vllm_and_hf, two_stop_model)
     assert set(hf.stop_ids) == {tok.eos_token_id, tok.convert_tokens_to_ids(EOS)} and len(hf.stop_ids) == 2
     # batched by length: a budget of one row per batch gives the same greedy outputs
     one_by_one = _hf(hf.dist, two_stop_model, cfg={"hf_batch_tokens": 1})
-    alone = one_by_one.generate(prompts, n=1, temperature=0.0, top_p=1.0, max_tokens=40)
+    alone = one_by_one.generate(prompts, n=1, temperature=0.0, top_p=1.0, max_tokens=24)
     assert [s.response_ids for s in alone] == [s.response_ids for s in want[::2]]
 
 
