@@ -87,8 +87,7 @@ def run_sft(cfg: Config) -> dict:
     log = make_logger(cfg, out, dist, run_name=f"sft-{out.name}")
     actor = ActorEngine(s.init_model, s, dist, total_optimizer_steps=s.steps, dtype=cfg.model.dtype)
     max_len = max(len(r) for r in train.dataset["prompt_ids"]) + cfg.rollout.max_response_tokens
-    rollout = make_rollout_engine(s.init_model, cfg.rollout, dist, seed=seed, max_model_len=max_len,
-                                  log=log.info) if val_rows else None
+    rollout = make_rollout_engine(s.init_model, cfg.rollout, dist, seed, max_len, log=log.info) if val_rows else None
     scorer = make_scorer(cfg)
 
     def eval_now(step: int) -> dict:
