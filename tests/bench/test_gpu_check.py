@@ -376,3 +376,12 @@ def test_tiny_rehearsal_runs_the_step_and_writes_one_summary(tmp_path):
         assert set(result["bench_step"]["mb8"]) >= {"vcppo", "trl", "ratio_step"}
     else:
         assert steps["bench_step"][0].startswith("SKIPPED, needs trl")
+
+
+def test_phase_mfu_counts_2n_per_forward_token_and_6n_or_8n_per_update_token():
+    mfu = gpu_check.phase_mfu({"rollout": 2.0, "actor_update": 3.0, "critic_update": 4.0, "advantages": 0.1},
+                              tokens=1000, params=10 ** 6, peak_flops=1e9, checkpointing=False)
+    assert mfu == pytest.approx({"rollout": 2e9 / 2.0 / 1e9, "actor_update": 6e9 / 3.0 / 1e9,
+                                 "critic_update": 6e9 / 4.0 / 1e9})  # no cost model for advantages
+    ckpt = gpu_check.phase_mfu({"actor_update": 3.0}, 1000, 10 ** 6, 1e9, checkpointing=True)
+    assert ckpt["actor_update"] == pytest.approx(8e9 / 3.0 / 1e9)
