@@ -59,6 +59,11 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
+    engine: str = _f("auto", "The sampler: 'vllm', 'hf' (transformers' generate, for machines where vLLM "
+                     "cannot be installed; docs/launching.md) or 'auto' (vLLM where it imports, else hf; "
+                     "the log says which and why).", choices=("auto", "vllm", "hf"), resume="numerics")
+    hf_batch_tokens: int = _f(262144, "hf engine: padded (prompt + max response) tokens one generate batch holds "
+                              "at most; rows are batched by prompt length under it.", low=1, resume="numerics")
     n_samples_per_prompt: int = _f(4, "Responses sampled per prompt (GRPO/VAPO group size).", low=1, resume="math")
     temperature: float = _f(1.0, "Sampling temperature of training and pass@k samples (> 0: the trainer "
                             "divides logits by it; greedy evaluation needs no setting).", low=0.0,

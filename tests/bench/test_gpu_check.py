@@ -36,36 +36,44 @@ def test_script_parses():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
 
 
+LENT_STEPS = ["carry_list", "carry", "bf16", "gpu_tests", "logprob_memory", "logprob_memory_json", "make_data",
+              "make_model", "train", "train_summary", "plan_train", "bench_step", "summary"]
+FULL_STEPS = ["bench_gae", "gae_bandwidth", "vcppo_plan", "sleep_wake", "mismatch", "train_7b_preset",
+              "train_7b_preset_summary"]
+
+
 @pytest.mark.parametrize("gpus,tp", [("0", 1), ("1", 1), ("2", 2), ("8", 2)])
-def test_dry_run_plans_every_step_with_tp_by_gpu_count(tmp_path, gpus, tp):
-    steps = dry_run(tmp_path / "out", NUM_GPUS=gpus)
+@pytest.mark.parametrize("profile", ["lent", "full"])
+def test_dry_run_plans_every_step_with_tp_by_gpu_count(tmp_path, gpus, tp, profile):
+    steps = dry_run(tmp_path / "out", NUM_GPUS=gpus, GPU_CHECK_PROFILE=profile,
+                    PY=str(fake_python(tmp_path, (), present=("trl",))))
     split = ["train_split", "train_split_summary"] if tp == 2 else []  # split placement needs 2 GPUs
-    assert list(steps) == ["plan", "bf16", "gpu_tests", "logprob_memory", "logprob_memory_json", "bench_gae",
-                           "gae_bandwidth", "vcppo_plan", "sleep_wake", "mismatch", "make_data", "make_model", "train",
-                           "train_summary", "train_7b_preset", "train_7b_preset_summary", *split, "done"]
-    assert not any("SKIPPED" in cmd for cmd in steps.values())  # this venv has vllm and deepspeed
-    assert f"tensor_parallel_size={tp} over {tp} rank" in steps["plan"]
+    extra = FULL_STEPS + split if profile == "full" else []
+    assert list(steps) == ["plan", *LENT_STEPS, *extra, "done"]
+    assert not any("SKIPPED" in cmd for cmd in steps.values())  # this venv has vllm and deepspeed (trl: faked)
+    assert f"tensor_parallel_size={tp} over {tp} rank" in steps["plan"] and f"profile {profile}" in steps["plan"]
     train = shlex.split(steps["train"])
-    assert f"NUM_GPUS={tp}" in train and f"rollout.tensor_parallel_size={tp}" in train
+    assert f"rollout.tensor_parallel_size={tp}" in train
+    assert (f"NUM_GPUS={tp}" in train) if tp == 2 else (train[1:5] == ["-m", "vcppo.cli", "train", "vcppo"])
     assert "-m gpu" in steps["gpu_tests"] and not (tmp_path / "out" / "bf16.json").exists()  # nothing ran
-    assert "vcppo.cli plan vcppo" in steps["vcppo_plan"]
     # the logprob-memory test runs once, in its own step, its figures in the output dir
     assert "--ignore=tests/gpu/test_logprob_memory.py" in steps["gpu_tests"]
     memory = shlex.split(steps["logprob_memory"])
     assert f"GPU_CHECK_OUT={tmp_path / 'out'}" in memory and memory[-1] == "tests/gpu/test_logprob_memory.py"
     assert steps["logprob_memory_json"] == f"cat {tmp_path / 'out' / 'logprob_memory.json'}"
+    assert "bench step --trl --size qwen2.5-0.5b-shape" in steps["bench_step"]
 
 
-VLLM_STEPS = ["sleep_wake", "mismatch", "train", "train_summary", "train_7b_preset", "train_7b_preset_summary"]
-
-
-def fake_python(tmp_path: Path, missing: tuple[str, ...], gpu_machine: bool = False) -> Path:
+def fake_python(tmp_path: Path, missing: tuple[str, ...], gpu_machine: bool = False,
+                present: tuple[str, ...] = ()) -> Path:
     """A stand-in for the venv's python where the ``missing`` packages do not import (the GPU machine
-    has no vLLM). ``gpu_machine``: it also passes the script's CUDA check and, instead of running a
-    step, records it (with its DS_ACCELERATOR) in ``calls.log``; the logprob-memory test writes its JSON."""
+    has no vLLM) and the ``present`` ones are found (trl, which the carry installs). ``gpu_machine``: it
+    also passes the script's CUDA check and, instead of running a step, records it (with its
+    DS_ACCELERATOR) in ``calls.log``; the logprob-memory test writes its JSON."""
     fake = tmp_path / "python"
     hide = "".join(f"  *\"import {m}\"*|*\"find_spec('{m}')\"*) echo \"ModuleNotFoundError: No module named "
                    f"'{m}'\" >&2; exit 1;;\n" for m in missing)
+    hide += "".join(f"  *\"find_spec('{m}')\"*) exit 0;;\n" for m in present)
     if gpu_machine:
         rest = (f'  *"import torch, sys"*) echo "torch fake cuda True"; exit 0;;\n'
                 f'  *"-m pytest"*test_logprob_memory.py*) echo \'{{"ok": true}}\' > "$GPU_CHECK_OUT/logprob_memory.json";;\n'
@@ -77,31 +85,37 @@ def fake_python(tmp_path: Path, missing: tuple[str, ...], gpu_machine: bool = Fa
     return fake
 
 
+VLLM_STEPS = ["sleep_wake", "mismatch", "train_7b_preset", "train_7b_preset_summary"]
+
+
 @pytest.mark.parametrize("gpus", ["1", "2"])
 def test_dry_run_without_vllm_skips_only_the_steps_that_need_it(tmp_path, gpus):
-    steps = dry_run(tmp_path / "out", NUM_GPUS=gpus, PY=str(fake_python(tmp_path, ("vllm",))))
-    skipped = VLLM_STEPS + (["train_split", "train_split_summary"] if gpus == "2" else [])
-    for name in skipped:
+    steps = dry_run(tmp_path / "out", NUM_GPUS=gpus, GPU_CHECK_PROFILE="full",
+                    PY=str(fake_python(tmp_path, ("vllm", "trl"))))
+    skipped = ["bench_step", *VLLM_STEPS] + (["train_split", "train_split_summary"] if gpus == "2" else [])
+    for name in skipped[1:]:
         assert steps[name].startswith("SKIPPED, needs vllm, not importable here (vllm: not found by "), steps[name]
+    assert steps["bench_step"].startswith("SKIPPED, needs trl, not importable here")
     ran = [name for name, cmd in steps.items() if not cmd.startswith("SKIPPED")]
-    assert ran == ["plan", "bf16", "gpu_tests", "logprob_memory", "logprob_memory_json", "bench_gae", "gae_bandwidth",
-                   "vcppo_plan", "make_data", "make_model", "skipped", "not importable", "done"]
-    assert steps["skipped"] == " ".join(skipped)
-    assert steps["not importable"].startswith("vllm (not found by ") and steps["done"] == "status 0"
+    # the RL step itself needs no vLLM: the hf engine samples (rollout.engine=auto)
+    assert ran == ["plan", *[s for s in LENT_STEPS if s != "bench_step"], "bench_gae", "gae_bandwidth", "vcppo_plan",
+                   "skipped", "not importable", "done"]  # one key for both packages
+    assert "rollout.engine=auto" in steps["train"]
+    assert steps["skipped"] == " ".join(skipped) and steps["done"] == "status 0"
 
 
-def test_dry_run_without_deepspeed_also_skips_the_logprob_memory_step(tmp_path):
+def test_dry_run_without_deepspeed_also_skips_the_training_steps(tmp_path):
     steps = dry_run(tmp_path / "out", NUM_GPUS="1", PY=str(fake_python(tmp_path, ("vllm", "deepspeed"))))
     assert steps["logprob_memory"].startswith("SKIPPED, needs deepspeed, not importable here (deepspeed: not found")
-    assert steps["mismatch"].startswith("SKIPPED, needs vllm, deepspeed, not importable here (vllm: not found by ")
-    assert "deepspeed: not found by" in steps["mismatch"]
-    assert steps["skipped"].split() == ["logprob_memory", "logprob_memory_json", *VLLM_STEPS]
+    assert steps["train"].startswith("SKIPPED, needs deepspeed") and steps["bench_step"].startswith("SKIPPED, needs deepspeed")
+    assert steps["skipped"].split() == ["logprob_memory", "logprob_memory_json", "train", "bench_step"]
     assert not steps["gpu_tests"].startswith("SKIPPED") and not steps["make_model"].startswith("SKIPPED")
 
 
-def test_a_run_without_vllm_runs_the_other_steps_on_cuda_and_says_what_it_skipped(tmp_path):
-    """Not a dry run: the import checks import, and each step that needs no vllm runs (here: the fake
-    python records it), with DS_ACCELERATOR=cuda whatever the caller's environment held."""
+def test_a_run_without_vllm_runs_the_rl_step_on_cuda_with_the_carried_wheels(tmp_path):
+    """Not a dry run: the import checks import, and each step runs (here: the fake python records it),
+    with DS_ACCELERATOR=cuda whatever the caller's environment held, and the carried wheels first on
+    the path."""
     fake = fake_python(tmp_path, ("vllm",), gpu_machine=True)
     out = tmp_path / "out"
     res = subprocess.run([str(SCRIPT), str(out)], env=dict(os.environ, PY=str(fake), NUM_GPUS="1", DS_ACCELERATOR="cpu"),
@@ -113,31 +127,32 @@ def test_a_run_without_vllm_runs_the_other_steps_on_cuda_and_says_what_it_skippe
     ran = [c.split(" ", 1)[1] for c in calls]
     assert ran.count("-c import deepspeed") == 1  # asked once, at the first step that needs it
     assert ran.index("-c import deepspeed") < ran.index("-m pytest -m gpu -q -rs -p no:cacheprovider tests/gpu/test_logprob_memory.py")
-    assert [c for c in ran if "vcppo.bench.gpu_check" in c or "vcppo.cli" in c or "pytest" in c] == [
-        f"-m vcppo.bench.gpu_check bf16 {out}/bf16.json",
-        "-m pytest -m gpu -q -p no:cacheprovider --ignore=tests/gpu/test_logprob_memory.py tests",
-        "-m pytest -m gpu -q -rs -p no:cacheprovider tests/gpu/test_logprob_memory.py",
-        f"-m vcppo.cli bench gae --json {out}/bench_gae.json",
-        f"-m vcppo.bench.gpu_check gae-bandwidth {out}/bench_gae.json {out}/gae_bandwidth.json",
-        f"-m vcppo.cli plan vcppo --model-shape qwen2.5-7b --gpu h200 --json {out}/plan_7b_h200.json",
-        f"-m vcppo.cli data make --task add --out {out}/work/data --n 2000 --n-eval 64",
-        f"-m vcppo.cli model make --size tiny --out {out}/work/model"]
+    main = [c for c in ran if "vcppo.bench" in c or "vcppo.cli" in c or "pytest" in c]
+    site = REPO / ".gpu_carry" / "site"
+    assert main[:4] == [f"-m vcppo.bench.gpu_carry list .gpu_carry --json {out}/carry_list.json",
+                        f"-m vcppo.bench.gpu_carry install .gpu_carry {site} --json {out}/carry.json",
+                        f"-m vcppo.bench.gpu_check bf16 {out}/bf16.json",
+                        "-m pytest -m gpu -q -p no:cacheprovider --ignore=tests/gpu/test_logprob_memory.py tests"]
+    assert [c.split()[1:4] for c in main[4:]] == [
+        ["pytest", "-m", "gpu"], ["vcppo.cli", "data", "make"], ["vcppo.cli", "model", "make"],
+        ["vcppo.cli", "train", "vcppo"], ["vcppo.bench.gpu_check", "train-summary", f"{out}/work/runs/gpu-check"],
+        ["vcppo.cli", "plan", "vcppo"], ["vcppo.cli", "bench", "step"], ["vcppo.bench.gpu_check", "summary", f"{out}/work/runs/gpu-check"]]
     assert json.loads((out / "logprob_memory_json.log").read_text()) == {"ok": True}
-    for name in VLLM_STEPS:
-        assert f"] {name}: SKIPPED, needs vllm, not importable here (vllm: ModuleNotFoundError: No module named 'vllm')" \
-            in summary
-    assert f"] skipped: {' '.join(VLLM_STEPS)}\n" in summary
-    assert "] not importable: vllm (ModuleNotFoundError: No module named 'vllm')\n" in summary
+    assert "] not importable" not in summary and "SKIPPED" not in summary
     assert summary.endswith("done: status 0\n") and "FAILED" not in summary
 
 
 def test_dry_run_training_overrides_are_valid_config(tmp_path):
-    steps = dry_run(tmp_path / "out", NUM_GPUS="2")
+    steps = dry_run(tmp_path / "out", NUM_GPUS="2", GPU_CHECK_PROFILE="full")
     train = shlex.split(steps["train"])
     preset = train.index("launch/single_node.sh") + 1
     cfg = load_config(train[preset], train[preset + 1:])  # a typo in the script raises here
-    assert cfg.model.dtype == "bfloat16" and cfg.algorithm.rollout_is_cap == 2.0
+    assert cfg.model.dtype == "bfloat16" and cfg.algorithm.rollout_is_cap == 2.0 and cfg.rollout.engine == "auto"
+    assert cfg.actor.zero_stage == cfg.critic.zero_stage == cfg.reference.zero_stage == 3  # forced, not auto
+    assert cfg.actor.logprob_chunk_size > 0 and cfg.actor.packed and cfg.critic.packed
     assert cfg.trainer.prompts_per_step % 2 == 0  # divisible by the 2 ranks
+    plan = shlex.split(steps["plan_train"])
+    assert plan[plan.index("plan") + 2:plan.index("--gpu")] == train[preset + 1:-2]  # the same config as the run
     seven_b = shlex.split(steps["train_7b_preset"])
     preset = seven_b.index("launch/single_node.sh") + 1
     cfg = load_config(seven_b[preset], seven_b[preset + 1:])
@@ -150,6 +165,12 @@ def test_dry_run_training_overrides_are_valid_config(tmp_path):
     mismatch = shlex.split(steps["mismatch"])
     args = parse_mismatch_args(mismatch[mismatch.index("mismatch") + 1:])
     assert args.dtypes == "float32,bfloat16" and args.json.endswith("mismatch.json")
+
+
+def test_skip_list_and_time_budget(tmp_path):
+    steps = dry_run(tmp_path / "out", NUM_GPUS="1", GPU_CHECK_SKIP="gpu_tests,bench_step")
+    assert steps["gpu_tests"] == steps["bench_step"] == "SKIPPED, named in GPU_CHECK_SKIP"
+    assert steps["skipped"] == "gpu_tests bench_step"
 
 
 def test_output_dir_comes_from_the_argument_or_the_environment(tmp_path):
@@ -253,3 +274,114 @@ def test_the_test_tree_gives_deepspeed_cuda_where_there_is_a_gpu(cuda):
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(env, DS_ACCELERATOR="cpu"),
                          capture_output=True, text=True, timeout=120)
     assert res.stdout.split()[-1] == "cpu"  # one set by the caller wins
+
+
+# --- the carried wheels (vcppo/bench/gpu_carry.py) -----------------------------------------------
+def _wheel(directory: Path, name: str, version: str, size: int) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}-{version}-py3-none-any.whl").write_bytes(b"\0" * size)
+
+
+def test_carry_list_names_what_the_lent_image_lacks_at_the_versions_tested_here(tmp_path):
+    from importlib import metadata
+    from vcppo.bench import gpu_carry
+    wheels = {w.name: w for w in gpu_carry.carry_list(tmp_path)}
+    # what `vcppo train`, `vcppo plan` and `vcppo bench step --trl` import beyond torch / transformers / peft
+    assert {"deepspeed", "omegaconf", "pydantic", "datasets", "pyarrow", "math-verify", "trl"} <= set(wheels)
+    assert not {"torch", "transformers", "peft", "accelerate", "vllm"} & set(wheels)
+    assert wheels["deepspeed"].version == metadata.version("deepspeed") and wheels["trl"].version == "1.12.0"
+    assert all(w.file is None for w in wheels.values())
+    _wheel(tmp_path / "part2", "omegaconf", wheels["omegaconf"].version, 1000)
+    _wheel(tmp_path / "part1", "omegaconf", "0.0.1", 5)  # another version: not ours
+    (w,) = [w for w in gpu_carry.carry_list(tmp_path) if w.file]
+    assert (w.name, w.bytes, w.file.startswith("part2/")) == ("omegaconf", 1000, True)
+    s = gpu_carry.summary(tmp_path)
+    assert s["total_bytes"] == 1000 and "omegaconf" not in s["missing"] and not s["fits_one_call"]
+
+
+def test_carry_parts_each_fit_one_call():
+    from vcppo.bench.gpu_carry import Wheel, parts
+    mib = 2 ** 20
+    wheels = [Wheel("pyarrow", "pyarrow", "1", "pyarrow.whl", 53 * mib), Wheel("pandas", "pandas", "1", "pandas.whl",
+              12 * mib), Wheel("ds", "ds", "1", "ds.whl", 2 * mib), Wheel("a", "a", "1", "a.whl", 1 * mib),
+              Wheel("none", "none", "1")]
+    assert parts(wheels, limit=56 * mib) == [["pyarrow.whl", "ds.whl", "a.whl"], ["pandas.whl"]]
+    assert parts(wheels, limit=100 * mib) == [["pyarrow.whl", "pandas.whl", "ds.whl", "a.whl"]]
+
+
+def test_carry_install_puts_only_what_does_not_import_into_the_site(tmp_path):
+    """A real pip install (no index, no dependencies) of a wheel built here, into the site the script
+    puts first on PYTHONPATH; a carried package that already imports is left alone."""
+    from vcppo.bench import gpu_carry
+    src = tmp_path / "src"
+    (src / "vcppo_carry_probe").mkdir(parents=True)
+    (src / "vcppo_carry_probe" / "__init__.py").write_text("VALUE = 7\n")
+    (src / "pyproject.toml").write_text('[project]\nname = "vcppo_carry_probe"\nversion = "1.0"\n'
+                                        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n')
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "carry" / "part1"), str(src)], check=True, capture_output=True)
+    carried = (("vcppo_carry_probe", "vcppo_carry_probe"), ("omegaconf", "omegaconf"))
+    pinned = {"vcppo_carry_probe": "1.0"}
+    import unittest.mock as mock
+    with mock.patch.object(gpu_carry, "CARRIED", carried), mock.patch.dict(gpu_carry.PINNED, pinned):
+        res = gpu_carry.install(str(tmp_path / "carry"), str(tmp_path / "site"))
+    assert res == {"installed": ["vcppo_carry_probe"], "already_there": ["omegaconf"]}
+    out = subprocess.run([sys.executable, "-c", "import vcppo_carry_probe as m; print(m.VALUE)"], capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")))
+    assert out.stdout.strip() == "7"
+
+
+# --- DRY_RUN=tiny: the same commands at the tiny shape on this CPU, for real -------------------------
+def tiny_run(out: Path, skip: str) -> tuple[dict[str, str], str]:
+    env = dict(os.environ, DRY_RUN="tiny", GPU_CHECK_ENGINE="hf", GPU_CHECK_SKIP=skip, PY=sys.executable)
+    res = subprocess.run([str(SCRIPT), str(out)], env=env, capture_output=True, text=True, timeout=900)
+    summary = (out / "summary.txt").read_text()
+    assert res.returncode == 0, summary + res.stderr[-3000:]
+    steps = {}
+    for line in summary.splitlines():
+        name, _, cmd = line.split("] ", 1)[1].partition(": ")
+        steps.setdefault(name, []).append(cmd)
+    return steps, summary
+
+
+@pytest.mark.slow
+def test_tiny_rehearsal_lists_the_carry_and_plans_the_runs_config(tmp_path):
+    """The fast part: the carry list, the data and model at the tiny shape, and `vcppo plan` of the
+    training run's exact config (the rest of the rehearsal: the next test)."""
+    steps, summary = tiny_run(tmp_path / "out", "carry,bf16,gpu_tests,logprob_memory,train,bench_step,summary")
+    assert "CPU rehearsal at the tiny shape" in steps["plan"][0] and "FAILED" not in summary
+    for name in ("carry_list", "make_data", "make_model", "plan_train"):
+        assert steps[name][-1].startswith("ok ("), (name, steps[name])
+    carry = json.loads((tmp_path / "out" / "carry_list.json").read_text())
+    assert {"deepspeed", "trl", "pyarrow"} <= {w["name"] for w in carry["wheels"]}
+    plan = json.loads((tmp_path / "out" / "plan_train.json").read_text())
+    assert plan["params"]["policy"] < 10 ** 6 and plan["plan"]["dtype_bytes"] == 2  # tiny, bf16
+    assert all(e["zero_stage"] == 3 for e in plan["plan"]["engines"])
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_tiny_rehearsal_runs_the_step_and_writes_one_summary(tmp_path):
+    """The whole CPU rehearsal but the pytest steps: `vcppo train` (bf16, ZeRO-3, chunked, packed, hf),
+    `vcppo bench step --trl` where the carry gives TRL, and the one JSON summary."""
+    steps, summary = tiny_run(tmp_path / "out", "gpu_tests,logprob_memory")
+    for name in ("carry", "bf16", "train", "train_summary", "plan_train", "summary"):
+        assert steps[name][-1].startswith("ok ("), (name, steps[name])
+    result = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert result["steps"] == 3 and result["steps_timed"] == 2 and result["policy_params"] < 10 ** 6
+    assert {"rollout", "actor_update", "critic_update"} <= set(result["phase_s"])
+    assert all(0 < v < 1 for v in result["mfu_over_response_tokens"].values())
+    assert result["plan_need_gib"] and result["peak_memory_gib"] is None  # no CUDA here
+    if steps["bench_step"][-1].startswith("ok ("):  # TRL came with the carry
+        assert set(result["bench_step"]["mb8"]) >= {"vcppo", "trl", "ratio_step"}
+    else:
+        assert steps["bench_step"][0].startswith("SKIPPED, needs trl")
+
+
+def test_phase_mfu_counts_2n_per_forward_token_and_6n_or_8n_per_update_token():
+    mfu = gpu_check.phase_mfu({"rollout": 2.0, "actor_update": 3.0, "critic_update": 4.0, "advantages": 0.1},
+                              tokens=1000, params=10 ** 6, peak_flops=1e9, checkpointing=False)
+    assert mfu == pytest.approx({"rollout": 2e9 / 2.0 / 1e9, "actor_update": 6e9 / 3.0 / 1e9,
+                                 "critic_update": 6e9 / 4.0 / 1e9})  # no cost model for advantages
+    ckpt = gpu_check.phase_mfu({"actor_update": 3.0}, 1000, 10 ** 6, 1e9, checkpointing=True)
+    assert ckpt["actor_update"] == pytest.approx(8e9 / 3.0 / 1e9)

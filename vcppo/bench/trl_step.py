@@ -132,9 +132,12 @@ def run_trl(args, workdir: Path, micro_batch: int) -> dict:
 
 
 def _ppo_config(ppo_config_cls, args, out_dir: str, micro_batch: int, batch: int):
-    """TRL's PPOConfig for the bench's workload: 1 epoch, 1 mini-batch, fp32 on CPU, k1 KL."""
+    """TRL's PPOConfig for the bench's workload: 1 epoch, 1 mini-batch, fp32 (on the GPU where there is
+    one, as vcppo's side), k1 KL."""
+    import torch
+
     return ppo_config_cls(
-        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+        output_dir=out_dir, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False, gradient_checkpointing=False,
         per_device_train_batch_size=micro_batch, gradient_accumulation_steps=batch // micro_batch,
         num_mini_batches=1, num_ppo_epochs=1, local_rollout_forward_batch_size=batch,
         response_length=args.max_tokens, stop_token="eos", temperature=1.0,

@@ -33,7 +33,7 @@ from vcppo.driver.durability.model_export import export_checkpoint, is_checkpoin
 from vcppo.driver.step.episodes import episode_runner
 from vcppo.driver.step.validation import evaluate
 from vcppo.engines import dist as D
-from vcppo.engines.rollout import RolloutEngine
+from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.models.hub import parse_id
 from vcppo.rewards.routing import data_source_of
 from vcppo.schema import Config, ConfigError
@@ -273,8 +273,8 @@ def evaluate_policy(cfg: Config) -> dict | None:
         raise ConfigError(f"cannot load the tokenizer of {e.model_path}: {type(err).__name__}: {err}") from None
     rows, groups = load_rows(cfg, tok)
     dist = D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s)
-    rollout = RolloutEngine(e.model_path, cfg.rollout, dist, seed=cfg.trainer.seed,
-                            max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
+    rollout = make_rollout_engine(e.model_path, cfg.rollout, dist, seed=cfg.trainer.seed,
+                                  max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
     clean = False
     try:
         scorer = make_scorer(cfg)

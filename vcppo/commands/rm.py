@@ -23,7 +23,7 @@ from vcppo.engines.critic import CriticEngine
 from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs, response_counts
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.collectives import gather_cat
-from vcppo.engines.rollout import RolloutEngine
+from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.experience import Rollout
 from vcppo.schema import Config
 
@@ -79,8 +79,8 @@ def sample_splits(cfg: Config, dist: DistInfo) -> dict[str, Rollout]:
                            limit=r.prompts).rows()
     n_held = max(1, int(len(rows) * r.heldout_frac))
     max_prompt = max(len(row["prompt_ids"]) for row in rows)
-    rollout = RolloutEngine(r.policy_path, cfg.rollout, dist, seed=seed,
-                            max_model_len=max_prompt + cfg.rollout.max_response_tokens)
+    rollout = make_rollout_engine(r.policy_path, cfg.rollout, dist, seed=seed,
+                                  max_model_len=max_prompt + cfg.rollout.max_response_tokens)
     scorer = make_scorer(cfg)
     data = {}
     for name, split_rows in (("train", rows[n_held:]), ("heldout", rows[:n_held])):

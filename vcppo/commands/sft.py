@@ -25,7 +25,7 @@ from vcppo.driver.step.sampling import rank_slice
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.loss_contract import ResponseNLL
-from vcppo.engines.rollout import RolloutEngine
+from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.experience import make_layout
 from vcppo.schema import Config
 
@@ -75,9 +75,9 @@ def _write_summary(summary: dict, out: Path, target_accuracy: float, log) -> Non
     log.info(f"SFT done: {json.dumps(summary)}")
 
 
-def _validation_sampler(cfg: Config, dist, max_len: int, env_workers: int):
-    """The vLLM engine that validates the SFT policy, and with ``rollout.env`` its episode runner."""
-    rollout = RolloutEngine(cfg.sft.init_model, cfg.rollout, dist, seed=cfg.trainer.seed, max_model_len=max_len)
+def _validation_sampler(cfg: Config, dist, max_len: int, env_workers: int, log):
+    """The rollout engine that validates the SFT policy, and with ``rollout.env`` its episode runner."""
+    rollout = make_rollout_engine(cfg.sft.init_model, cfg.rollout, dist, cfg.trainer.seed, max_len, log=log.info)
     return rollout, episode_runner(cfg, rollout, env_workers, max_len)
 
 
@@ -95,7 +95,7 @@ def run_sft(cfg: Config) -> dict:
     actor = ActorEngine(s.init_model, s, dist, total_optimizer_steps=s.steps, dtype=cfg.model.dtype)
     max_len = max(len(r) for r in train.dataset["prompt_ids"]) + cfg.rollout.max_response_tokens
     scorer = make_scorer(cfg)
-    rollout, episodes = _validation_sampler(cfg, dist, max_len, scorer.num_workers) if val_rows else (None, None)
+    rollout, episodes = _validation_sampler(cfg, dist, max_len, scorer.num_workers, log) if val_rows else (None, None)
 
     def eval_now(step: int) -> dict:
         rollout.sync_weights(actor.named_parameters_gathered())

@@ -22,6 +22,7 @@ from vcppo.engines.dist import DistInfo
 from vcppo.engines.lora import enabled as lora_enabled
 from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
+from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.schema import Config
 from vcppo.tracking import MetricsLogger
 from vcppo.methods import uses_critic
@@ -110,10 +111,9 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
     ckpt = (lambda role: resume_point / role) if resume_point is not None else (lambda role: None)
     rollout = None  # split placement: the rollout ranks sample (driver/placement/rollout_worker.py)
     if dist.role != "train":
-        log.info("starting vLLM rollout engine")
-        rollout = RolloutEngine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
-                                max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
-                                dtype=cfg.model.dtype, lora_rank=adapter_sync_rank(cfg))
+        rollout = make_rollout_engine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
+                                      max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
+                                      dtype=cfg.model.dtype, lora_rank=adapter_sync_rank(cfg), log=log.info)
     remote = None
     if uses_critic(alg.advantage_estimator) and critic_on_own_ranks(cfg):  # they start while the actor does here
         remote = RemoteCritic(D.get_critic_link())

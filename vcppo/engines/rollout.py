@@ -9,8 +9,9 @@ Weight sync: ``llm.collective_rpc(fn)`` with ``fn(worker)`` calling
 ``worker.reload_weights(weights_iterator=...)`` (HF names); ``model.load_weights`` fails on the
 CPU backend. The prefix cache is reset afterwards (cached KV was computed with old weights).
 
-Logprobs: ``logprobs_mode="processed_logprobs"``, i.e. after temperature (and top-p/top-k), so
-with top_p=1 they equal the trainer's ``log_softmax(logits / temperature)``.
+Logprobs: ``logprobs_mode="processed"`` (vLLM's ``processed_logprobs``), i.e. after temperature
+(and top-p/top-k), so with top_p=1 they equal the trainer's ``log_softmax(logits / temperature)``;
+``"raw"``: of the model's logits, before any of them.
 """
 from __future__ import annotations
 
@@ -182,7 +183,7 @@ def _sampled_logprobs(logprobs) -> list[float]:
 
 class RolloutEngine:
     def __init__(self, model_path: str, cfg: RolloutConfig, dist: DistInfo, seed: int, max_model_len: int,
-                 dtype: str = "auto", lora_rank: int = 0):
+                 dtype: str = "auto", lora_rank: int = 0, logprobs_mode: str = "processed"):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process, always
         from vllm import LLM
 
@@ -197,7 +198,7 @@ class RolloutEngine:
         kwargs = dict(model=model_path, max_model_len=int(max_model_len), seed=self.seed,
                       enforce_eager=bool(cfg.enforce_eager),
                       gpu_memory_utilization=memory_share(cfg, dist.device),
-                      logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+                      logprobs_mode=f"{logprobs_mode}_logprobs", enable_prefix_caching=True)
         if lora_rank > 0:  # vLLM's own LoRA: the actor's adapters are loaded, not merged weights
             kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
         if self.on_gpu:
@@ -247,10 +248,10 @@ class RolloutEngine:
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, temperature: float, top_p: float,
                  max_tokens: int | list[int], stop: list[str] | None = None, seed: int | None = None,
-                 logprobs: bool = True, reset_cache: bool = True) -> list[RolloutSample]:
-        """n samples per prompt, prompt-major; the same call with the same ``seed`` (on this engine or
-        a fresh one) reproduces the same samples. ``max_tokens``: one budget for all, or one per prompt
-        (an episode's turn: what its context leaves).
+                 logprobs: bool = True, top_k: int = 0, reset_cache: bool = True) -> list[RolloutSample]:
+        """n samples per prompt, prompt-major (``top_k`` 0: off); the same call with the same ``seed`` (on this
+        engine or a fresh one) reproduces the same samples. ``max_tokens``: one budget for all, or one per
+        prompt (an episode's turn: what its context leaves).
 
         ``logprobs``: return each sampled token's logprob (``RolloutSample.logprobs``; empty when
         False). They do not change what is sampled, but vLLM's per-token output processing of them
@@ -277,7 +278,8 @@ class RolloutEngine:
         budgets = max_tokens if isinstance(max_tokens, list) else [max_tokens]
         params = [SamplingParams(
             n=1 if greedy else n, temperature=0.0 if greedy else float(temperature),
-            top_p=1.0 if greedy else float(top_p), max_tokens=int(budget), stop=list(stop) if stop else None,
+            top_p=1.0 if greedy else float(top_p), top_k=0 if greedy else int(top_k), max_tokens=int(budget),
+            stop=list(stop) if stop else None,
             logprobs=0 if logprobs else None, flat_logprobs=True,  # one float list per sample, not a dict per token
             detokenize=detokenize, skip_special_tokens=False, spaces_between_special_tokens=False,
             include_stop_str_in_output=True) for budget in budgets]
@@ -342,12 +344,13 @@ class RolloutEngine:
         return time.perf_counter() - t0
 
     # --- memory ----------------------------------------------------------------------------------
-    def sleep(self) -> None:
+    def sleep(self) -> bool:
         """GPU: free KV cache + offload weights (sleep level 1), unless
-        ``rollout.free_memory_during_training`` is off. CPU: no-op."""
+        ``rollout.free_memory_during_training`` is off. CPU: no-op. Whether the engine is asleep now."""
         if self.on_gpu and self.cfg.free_memory_during_training and not self._asleep:
             self.llm.sleep(level=1)
             self._asleep = True
+        return self._asleep
 
     def wake_up(self) -> None:
         if self.on_gpu and self._asleep:

@@ -57,9 +57,10 @@ class ColocatedSource:
                 self.ctx.sync_weights()  # vLLM started from the initial policy; give it the resumed actor
 
     def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
-        out = self.maker.make(phase, step)
-        self.ctx.rollout.sleep()  # GPU: hand vLLM's memory to training; no-op on CPU
-        return out
+        batch, metrics = self.maker.make(phase, step)
+        # GPU: hand vLLM's memory to training; a no-op on CPU and for the hf engine (metric 0)
+        metrics["rollout/asleep_while_training"] = float(bool(self.ctx.rollout.sleep()))
+        return batch, metrics
 
     def step_done(self, phase: str, step: int, actor: ActorEngine | None) -> None:
         self.ctx.rollout.wake_up()
