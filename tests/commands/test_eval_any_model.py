@@ -143,7 +143,7 @@ class AddingRollout:
 
 @pytest.mark.parametrize("name", ["verl/test.parquet", "verl.jsonl", "plain.parquet", "plain.jsonl"])
 def test_every_format_reaches_the_scorer(art, name, monkeypatch, tmp_path):
-    monkeypatch.setattr(evaluate, "RolloutEngine", AddingRollout)
+    monkeypatch.setattr(evaluate, "make_rollout_engine", AddingRollout)
     out = tmp_path / "m.json"
     assert main(["eval", str(art / "model"), str(art / name), "eval.n_samples=2", "eval.k=[1,2]",
                  "reward.num_workers=0", f"eval.output_json={out}"]) == 0
@@ -190,7 +190,7 @@ def _even_share(path):
 def test_several_files_are_reported_each_and_together(art, monkeypatch, tmp_path, capsys):
     """A verl file (its data_source) and a plain file (its name) in one run: each group's figures are
     its own rows', and the overall ones are those of all rows."""
-    monkeypatch.setattr(evaluate, "RolloutEngine", OddSumsWrongRollout)
+    monkeypatch.setattr(evaluate, "make_rollout_engine", OddSumsWrongRollout)
     out = tmp_path / "m.json"
     files = f"{art / 'verl.jsonl'},{art / 'plain.parquet'}"
     assert main(["eval", str(art / "model"), files, "eval.n_samples=2", "eval.k=[1,2]", "reward.num_workers=0",

@@ -38,7 +38,7 @@ def test_truncated_shard_falls_back_to_the_previous_checkpoint(tiny_artifacts, t
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-4000:]
     assert f"checkpoint {newest} is damaged" in out and "truncated?" in out
-    assert out.index("is damaged") < out.index("starting vLLM")  # found before any engine started
+    assert out.index("is damaged") < out.index("rollout engine:")  # found before any engine started
     assert "resuming from " + str(previous) in out
     assert "PLANTED-CODE-RAN" not in out
     assert (run / "final" / "actor" / "config.json").exists()

@@ -29,11 +29,11 @@ def test_an_edited_rerun_is_refused_then_allowed_and_recorded(tiny_artifacts, tm
     res = train("vcppo", over + ["algorithm.lambda_actor=0.5", "trainer.total_steps=2"], cwd=tmp_path)
     assert res.returncode == 2, res.stderr[-4000:]
     assert "algorithm.lambda_actor 0.95 -> 0.5" in res.stderr and len(_vcppo_lines(res.stderr)) == 1
-    assert "starting vLLM" not in res.stderr and "Traceback" not in res.stderr
+    assert "rollout engine:" not in res.stderr and "Traceback" not in res.stderr
     # a LoRA rank the checkpoint's tensors do not have: one line, before any engine
     res = train("vcppo", over + ["actor.lora.rank=4", "trainer.total_steps=2"], cwd=tmp_path)
     assert res.returncode == 2 and "config key 'actor.lora.rank': 0 in checkpoint" in res.stderr, res.stderr[-4000:]
-    assert "starting vLLM" not in res.stderr and "Traceback" not in res.stderr
+    assert "rollout engine:" not in res.stderr and "Traceback" not in res.stderr
     assert len(read_history(run)) == 1  # refused runs record nothing, and config.yaml is the first run's
     assert "lambda_actor: 0.95" in (run / "config.yaml").read_text()
 

@@ -27,7 +27,7 @@ from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 
 ONE_THREAD = dict(ENV, OMP_NUM_THREADS="1")  # torchrun's default per rank; the colocated run matches it
-SPLIT_ONLY = ("staleness/", "time", "perf/")  # wall times, and what only a split run measures
+SPLIT_ONLY = ("staleness/", "time", "perf/", "rollout/asleep_while_training")  # wall times, and what only one placement measures (colocated: vLLM asleep while training)
 
 
 def overrides(art, out, **extra):

@@ -33,4 +33,4 @@ def test_bad_input_is_named_before_engines_start(case, tiny_artifacts, tmp_path)
     out = res.stdout + res.stderr
     assert res.returncode == 2, out[-3000:]
     assert named in res.stderr, out[-3000:]
-    assert "starting vLLM" not in out and "Traceback" not in res.stderr
+    assert "rollout engine:" not in out and "Traceback" not in res.stderr

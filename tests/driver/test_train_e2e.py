@@ -245,5 +245,5 @@ def test_bad_config_fails_before_any_engine_starts(override, needle, tiny_artifa
     res = train("vcppo", base_overrides(tiny_artifacts, tmp_path) + override, cwd=tmp_path, timeout=120)
     assert res.returncode == 2
     assert needle in res.stderr
-    assert "starting vLLM" not in res.stderr and not (tmp_path / "vcppo-seed0").exists()
+    assert "rollout engine:" not in res.stderr and not (tmp_path / "vcppo-seed0").exists()
     assert time.time() - t0 < 60

@@ -402,7 +402,9 @@ def test_reference_engine_matches_initial_policy(info, tiny_model_dir):
         ref.train_step(b, nll_loss())
     lp, _ = ref.forward_logprobs(b)
     lp2, _ = _actor(info, tiny_model_dir).forward_logprobs(b)
-    torch.testing.assert_close(lp, lp2, rtol=0, atol=1e-6)
+    # other micro-batches (1 row against the actor's) pad differently: fp32 rounding of the logprob's
+    # size (3e-7 relative seen on the Intel Xeon host), never a different model
+    torch.testing.assert_close(lp, lp2, rtol=1e-6, atol=1e-6)
 
 
 def _critic(info, init, path, **kw):

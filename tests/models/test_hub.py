@@ -113,10 +113,13 @@ def test_a_critic_path_no_critic_reads_is_not_resolved(hf_home, tiny_artifacts):
     from vcppo.config import load_command_config
 
     add_model(hf_home, "org/policy", tiny_artifacts / "tiny")
-    cfg = load_command_config(["grpo", "model.policy_path=org/policy", "model.critic_path=org/not-cached",
-                               f"data.train_files={tiny_artifacts / 'data' / 'train.parquet'}", "data.val_files=null",
-                               f"trainer.output_root={hf_home / 'runs'}"], "train")
-    assert cfg.model.critic_path == "org/not-cached"
+    # a user's critic key for a critic-free method is refused for what it is (one line naming it),
+    # never looked up in the hub (an id that is not cached would otherwise be the error)
+    with pytest.raises(ConfigError, match="'model.critic_path' configures a critic") as err:
+        load_command_config(["grpo", "model.policy_path=org/policy", "model.critic_path=org/not-cached",
+                             f"data.train_files={tiny_artifacts / 'data' / 'train.parquet'}", "data.val_files=null",
+                             f"trainer.output_root={hf_home / 'runs'}"], "train")
+    assert "not cached" not in str(err.value) and "hub" not in str(err.value)
 
 
 def test_under_srun_the_node_s_first_task_resolves(hf_home, monkeypatch):
