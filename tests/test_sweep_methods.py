@@ -73,3 +73,26 @@ def test_command_line_settings_shorten_a_sweep():
     assert len(expand(spec)) == 21 and "trainer.total_steps=20" not in spec["overrides"]
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         with_overrides(spec, ["trainer.total_steps"])
+
+
+def test_regimes_samples_gives_every_setting_64_responses_and_the_critics_no_groups():
+    runs = expand(load_sweep("regimes_samples")[1])
+    assert len(runs) == 18
+    shapes = {}
+    for r in runs:
+        o = r["overrides"]
+        last = lambda key: [x for x in o if x.startswith(key + "=")][-1].split("=")[1]  # noqa: E731 (later wins)
+        prompts, n = int(last("trainer.prompts_per_step")), int(last("rollout.n_samples_per_prompt"))
+        assert prompts * n == 64 and last("trainer.total_steps") == "50"
+        shapes.setdefault((r["preset"], prompts, n), set()).add(last("trainer.seed"))
+    assert shapes == {s: {"0", "1", "2"} for s in [("vcppo", 64, 1), ("ppo", 64, 1), ("vcppo", 16, 4),
+                                                   ("grpo", 16, 4), ("rloo", 16, 4), ("drgrpo", 16, 4)]}
+    assert [r["name"].rsplit("seed", 1)[1] for r in runs] == [s for s in "012" for _ in range(6)]  # seed-major
+
+
+def test_regimes_samples_dry_run_builds_nothing(tmp_path):
+    res = subprocess.run([str(REPO / "launch/regimes_samples.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len([line for line in res.stdout.splitlines() if " train " in line]) == 18
+    assert not any(tmp_path.iterdir())
