@@ -12,6 +12,7 @@ from vcppo.driver.step.metrics import step_metrics
 from vcppo.driver.step.step_plan import Source
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.experience import Advantages, BeforeUpdate, CriticResult
+from vcppo.schema import Config
 
 T = 5  # response tokens
 
@@ -33,8 +34,9 @@ def _worker(rank, out):
     rollout = SimpleNamespace(response_mask=mask, scores=torch.zeros(4), correct=torch.zeros(4),
                               truncated=torch.zeros(4))
     plan = SimpleNamespace(v_old=Source.PASS, sampler_logprobs=False, pi_old=Source.PASS, entropy=Source.NONE)
-    ctx = SimpleNamespace(cfg=SimpleNamespace(logging=SimpleNamespace(profile_buckets=4),
-                                              algorithm=SimpleNamespace(rollout_is_cap=None)))
+    cfg = Config()
+    cfg.logging.profile_buckets = 4
+    ctx = SimpleNamespace(cfg=cfg)
     timer = PhaseTimer()
     timer.seconds["rollout"] = 1.0
     m = step_metrics(ctx, plan, rollout, BeforeUpdate(old_values=values), Advantages(returns, returns), timer,
