@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ENV
+from tests.driver.test_train_e2e import for_preset
 from vcppo.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,7 +63,7 @@ def test_multi_node_script_with_localhost_hostfile(tiny_artifacts, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
     env = dict(ENV, HOSTFILE=str(hostfile), MASTER_PORT="29733", MASTER_ADDR="127.0.0.1")
-    args = tiny_run_args(tiny_artifacts, tmp_path) + ["value_pretrain.enabled=false", "trainer.total_steps=1"]
+    args = for_preset("grpo", tiny_run_args(tiny_artifacts, tmp_path) + ["trainer.total_steps=1"])  # no critic keys
     res = subprocess.run([str(REPO / "launch/multi_node.sh"), "grpo", *args], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
