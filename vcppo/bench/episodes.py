@@ -53,8 +53,7 @@ def _parse(argv) -> argparse.Namespace:
 
 
 def _runner(args, rollout, latency_ms: float):
-    from vcppo.driver.step.episodes import EpisodeRunner
-    from vcppo.envs.worker import EnvRunner
+    from vcppo.driver.step.episodes import episode_runner
     from vcppo.schema import Config
 
     cfg = Config()
@@ -62,8 +61,8 @@ def _runner(args, rollout, latency_ms: float):
     r.env, r.env_args = f"{__name__}:FixedTurnsEnv", {"turns": args.turns, "latency_ms": latency_ms}
     r.max_turns, r.turn_max_tokens = args.turns, args.turn_tokens
     r.max_response_tokens = args.turns * (args.turn_tokens + 16)
-    return EpisodeRunner(cfg, rollout, EnvRunner(args.workers, timeout_s=30.0),
-                         max_model_len=args.prompt_len + r.max_response_tokens)
+    r.env_timeout_s = 30.0
+    return episode_runner(cfg, rollout, args.workers, max_model_len=args.prompt_len + r.max_response_tokens)
 
 
 def _one_turn(rollout, prompts, args, seed) -> tuple[float, float]:

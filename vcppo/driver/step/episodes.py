@@ -19,6 +19,7 @@ episode's outcome: its reward is complete).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -173,7 +174,8 @@ class EpisodeRunner:
                 # a turn cut at rollout.turn_max_tokens is still the turn: the env answers it
                 stepped.append((e, self.rollout.tokenizer.decode(s.response_ids, skip_special_tokens=True)))
             start = time.perf_counter()
-            answers = self.envs.step([(action, _with_actions(e.key, e.actions)) for e, action in stepped])
+            answers = self.envs.step([(action, dataclasses.replace(e.key, actions=tuple(e.actions)))
+                                      for e, action in stepped])
             self.env_seconds += time.perf_counter() - start
             for (e, action), answer in zip(stepped, answers):
                 e.actions.append(action)
@@ -208,10 +210,6 @@ class EpisodeRunner:
         e.tokens += obs
         e.policy += [0.0] * len(obs)
         e.logprobs += [0.0] * len(obs)
-
-
-def _with_actions(key: EpisodeKey, actions: list[str]) -> EpisodeKey:
-    return EpisodeKey(key.episode, key.env, key.env_args, key.row, key.seed, tuple(actions))
 
 
 def episodes_rollout(episodes: list[Episode], first_index: int, pad_id: int, device, logprobs: bool) -> Rollout:
