@@ -10,7 +10,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "vcppo"
 DRIVER_MODULES = sorted(".".join(p.relative_to(PKG / "driver").with_suffix("").parts)
                         for p in (PKG / "driver").rglob("*.py") if p.stem != "__init__")
-DRIVER_ROOMS = ("step", "placement", "durability")  # the driver's sub-packages, as docs/architecture.md names them
+DRIVER_PACKAGES = ("step", "placement", "durability")  # the driver's sub-packages, as docs/architecture.md names them
 
 
 def _module_name(path: Path) -> str:
@@ -135,15 +135,15 @@ def _plain_imports(path: Path) -> set[str]:
     return out
 
 
-# Floors from the bottom: an import may only point down (pure math never sees an engine, engines
+# Layers from the bottom: an import may only point down (pure math never sees an engine, engines
 # never see the environments or the driver, the driver never sees the commands built on it).
-FLOORS = ["vcppo.algos", "vcppo.engines", "vcppo.envs", "vcppo.driver", "vcppo.commands"]
+LAYERS = ["vcppo.algos", "vcppo.engines", "vcppo.envs", "vcppo.driver", "vcppo.commands"]
 
 
-def test_no_import_points_up_a_floor():
-    floor = lambda mod: next((i for i, f in enumerate(FLOORS) if mod == f or mod.startswith(f + ".")), None)  # noqa: E731
+def test_no_import_points_up_a_layer():
+    layer = lambda mod: next((i for i, f in enumerate(LAYERS) if mod == f or mod.startswith(f + ".")), None)  # noqa: E731
     up = [f"{src} -> {dst}" for src, dsts in import_graph().items() for dst in dsts
-          if floor(src) is not None and floor(dst) is not None and floor(dst) > floor(src)]
+          if layer(src) is not None and layer(dst) is not None and layer(dst) > layer(src)]
     assert not up, up
 
 
@@ -167,10 +167,10 @@ def test_the_step_reads_the_same_whatever_the_placement():
     assert "CriticHalf(" in worker and "update_critic" not in worker  # the same half as the local critic's
 
 
-def test_the_driver_is_its_three_rooms():
+def test_the_driver_is_its_wiring_and_three_packages():
     """driver/ holds the run's wiring (ppo, context, engines, teardown) and three sub-packages: the step,
     placement and durability; a new module goes into one of them."""
     top = sorted(p.stem for p in (PKG / "driver").glob("*.py") if p.stem != "__init__")
-    rooms = sorted(p.name for p in (PKG / "driver").iterdir() if p.is_dir() and (p / "__init__.py").exists())
-    assert top == ["context", "engines", "ppo", "teardown"] and rooms == sorted(DRIVER_ROOMS), (top, rooms)
-    assert not any(any((PKG / "driver" / room).glob("*/__init__.py")) for room in DRIVER_ROOMS)  # one level
+    packages = sorted(p.name for p in (PKG / "driver").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert top == ["context", "engines", "ppo", "teardown"] and packages == sorted(DRIVER_PACKAGES), (top, packages)
+    assert not any(any((PKG / "driver" / pkg).glob("*/__init__.py")) for pkg in DRIVER_PACKAGES)  # one level

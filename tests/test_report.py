@@ -3,6 +3,8 @@ plot the records allow. Fast: matplotlib only, no engine (the demo's end-to-end 
 report from a real run)."""
 import json
 
+import pytest
+
 from vcppo.commands.report import main
 from vcppo.report import run_summary
 
@@ -21,10 +23,41 @@ def _write_run(run, n_pre=3, n_ppo=5):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def test_report_of_one_run_writes_its_plots_and_table(tmp_path, capsys):
+@pytest.fixture
+def drawn(monkeypatch):
+    """{file name: [(panel's y label, line's label, xs, ys), ...]}: what each saved figure plots."""
+    from matplotlib.figure import Figure
+    out, save = {}, Figure.savefig
+
+    def savefig(fig, fname, *args, **kwargs):
+        out[str(fname).rsplit("/", 1)[-1]] = [(ax.get_ylabel(), line.get_label(), [float(x) for x in line.get_xdata()],
+                                               [float(y) for y in line.get_ydata()])
+                                              for ax in fig.axes for line in ax.lines
+                                              if not line.get_label().startswith("_")]  # not the zero lines
+        return save(fig, fname, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return out
+
+
+def test_report_of_one_run_writes_its_plots_and_table(tmp_path, capsys, drawn):
     run = tmp_path / "vcppo-seed0"
     _write_run(run)
     assert main([str(run), "--title", "unit"]) == 0
+    steps = [1.0, 2.0, 3.0, 4.0, 5.0]
+    # each plot draws the records' own figures, under its label
+    assert drawn["response_length.png"] == [("mean response length (tokens)", "vcppo-seed0", steps,
+                                             [101.0, 102.0, 103.0, 104.0, 105.0])]
+    assert [(y, xs, ys) for y, _, xs, ys in drawn["accuracy.png"]] == [
+        ("train accuracy", steps, [pytest.approx(0.1 * s) for s in steps]),
+        ("mean reward", steps, [pytest.approx(-1 + 0.2 * s) for s in steps])]
+    assert drawn["value_pretraining.png"][1][2:] == ([1.0, 2.0, 3.0], [pytest.approx(0.1), pytest.approx(0.2),
+                                                                       pytest.approx(0.3)])
+    assert drawn["critic_ppo.png"][0][3] == [pytest.approx(0.05 * s) for s in steps]
+    assert drawn["validation.png"][0][2:] == ([0.0, 5.0], [0.3, pytest.approx(0.4)])
+    # validations at records 8 and 9 (a record a minute), the first record at minute 0
+    assert drawn["validation_wallclock.png"][0][2:] == ([8.0, 9.0], [0.3, pytest.approx(0.4)])
+    start, end = drawn["advantage_profile.png"]  # the bucket midpoints; the empty bucket left out
+    assert start[2:] == end[2:] == ([5.0, 15.0], [0.2, 0.1]) and "start (step 1)" in start[1]
     out = run / "report"
     page = (out / "report.md").read_text()
     pngs = sorted(p.name for p in out.glob("*.png"))
@@ -51,7 +84,7 @@ def test_the_wallclock_starts_when_the_first_step_or_validation_began():
     assert _began({"time": 10.0}) == 10.0                     # records from before time/val_s was logged
 
 
-def test_a_multi_turn_run_gets_its_value_and_advantage_by_turn(tmp_path):
+def test_a_multi_turn_run_gets_its_value_and_advantage_by_turn(tmp_path, drawn):
     run = tmp_path / "guess-seed0"
     _write_run(run)
     lines = (run / "metrics.jsonl").read_text().splitlines()
@@ -63,6 +96,9 @@ def test_a_multi_turn_run_gets_its_value_and_advantage_by_turn(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert main([str(run)]) == 0
     assert "by_turn.png" in (run / "report" / "report.md").read_text()
+    assert [(y, xs, ys) for y, _, xs, ys in drawn["by_turn.png"]] == [  # steps 1 and 5, turns 1-2, per panel
+        ("mean value V_old", [1.0, 2.0], [pytest.approx(0.1), 0.5]), ("mean value V_old", [1.0, 2.0], [0.5, 0.5]),
+        ("mean raw advantage", [1.0, 2.0], [0.2, -0.1]), ("mean raw advantage", [1.0, 2.0], [0.2, -0.5])]
     summary = json.loads((run / "report" / "summary.json").read_text())[0]
     assert summary["value_by_turn_end"] == [0.5, 0.5, None] and summary["adv_by_turn_end"] == [0.2, -0.5, None]
     single = tmp_path / "single"

@@ -78,6 +78,9 @@ def test_value_loss_hand_computed():
     loss_nc, metrics_nc = value_loss(values, old, returns, mask, clip_range=None)
     assert loss_nc.item() == pytest.approx((0.5 + 0.005) / 2, abs=1e-6)
     assert metrics_nc["value_clip_frac"].item() == 0.0
+    # the values' statistics are the step's, pooled over the global batch: a micro-batch's own
+    # (merged into the step's record after them) would overwrite them with a mean of micro-batches
+    assert set(metrics) == {"value_clip_frac"}
 
 
 def test_entropy_from_logits():

@@ -25,20 +25,25 @@ def sp_runs(tiny_artifacts, tmp_path_factory):
     root = tmp_path_factory.mktemp("sp_runs")
     runs = {}
     for sp in (1, 2):
-        _train(tiny_artifacts, root / f"sp{sp}", root, sp)
+        log = _train(tiny_artifacts, root / f"sp{sp}", root, sp)
         run = root / f"sp{sp}" / "vcppo-seed0"
-        runs[sp] = (run, records(run))
+        runs[sp] = (run, records(run), log)
     return runs
 
 
 def test_sp2_run_logs_what_data_parallel_logs(sp_runs):
-    (_, sp2), (_, sp1) = sp_runs[2], sp_runs[1]
+    (_, sp2, log2), (_, sp1, log1) = sp_runs[2], sp_runs[1]
+    # Ulysses ran in both engines of the SP run, and in neither of the other (equal records alone
+    # would also hold if the engines had silently run without SP)
+    for role in ("actor", "critic"):
+        assert f"{role} engine: Ulysses sequence parallelism over 2 ranks (attention vcppo_ulysses_" in log2
+    assert "Ulysses" not in log1
     assert any(r["phase"] == "ppo" and "actor/grad_norm" in r for r in sp2)
     assert_close_records(sp2, sp1)
 
 
 def test_a_killed_sp_run_resumes_to_the_same_records(sp_runs, tiny_artifacts):
-    run, full = sp_runs[2]
+    run, full, _ = sp_runs[2]
     ckpts = [p.name for p in list_complete(checkpoint_root(run))]
     assert len(ckpts) >= 2  # value pretraining's and PPO step 2's
     cut_after(run, set(ckpts[:2]), ("ppo", 3))  # killed after step 3 was logged, before any later checkpoint

@@ -1,6 +1,7 @@
 """The launch scripts on the CPU machine: the deepspeed launcher with 2 ranks (gloo) runs a short
 `vcppo` preset end to end; the multi-node script runs from a localhost hostfile and as a dry run."""
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -41,18 +42,27 @@ def test_single_node_launcher_two_ranks_runs_vcppo(tiny_artifacts, tmp_path):
     assert "terminate called" not in res.stderr
 
 
-def test_multi_node_dry_run_prints_one_command_per_node(tmp_path):
+def test_multi_node_dry_run_prints_the_command_the_script_runs(tmp_path):
+    """DRY_RUN=1 prints the nodes and the deepspeed command; without it the script runs exactly that
+    command (a DEEPSPEED that records its arguments stands in for the launcher)."""
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text("# two nodes\nnode-a slots=8\nnode-b slots=8\n")
-    env = dict(os.environ, HOSTFILE=str(hostfile), DRY_RUN="1")
+    hostfile.write_text("# two nodes\nnode-a slots=8\nnode-b slots=4\n")
+    recorder = tmp_path / "deepspeed"
+    recorder.write_text(f"#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > {tmp_path / 'argv'}\n")
+    recorder.chmod(0o755)
+    env = dict(os.environ, HOSTFILE=str(hostfile), DEEPSPEED=str(recorder), DRY_RUN="1")
     env.pop("MASTER_ADDR", None)  # earlier tests in this process set it; the first host is the default
-    res = subprocess.run([str(REPO / "launch/multi_node.sh"), "vcppo", "actor.lr=1e-6"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    args = [str(REPO / "launch/multi_node.sh"), "vcppo", "actor.lr=1e-6", "trainer.run_name=a b"]
+    res = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    lines = res.stdout.strip().splitlines()
-    assert len(lines) == 2
-    assert "--nnodes=2 --node_rank=0" in lines[0] and "--node_rank=1" in lines[1]
-    assert all("--master_addr=node-a" in l and "train vcppo actor.lr=1e-6" in l for l in lines)
+    *nodes, command = res.stdout.strip().splitlines()
+    assert nodes == ["# node 0/2: node-a, 8 rank(s)", "# node 1/2: node-b, 4 rank(s)"]
+    printed = shlex.split(command)
+    assert printed == [str(recorder), "--hostfile", str(hostfile), "--master_addr", "node-a", "--master_port", "29500",
+                       "--module", "vcppo.cli", "train", "vcppo", "actor.lr=1e-6", "trainer.run_name=a b"]
+    env.pop("DRY_RUN")
+    assert subprocess.run(args, env=env, timeout=60).returncode == 0
+    assert (tmp_path / "argv").read_text().splitlines() == printed[1:]
 
 
 @pytest.mark.integration

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from vcppo.algos.stats import _valid, explained_variance, masked_mean
+from vcppo.algos.stats import _valid, masked_mean
 
 __all__ = [
     "AGGREGATIONS", "aggregate_loss", "policy_loss", "value_loss",
@@ -185,8 +185,9 @@ def value_loss(
 
     Returns:
         loss (0-d), metrics: value_clip_frac (fraction of valid tokens where the clipped term
-        is the larger one, i.e. the gradient is cut), explained_var (of `values` against
-        `returns`, see stats.explained_variance), value_mean, return_mean.
+        is the larger one, i.e. the gradient is cut). The values' statistics (explained
+        variance, means) are the step's, over the global batch (driver/step/metrics.py): a
+        micro-batch's would be averaged over micro-batches and ranks.
     """
     valid = _valid(mask)
     values_f = values.float()
@@ -205,9 +206,6 @@ def value_loss(
     with torch.no_grad():
         metrics = {
             "value_clip_frac": masked_mean(clipped_active.float(), valid),
-            "explained_var": explained_variance(values_f.detach(), returns_f, valid),
-            "value_mean": masked_mean(values_f.detach(), valid),
-            "return_mean": masked_mean(returns_f, valid),
         }
     return loss, metrics
 

@@ -80,6 +80,12 @@ def with_zero_stage(engine_cfg, dist: DistInfo, log: MetricsLogger, role: str, c
     return dataclasses.replace(engine_cfg, zero_stage=stage)
 
 
+def log_sequence_parallel(engine, log: MetricsLogger, role: str) -> None:
+    """One line where the engine runs DeepSpeed's Ulysses (the attention it registered)."""
+    if engine.sp is not None:
+        log.info(f"{role} engine: Ulysses sequence parallelism over {engine.sp.size} ranks (attention {engine.attention})")
+
+
 def build_critic(cfg: Config, dist: DistInfo, log, resumed: RunState | None,
                  resume_point: Path | None) -> tuple[CriticEngine, Path | None]:
     """The critic engine (on the training ranks, or on the critic's own ranks) and the cached
@@ -100,6 +106,7 @@ def build_critic(cfg: Config, dist: DistInfo, log, resumed: RunState | None,
     critic_cfg = with_zero_stage(cfg.critic, dist, log, "critic", checkpoint)
     critic = CriticEngine(init, path, critic_cfg, dist, total_optimizer_steps=max(1, critic_steps),
                           dtype=cfg.model.dtype)
+    log_sequence_parallel(critic, log, "critic")
     return critic, from_cache
 
 
@@ -122,6 +129,7 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
     actor_cfg = with_zero_stage(cfg.actor, dist, log, "actor", ckpt("actor"))
     actor = ActorEngine(cfg.model.policy_path, actor_cfg, dist, total_optimizer_steps=max(1, actor_steps),
                         dtype=cfg.model.dtype, temperature=temperature)
+    log_sequence_parallel(actor, log, "actor")
     critic, from_cache = None, None
     if remote is not None:
         critic, from_cache = remote, remote.ready()

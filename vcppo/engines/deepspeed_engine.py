@@ -40,7 +40,7 @@ from vcppo.engines.engine_setup import (CHECKPOINT_TAG, lr_lambda_factory, resol
 from vcppo.engines.loss_contract import EngineLoss, GlobalCounts, ModelOutputs
 from vcppo.engines.packing import sequence_lengths, token_budget_groups, use_packed_attention
 from vcppo.experience import Layout
-from vcppo.schema import ConfigError, EngineConfig, OptimConfig
+from vcppo.schema import ConfigError, EngineConfig, OptimConfig, UpdateConfig
 
 
 # -------------------------------------------------------------------------------------------------
@@ -112,8 +112,9 @@ class DeepSpeedModelEngine:
         self.dtype = resolve_dtype(dtype, dist.device)
         self.total_optimizer_steps = int(total_optimizer_steps)
         self.zero_stage = resolve_zero_stage(cfg.zero_stage, dist.world_size)
-        self.sp = SP.build_group(int(getattr(cfg, "sequence_parallel_size", 1)), dist.rank, dist.world_size,
-                                 f"{self.CONFIG_SECTION}.sequence_parallel_size")
+        # the engines PPO trains (UpdateConfig: actor, critic) shard sequences; SFT, RM and reference do not
+        sp_size = cfg.sequence_parallel_size if isinstance(cfg, UpdateConfig) else 1
+        self.sp = SP.build_group(int(sp_size), dist.rank, dist.world_size, f"{self.CONFIG_SECTION}.sequence_parallel_size")
         self.ds_config = self._ds_config(cfg, train)
         module = self._build_under_zero_init()
         self.lora = getattr(cfg, "lora", None) if train else None

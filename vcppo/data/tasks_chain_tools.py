@@ -1,0 +1,97 @@
+"""Task ``chain_tools`` (multi-turn, ``rollout.env=tools``): ``chain``'s sums with a calculator the
+policy may call (tool-integrated reasoning, :class:`vcppo.envs.tools.ToolEnv`).
+
+The prompt is ``chain``'s (``sum(4821,39,702,15,8,260)=?``). The SFT demonstrations mix four ways
+to answer; three are ``chain``'s one-turn styles (``full``, ``skip``, ``direct``: the model adds in
+its own head), the fourth calls the calculator for sub-sums of at most ``TOOL_CHUNK`` operands,
+carrying each answer into the next call, then copies the last one into the box::
+
+    <think>
+    </think>
+    <tool_call>{"name": "calculator", "arguments": {"expression": "4821+39+702+15+8"}}</tool_call>
+        -> user turn: <tool_response>\\n5585\\n</tool_response>
+    <think>
+    </think>
+    <tool_call>{"name": "calculator", "arguments": {"expression": "5585+260"}}</tool_call>
+        -> user turn: <tool_response>\\n5845\\n</tool_response>
+    <think>
+    </think>
+    \\boxed{5845}
+
+Why this shape: a 1.6M model's own additions go wrong on long prompts, and copying digits into a
+call and out of a response is what it does reliably, so the tool is the better policy, but SFT
+sees it in only ``TOOL_SHARE`` of the demonstrations: RL has to find it. The second call starts from
+the first one's answer, so the policy (and the critic) must read the observation.
+
+A row: ``prompt``, ``answer`` (the sum), ``solution`` (the demonstration after the prompt, the tool's
+answers in the chat template's user turns exactly as the episode runner appends them), ``style``,
+``difficulty`` (the number of operands), ``extra_info.env_args`` (``tools: [calculator]``,
+``max_turns``).
+"""
+from __future__ import annotations
+
+import json
+import random
+from typing import Sequence
+
+from vcppo.data import tasks_chain
+from vcppo.data.tasks_guess import IM_END, USER_TURN
+
+TOOL_CHUNK = 5  # operands per calculator call: up to 5 operands take one call, 6-9 two
+TOOL_SHARE = 0.25  # the share of demonstrations that call the calculator
+DEFAULT_MAX_OPERANDS = 8
+
+
+def tool_call(expression: str) -> str:
+    """A calculator call in the Qwen / Hermes convention."""
+    call = {"name": "calculator", "arguments": {"expression": expression}}
+    return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+
+def tool_turns(operands: Sequence[int]) -> int:
+    """The episode's turns in the tool style: one per call, and the answer."""
+    return 1 + -(-(len(operands) - 1) // (TOOL_CHUNK - 1))
+
+
+def tool_solution(operands: Sequence[int]) -> str:
+    """The tool style's conversation after the prompt (without the final end-of-turn token, which
+    SFT appends): calls on chunks of at most ``TOOL_CHUNK`` operands, the first of each later chunk
+    being the previous call's answer, then the boxed sum."""
+    empty_think = f"{tasks_chain.THINK_OPEN}\n{tasks_chain.THINK_CLOSE}\n"
+    parts, total, i = [], operands[0], 1
+    while i < len(operands):
+        terms = [total, *operands[i:i + TOOL_CHUNK - 1]]
+        total, i = sum(terms), i + TOOL_CHUNK - 1
+        parts.append(empty_think + tool_call("+".join(map(str, terms))))
+        parts.append(IM_END + USER_TURN.format(obs=f"<tool_response>\n{total}\n</tool_response>"))
+    parts.append(empty_think + f"\\boxed{{{total}}}")
+    return "".join(parts)
+
+
+def sample_style(rng: random.Random) -> str:
+    return "tool" if rng.random() < TOOL_SHARE else tasks_chain.sample_style(rng)
+
+
+def generate_rows(split: str, n: int, max_operands: int, digits: int, seed: int, split_of) -> list[dict]:
+    """``n`` distinct rows of ``split`` (``split_of`` decides a prompt's split), deterministic in
+    (max_operands, digits, split, seed); a row's ``max_turns`` fits the tool style's calls."""
+    rng = random.Random(f"chain_tools|{max_operands}|{digits}|{split}|{seed}")
+    turns = tool_turns(range(max_operands)) + 1  # one spare turn: a call may go wrong once
+    rows, seen, attempts = [], set(), 0
+    while len(rows) < n:
+        attempts += 1
+        if attempts > 200 * n + 10_000:
+            raise ValueError(f"could only find {len(rows)} distinct {split} prompts for task=chain_tools")
+        ops = tasks_chain.sample_operands(rng, max_operands, digits)
+        prompt = tasks_chain.prompt_of(ops)
+        if prompt in seen or split_of(prompt) != split:
+            continue
+        seen.add(prompt)
+        style = sample_style(rng)
+        if style == "skip" and len(ops) == 2:
+            style = "full"
+        text = tool_solution(ops) if style == "tool" else tasks_chain.solution(ops, style)
+        rows.append({"prompt": prompt, "answer": str(sum(ops)), "solution": text, "task": "chain_tools",
+                     "difficulty": len(ops), "style": style,
+                     "extra_info": {"env_args": {"tools": ["calculator"], "max_turns": turns}}})
+    return rows
