@@ -27,7 +27,7 @@ def main():
     from vcppo.engines import dist
     from vcppo.engines.actor import ActorEngine
     from vcppo.models.factory import count_params, make_model
-    from vcppo.schema import ActorConfig, AlgorithmConfig
+    from vcppo.config.schema import ActorConfig, AlgorithmConfig
     info = dist.init_distributed("cpu")
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.models.split(","):

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> None:
     import dataclasses
 
     from vcppo.algos.stats import explained_variance
-    from vcppo.config import load_command_config
+    from vcppo.config.load import load_command_config
     from vcppo.driver.step.advantages import estimate
     from vcppo.driver.context import RunContext
     from vcppo.driver.step.experience_maker import ExperienceMaker

@@ -68,7 +68,7 @@ def measure(size: str, checkpointing: bool, args, info, tmp: str) -> dict:
     from vcppo.models.factory import make_model
     from vcppo.plan.memory import activations, model_states
     from vcppo.models.shapes import read_shape
-    from vcppo.schema import ActorConfig
+    from vcppo.config.schema import ActorConfig
 
     path = os.path.join(tmp, size)
     if not os.path.isdir(path):

@@ -16,7 +16,7 @@ from vcppo.engines.deepspeed_engine import stitch_rows
 from vcppo.engines.loss_contract import GlobalCounts, ModelOutputs
 from vcppo.engines.dist import DistInfo
 from vcppo.experience import Rollout, make_layout
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 from vcppo.methods import uses_critic
 
 
@@ -83,7 +83,7 @@ class FakeEngine:
 
 class FakeRun:
     """The parts of :class:`~vcppo.driver.context.RunContext` a step touches. ``overrides``:
-    ``{"section.key": value}`` set on a default :class:`~vcppo.schema.Config`."""
+    ``{"section.key": value}`` set on a default :class:`~vcppo.config.schema.Config`."""
 
     def __init__(self, rank: int = 0, world_size: int = 1, **overrides):
         self.cfg = Config()

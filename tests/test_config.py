@@ -3,9 +3,9 @@ import re
 import pytest
 import yaml
 
-from vcppo.config import (CONFIG_DIR, ConfigError, all_keys, load_config, parse_overrides, save_config,
+from vcppo.config.load import (CONFIG_DIR, ConfigError, all_keys, load_config, parse_overrides, save_config,
                           schema_markdown)
-from vcppo.config_paths import check_paths
+from vcppo.config.paths import check_paths
 
 PRESETS = ["vcppo", "ppo", "vcppo_no_dgae", "grpo", "vapo"]
 
@@ -162,7 +162,7 @@ def test_non_finite_and_command_section_values_name_the_field(override, field):
 
 
 def test_every_command_reads_config_then_overrides():
-    from vcppo.config import load_command_config, split_command_line
+    from vcppo.config.load import load_command_config, split_command_line
     assert split_command_line(["vapo", "a.b=1"], None) == ("vapo", ["a.b=1"])
     assert split_command_line(["a.b=1"], "base") == ("base", ["a.b=1"])
     cfg = load_command_config(["sft.steps=7"], "demo")  # demo checks no path
@@ -249,3 +249,11 @@ def test_episode_settings_are_checked_before_any_engine():
                            (["rollout.env=guess", "rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size")):
         with pytest.raises(ConfigError, match=f"config key '{re.escape(key)}'"):
             load_config("vcppo", overrides)
+
+
+def test_the_config_reference_is_the_schema():
+    """docs/config.md is `make docs`' output: a key added to the schema without regenerating it fails here."""
+    from pathlib import Path
+    from vcppo.config.load import schema_markdown
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    assert doc == schema_markdown() + "\n", "docs/config.md is stale: run `make docs`"

@@ -8,9 +8,9 @@ import pytest
 
 from vcppo.cli import main as cli_main
 from vcppo.commands import plan as plan_cmd
-from vcppo.config import CONFIG_DIR, load_command_config, load_config
-from vcppo.config_extends import extends_candidates
-from vcppo.schema import ConfigError
+from vcppo.config.load import CONFIG_DIR, load_command_config, load_config
+from vcppo.config.extends import extends_candidates
+from vcppo.config.schema import ConfigError
 
 
 def _write(path, text):
@@ -128,7 +128,7 @@ def test_a_same_named_file_beside_the_child_is_named_when_the_preset_is_taken(tm
     (tmp_path / "base.yaml").write_text("trainer:\n  seed: 3\n")
     child = tmp_path / "exp.yaml"
     child.write_text("extends: base.yaml\n")
-    with caplog.at_level(logging.WARNING, logger="vcppo.config_extends"):
+    with caplog.at_level(logging.WARNING, logger="vcppo.config.extends"):
         cfg = load_config(child)
     assert cfg.trainer.seed == 0  # the shipped preset, as documented
     (line,) = [r.getMessage() for r in caplog.records]

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from vcppo.config import ConfigError, load_config
-from vcppo.config_paths import check_paths
+from vcppo.config.load import ConfigError, load_config
+from vcppo.config.paths import check_paths
 
 
 @pytest.mark.parametrize("override,named", [

@@ -2,8 +2,8 @@
 import pytest
 
 from tests.engines.conftest import build_tiny_model
-from vcppo.config import ConfigError, load_config
-from vcppo.config_paths import check_paths
+from vcppo.config.load import ConfigError, load_config
+from vcppo.config.paths import check_paths
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -9,9 +9,9 @@ import pytest
 from vcppo.commands.plan import main as plan_main
 from omegaconf import OmegaConf
 
-from vcppo.config import CRITIC_KEYS, load_config
+from vcppo.config.load import CRITIC_KEYS, load_config
 from vcppo.methods import ESTIMATORS, uses_critic
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 
 NEW_PRESETS = {  # preset: (estimator, policy loss, loss aggregation)
     "rloo": ("rloo", "ppo", "token-mean"),

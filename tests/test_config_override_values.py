@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vcppo import cli
-from vcppo.config import all_keys, load_config
+from vcppo.config.load import all_keys, load_config
 
 NOT_YAML = ["trainer.val_k=[1,2", "actor.lr={a", "trainer.run_name=@x", "model.policy_path=@main",
             "trainer.run_name=`x", "actor.lr=%x", "trainer.run_name=a: b: c", "actor.lr=\t!!python/name:os.system"]

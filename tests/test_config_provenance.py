@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from vcppo import schema
-from vcppo.config import all_keys, load_config, to_dict
-from vcppo.config_provenance import (CLASSES, HISTORY_FILE, check_allow_list, diff_configs, read_history,
+from vcppo.config import schema
+from vcppo.config.load import all_keys, load_config, to_dict
+from vcppo.config.provenance import (CLASSES, HISTORY_FILE, check_allow_list, diff_configs, read_history,
                                      record_segment, refuse_changes, summary)
-from vcppo.schema import RESUME_CLASSES, ConfigError
+from vcppo.config.schema import RESUME_CLASSES, ConfigError
 
 
 def test_every_key_is_classified():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vcppo.cli import COMMANDS, CONFIG_COMMANDS
-from vcppo.config import load_config, split_command_line
+from vcppo.config.load import load_config, split_command_line
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md"] + sorted(p for p in (REPO / "docs").glob("*.md") if p.name not in ("history.md",))

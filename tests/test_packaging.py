@@ -34,7 +34,8 @@ import vcppo
 where = Path(vcppo.__file__).resolve()
 assert venv in where.parents and repo not in where.parents, f"vcppo imported from {where}, not the wheel"
 
-from vcppo import config, sweep
+from vcppo import sweep
+from vcppo.config import load as config
 from vcppo.commands import sweep as sweep_command
 assert venv in config.CONFIG_DIR.resolve().parents, config.CONFIG_DIR
 presets = sorted(p.stem for p in config.CONFIG_DIR.glob("*.yaml"))

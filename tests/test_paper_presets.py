@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from vcppo.commands.plan import main as plan_main
-from vcppo.config import CONFIG_DIR, load_config
+from vcppo.config.load import CONFIG_DIR, load_config
 
 # preset -> (model shape, [GPUs it fits on one node of 8], expected values: dotted key -> value)
 PAPER = {"algorithm.kl_coef": 0.0, "actor.lr": 1e-6, "critic.lr": 2e-6, "algorithm.lambda_critic": 1.0,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ENV
-from vcppo.config import ConfigError
+from vcppo.config.load import ConfigError
 from vcppo.sweep import expand, load_sweep, ppo_time, seed_summary, with_overrides
 
 REPO = Path(__file__).resolve().parents[1]

@@ -112,7 +112,7 @@ def test_mismatch_bench_measures_both_dtypes(tmp_path):
 
 def test_step_bench_is_listed_and_its_workload_is_a_valid_train_config(tmp_path, capsys):
     from vcppo.bench import step as step_bench
-    from vcppo.config import load_config
+    from vcppo.config.load import load_config
 
     assert bench.main([]) == 0 and "step" in capsys.readouterr().out
     args = step_bench._parse(["--micro-batch", "64", "--kl-coef", "0.05", "--max-tokens", "128"])
@@ -247,7 +247,7 @@ def test_shape_bench_runs_a_valid_train_config_and_asks_the_planner_about_the_sa
     """`vcppo bench shape` (the real-size run itself is too slow for the suite: docs/scaling.md has its
     figures): its overrides are a valid `vcppo train` config, and the planner reads them unchanged."""
     from vcppo.bench import shape
-    from vcppo.config import load_config
+    from vcppo.config.load import load_config
     args = shape._parse(["--workdir", str(tmp_path), "--steps", "3"])
     cfg = load_config("vcppo", shape.overrides(args, tmp_path / "runs", 3))  # strict: a typo raises
     assert cfg.actor.lora.rank == cfg.critic.lora.rank == 16 and cfg.trainer.save_every == 1

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from vcppo.bench import split
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 
 
 def _run_dir(tmp_path, name="run"):

@@ -13,7 +13,7 @@ import pytest
 
 from vcppo.bench import gpu_check
 from vcppo.bench.mismatch import _parse as parse_mismatch_args
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 from vcppo.tracking import MetricsLogger
 
 REPO = Path(__file__).resolve().parents[2]
@@ -240,7 +240,7 @@ def test_logprob_memory_shape_is_qwen25_05b_and_its_batch_unpadded():
                                                token_lists)
     from vcppo.experience import make_layout
     from vcppo.models.shapes import BUILTIN_SHAPES
-    from vcppo.schema import EngineConfig
+    from vcppo.config.schema import EngineConfig
 
     assert EngineConfig().logprob_chunk_size == CHUNKED
     config, tokenizer = shape_config()

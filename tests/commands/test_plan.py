@@ -9,7 +9,7 @@ import pytest
 
 from vcppo.cli import main as cli_main
 from vcppo.commands.plan import main as plan_main
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 from vcppo.plan.advise import Cluster, Shapes, plan_run
 from vcppo.plan.knobs import Setting, find_fit
 from vcppo.plan.memory import model_states
@@ -214,7 +214,7 @@ def test_lora_params_count_like_peft(targets):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from vcppo.engines.lora import add_adapters
-    from vcppo.schema import LoRAConfig
+    from vcppo.config.schema import LoRAConfig
     s = BUILTIN_SHAPES["qwen2.5-0.5b"]
     config = Qwen2Config(vocab_size=s.vocab_size, hidden_size=s.hidden_size, num_hidden_layers=s.num_layers,
                          num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads,

@@ -7,7 +7,7 @@ import pytest
 from vcppo.data.checks import DataError
 from vcppo.data.dataset import load_prompts
 from vcppo.models.tokenizer import build_tokenizer
-from vcppo.schema import ConfigError
+from vcppo.config.schema import ConfigError
 
 
 @pytest.fixture(scope="module")

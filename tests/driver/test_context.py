@@ -1,9 +1,9 @@
 """The run's wiring (driver/context.py): rank-count errors come before the process group exists."""
 import pytest
 
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 from vcppo.driver import context
-from vcppo.schema import ConfigError
+from vcppo.config.schema import ConfigError
 
 
 @pytest.mark.parametrize("overrides, key", [

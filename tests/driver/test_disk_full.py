@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vcppo.config import load_config
-from vcppo.config_provenance import record_segment
+from vcppo.config.load import load_config
+from vcppo.config.provenance import record_segment
 from vcppo.driver.context import record_config
 from vcppo.driver.durability import checkpoint as ckpt
 from vcppo.driver.durability.disk_space import DiskFull

@@ -8,14 +8,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 from vcppo.driver.durability import checkpoint as ckpt
 from vcppo.driver.durability.critic_cache import cache_key
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.sampling import collect_rollout, rank_slice
 from vcppo.driver.step.value_pretrain import settled
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.schema import RolloutConfig
+from vcppo.config.schema import RolloutConfig
 from vcppo.tracking import MetricsLogger, read_metrics
 
 
@@ -208,7 +208,7 @@ def test_sft_that_stops_below_its_target_is_named_with_the_reason():
 ])
 def test_split_rank_counts_that_cannot_work_name_their_key(world, overrides, key):
     from vcppo.driver.context import check_split_sizes
-    from vcppo.schema import ConfigError
+    from vcppo.config.schema import ConfigError
     cfg = load_config("vcppo", ["placement.mode=split", *overrides])
     with pytest.raises(ConfigError, match=re.escape(f"config key {key}")):
         check_split_sizes(cfg, world)

@@ -11,7 +11,7 @@ from vcppo.driver.step.episodes import EpisodeRunner, ObservationEncoder, episod
 from vcppo.engines.rollout import RolloutSample
 from vcppo.envs.worker import EnvRunner
 from vcppo.models.tokenizer import build_tokenizer
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 TOK = build_tokenizer()
 

@@ -87,6 +87,27 @@ def test_split_synchronous_episodes_log_what_colocated_logs(tiny_artifacts, gues
     assert_same(comparable(got), comparable(want))
 
 
+@pytest.mark.extended
+def test_episodes_with_dynamic_sampling_lora_and_packing(tiny_artifacts, guess_data, tmp_path):
+    """GRPO on episodes with DAPO's dynamic sampling (the tiny policy's groups are mostly all -1, so it
+    resamples), a LoRA actor whose adapters vLLM samples with, the KL against the actor with its
+    adapters off, and packed rows: the policy still trains on model tokens only."""
+    from tests.driver.test_train_e2e import for_preset
+    over = for_preset("grpo", overrides(tiny_artifacts, guess_data, tmp_path, **{
+        "trainer.total_steps": 2, "trainer.save_every": 0, "trainer.dynamic_sampling": True,
+        "trainer.dynamic_sampling_max_tries": 2, "actor.lora.rank": 4, "actor.lora.alpha": 8, "actor.lr": 1e-3,
+        "rollout.lora_sync": "adapter", "actor.packed": True, "algorithm.kl_coef": 0.05, "algorithm.kl_in": "loss"}))
+    res = train("grpo", over, cwd=tmp_path, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "reference policy: the actor with its LoRA adapters off" in res.stderr
+    ppo = [r for r in records(tmp_path / "grpo-seed0") if r["phase"] == "ppo"]
+    assert len(ppo) == 2 and all(r["dynamic_sampling/sampled_groups"] >= 4 for r in ppo)
+    assert sum(r["dynamic_sampling/tries"] for r in ppo) > 2  # at least one step resampled
+    assert max(r["env/turns_mean"] for r in ppo) > 1.2 and all(0 < r["env/obs_token_frac"] < 1 for r in ppo)
+    assert all(r["mismatch/logprob_abs_max"] < 1e-4 for r in ppo)  # vLLM samples with the training adapters
+    assert ppo[0]["actor/kl_loss"] == 0.0 and ppo[1]["actor/kl_loss"] > 0  # the adapters moved the policy
+
+
 @pytest.mark.extended  # make test runs the same check on a scripted sampler (tests/driver/test_episodes.py)
 def test_real_vllm_episodes_are_the_sampled_ids_plus_the_observation_ids(tiny_artifacts, info):
     """With the real vLLM engine: every turn's context is exactly the prompt, the ids vLLM returned for
@@ -97,7 +118,7 @@ def test_real_vllm_episodes_are_the_sampled_ids_plus_the_observation_ids(tiny_ar
     from vcppo.engines.rollout import RolloutEngine
     from vcppo.envs.guess import GuessEnv
     from vcppo.envs.worker import EnvRunner
-    from vcppo.schema import Config, RolloutConfig
+    from vcppo.config.schema import Config, RolloutConfig
 
     cfg = Config()
     r = cfg.rollout

@@ -12,7 +12,7 @@ from tests.fakes import FakeRun, scored, scripted_source
 from vcppo.algos import losses
 from vcppo.algos.gae import gae_reference
 from vcppo.algos.stats import masked_whiten
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 from vcppo.algos.gae import decoupled_gae
 from vcppo.driver.step.advantages import critic_targets, estimate
 from vcppo.driver.durability.checkpoint import RunState
@@ -22,7 +22,7 @@ from vcppo.driver.step.update import PolicyLoss
 from vcppo.engines.loss_contract import GlobalCounts, ModelOutputs
 from vcppo.experience import ActorBatch
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES, estimator_fn
-from vcppo.schema import AlgorithmConfig
+from vcppo.config.schema import AlgorithmConfig
 
 CPU = torch.device("cpu")
 ROLLOUT = [[1, -1, 1], [1, 1, 1], [-1, 1, -1]]  # group 1: all equal

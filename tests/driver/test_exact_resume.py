@@ -7,7 +7,7 @@ from pathlib import Path
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.durability.run_records import metrics_size, rewind_metrics
 from vcppo.driver.engines import critic_pretrain_steps
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 from vcppo.tracking import MetricsLogger
 
 

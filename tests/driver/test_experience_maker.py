@@ -7,7 +7,7 @@ import torch
 
 from tests.fakes import FakeRun, ScriptedMaker, scored
 from tests.gloo_ranks import run_on_two_ranks
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 N = 2  # samples per prompt
 
@@ -93,7 +93,7 @@ def test_two_ranks_agree_on_the_number_of_rounds():
 
 def test_rollout_sleeps_only_on_gpu_and_when_configured():
     from vcppo.engines.rollout import RolloutEngine
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
 
     def engine(on_gpu, free):
         e = object.__new__(RolloutEngine)  # the real methods, a recording stand-in for vllm.LLM

@@ -5,7 +5,7 @@ import pytest
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.durability.guards import RewardFailureError, step_reward_failures, update_streaks
 from vcppo.engines.deepspeed_engine import NonFiniteError
-from vcppo.schema import ConfigError, TrainerConfig
+from vcppo.config.schema import ConfigError, TrainerConfig
 
 T = TrainerConfig(max_nonfinite_steps=3, max_failed_reward_steps=2)
 SKIP = {"actor/nonfinite_skipped": 1.0, "critic/nonfinite_skipped": 0.0}

@@ -7,14 +7,14 @@ import torch
 from tests.fakes import FakeRun, scored, scripted_source
 from vcppo.algos import losses
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.step.step_plan import Source, ppo_plan
 from vcppo.driver.step.rl_step import rl_step
 from vcppo.driver.step.update import PolicyLoss
 from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs
 from vcppo.experience import ActorBatch, Rollout, make_layout
-from vcppo.schema import AlgorithmConfig, ConfigError
+from vcppo.config.schema import AlgorithmConfig, ConfigError
 
 CPU = torch.device("cpu")
 ROLLOUT = [[1, -1], [1, 1], [-1, 1], [-1, -1]]

@@ -12,7 +12,7 @@ from vcppo.driver.step.metrics import step_metrics
 from vcppo.driver.step.step_plan import Source
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.experience import Advantages, BeforeUpdate, CriticResult
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 T = 5  # response tokens
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from tests.fakes import scored
-from vcppo.config import load_config
-from vcppo.config_paths import check_paths
+from vcppo.config.load import load_config
+from vcppo.config.paths import check_paths
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.step.model_reward import ModelReward
 from vcppo.driver.step.reward import RewardAssembly
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 
 MODEL_SCORES = torch.tensor([0.5, 2.0, -1.0, 0.0])
 

@@ -3,7 +3,7 @@ checkpoints need DeepSpeed's universal format, which ZeRO stages can load them, 
 placement refuses, and that no file outside the manifest is read."""
 import pytest
 
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 from vcppo.driver.durability import manifest
 from vcppo.driver.durability.checkpoint import CheckpointError, write_rank_files
 from vcppo.driver.durability.reshard import (_check_only_listed_files, check_stages, plan_reshard, prepare,

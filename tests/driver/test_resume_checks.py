@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from vcppo.config import load_config, save_config
+from vcppo.config.load import load_config, save_config
 from vcppo.driver.durability.resume_checks import RUN_CONFIG, check_resume, recorded_run_config, write_run_config
 from vcppo.engines.engine_setup import CHECKPOINT_TAG
-from vcppo.schema import ConfigError
+from vcppo.config.schema import ConfigError
 
 
 def _policy(root, hidden=64, layers=2):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.driver.test_train_e2e import base_overrides, train
-from vcppo.config_provenance import read_history
+from vcppo.config.provenance import read_history
 from vcppo.driver.durability.resume_checks import RUN_CONFIG
 
 pytestmark = [pytest.mark.integration]

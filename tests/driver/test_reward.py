@@ -9,7 +9,7 @@ from tests.fakes import scored
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.step.model_reward import ModelReward
 from vcppo.driver.step.reward import RewardAssembly
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 
 def _last(rollout):

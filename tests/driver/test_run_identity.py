@@ -1,5 +1,5 @@
 """The keys that say which run a directory holds (driver/durability/run_lock.py identity_conflict)."""
-from vcppo.config import load_config, save_config
+from vcppo.config.load import load_config, save_config
 from vcppo.driver.durability.run_lock import identity_conflict
 
 
@@ -21,8 +21,8 @@ def test_a_directory_without_a_saved_config_is_not_refused(tmp_path):
 
 def test_one_model_path_spelled_differently_is_the_same_run(tmp_path, monkeypatch):
     """A trailing slash, or a relative path for an absolute one, names the same model and data."""
-    from vcppo.config_provenance import diff_configs
-    from vcppo.config import to_dict
+    from vcppo.config.provenance import diff_configs
+    from vcppo.config.load import to_dict
     (tmp_path / "models" / "sft").mkdir(parents=True)
     (tmp_path / "data.parquet").write_text("")
     monkeypatch.chdir(tmp_path)

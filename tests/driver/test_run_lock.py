@@ -59,7 +59,7 @@ def test_a_second_trainer_on_a_live_run_dir_exits_2_and_writes_nothing(tiny_arti
 def test_a_start_up_failure_releases_the_lock_in_a_process_that_lives_on(tiny_artifacts, tmp_path, monkeypatch):
     """An in-process caller (a notebook, a test) whose run failed while starting keeps its traceback,
     and with it the frame that opened the lock: the next attempt must not find the directory taken."""
-    from vcppo.config import load_config
+    from vcppo.config.load import load_config
     from vcppo.driver import context
 
     def engines_fail(*args, **kwargs):

@@ -3,8 +3,8 @@ set aside or rebuilt; never a traceback on resume."""
 import json
 import logging
 
-from vcppo.config import load_config, to_dict
-from vcppo.config_provenance import HISTORY_FILE, read_history, record_segment
+from vcppo.config.load import load_config, to_dict
+from vcppo.config.provenance import HISTORY_FILE, read_history, record_segment
 from vcppo.driver.durability.run_records import check_run_records
 from vcppo.tracking import read_metrics
 

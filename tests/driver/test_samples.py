@@ -76,7 +76,7 @@ class _Scorer:
 def test_validation_hands_its_greedy_samples_to_samples_jsonl(tmp_path):
     from types import SimpleNamespace
 
-    from vcppo.config import load_config
+    from vcppo.config.load import load_config
     from vcppo.driver.step.metrics import log_validations
     from vcppo.driver.step.validation import SAMPLES_KEY, validate_run
     from vcppo.engines.dist import DistInfo

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.driver.test_train_e2e import base_overrides, train
-from vcppo.config_provenance import HISTORY_FILE, read_history
+from vcppo.config.provenance import HISTORY_FILE, read_history
 from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
 
 pytestmark = [pytest.mark.integration]

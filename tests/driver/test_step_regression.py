@@ -16,7 +16,7 @@ from vcppo.driver.step.advantages import estimate, returns_to_go
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.update import update_actor, update_critic
 from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout
-from vcppo.schema import ActorConfig, AlgorithmConfig, CriticConfig
+from vcppo.config.schema import ActorConfig, AlgorithmConfig, CriticConfig
 
 pytestmark = [pytest.mark.integration]
 

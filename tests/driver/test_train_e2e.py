@@ -32,7 +32,7 @@ def base_overrides(art: Path, out: Path, **extra) -> list[str]:
 def for_preset(preset: str, overrides: list[str]) -> list[str]:
     """``overrides`` without the critic's keys (base_overrides sets them) for a preset without a critic,
     where setting them is an error."""
-    from vcppo.config import CRITIC_KEYS, load_config
+    from vcppo.config.load import CRITIC_KEYS, load_config
     from vcppo.methods import uses_critic
     if uses_critic(load_config(preset).algorithm.advantage_estimator):
         return overrides

@@ -9,7 +9,7 @@ from vcppo.algos.mismatch import tis_weights
 from vcppo.driver.step.update import PolicyLoss, ValueLoss
 from vcppo.engines.loss_contract import GlobalCounts, ModelOutputs
 from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout
-from vcppo.schema import AlgorithmConfig, CriticConfig
+from vcppo.config.schema import AlgorithmConfig, CriticConfig
 
 
 def _batch(seed=0, critic=False):

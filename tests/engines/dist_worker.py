@@ -32,7 +32,7 @@ def main(argv):
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.experience import CriticBatch, Rollout, make_layout
-    from vcppo.schema import ActorConfig, CriticConfig, LoRAConfig, RolloutConfig
+    from vcppo.config.schema import ActorConfig, CriticConfig, LoRAConfig, RolloutConfig
 
     info = dist.init_distributed(args.device)
     torch.manual_seed(0)
@@ -87,7 +87,7 @@ def main(argv):
     # the trained critic as a `vcppo rm` directory (its head is non-zero now), scored as a reward model
     # by a frozen engine: ZeRO-3 over the ranks, each scoring its own share
     from vcppo.engines.reward_model import RewardModelEngine
-    from vcppo.schema import EngineConfig
+    from vcppo.config.schema import EngineConfig
     rm_dir = os.path.join(args.out, "rm")
     critic.export(rm_dir)
     rm = RewardModelEngine(rm_dir, EngineConfig(micro_batch_size=1, packed=args.packed,
@@ -126,7 +126,7 @@ def rollout_group_check(rollout, info) -> dict:
     from vcppo.driver.step.sampling import collect_rollout, rollout_share
     from vcppo.engines import collectives
     from vcppo.rewards.verifier import RewardScorer
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
 
     rows = [{"prompt_ids": [5 + i, 6, 7], "answer": "1"} for i in range(4)]
     sampled, kept = rollout_share(len(rows), info, rollout.cfg.tensor_parallel_size)

@@ -21,7 +21,7 @@ def main(argv):
     from vcppo.engines import dist
     from vcppo.engines.actor import ActorEngine
     from vcppo.experience import ActorBatch, Rollout, make_layout
-    from vcppo.schema import ActorConfig
+    from vcppo.config.schema import ActorConfig
 
     info = dist.init_distributed("cpu")
     actor = ActorEngine(args.model, ActorConfig(lr=1e-3, micro_batch_size=1), info, total_optimizer_steps=4)

@@ -26,7 +26,7 @@ def main(argv):
     from vcppo.engines.critic import CriticEngine
     from vcppo.engines.safe_checkpoint import use_weights_only_loading
     from vcppo.experience import CriticBatch, Rollout, make_layout
-    from vcppo.schema import ActorConfig, CriticConfig
+    from vcppo.config.schema import ActorConfig, CriticConfig
 
     info = dist.init_distributed("cpu")
     g = torch.Generator().manual_seed(1)

@@ -34,7 +34,7 @@ def main(argv):
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.experience import CriticBatch, Rollout, make_layout
-    from vcppo.schema import ActorConfig, CriticConfig, LoRAConfig
+    from vcppo.config.schema import ActorConfig, CriticConfig, LoRAConfig
 
     info = dist.init_distributed("cpu")
     torch.manual_seed(0)

@@ -67,7 +67,7 @@ def test_chunked_actor_equals_full_logits(info, request, packed, tying):
 def test_chunked_actor_under_zero3_and_lora(info, tiny_model_dir):
     """ZeRO-3 gathers the head's weight for the forward and again for the backward (the chunks are
     recomputed there); LoRA's adapters below the head get the same gradients."""
-    from vcppo.schema import LoRAConfig
+    from vcppo.config.schema import LoRAConfig
     kw = dict(zero_stage=3, temperature=1.3, micro_batch_size=2)
     _assert_same(_run(info, tiny_model_dir, CHUNK, **kw), _run(info, tiny_model_dir, 0, **kw))
     lora = dict(kw, zero_stage=0, lora=LoRAConfig(rank=4, alpha=8.0), lr=1e-2)
@@ -76,7 +76,7 @@ def test_chunked_actor_under_zero3_and_lora(info, tiny_model_dir):
 
 def test_head_the_chunked_path_cannot_replace_keeps_full_logits(info, tiny_model_dir):
     """LoRA on the LM head itself: its output is more than x W^T, so the engine keeps the full path."""
-    from vcppo.schema import LoRAConfig
+    from vcppo.config.schema import LoRAConfig
     actor = _actor(info, tiny_model_dir, logprob_chunk_size=CHUNK,
                    lora=LoRAConfig(rank=2, alpha=4.0, target_modules=["lm_head", "q_proj"]))
     assert actor.head is None

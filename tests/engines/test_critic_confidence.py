@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vcppo.experience import Rollout, make_layout
-from vcppo.schema import CriticConfig
+from vcppo.config.schema import CriticConfig
 
 pytestmark = [pytest.mark.integration]
 

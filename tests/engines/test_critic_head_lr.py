@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vcppo.experience import CriticBatch, Rollout, make_layout
-from vcppo.schema import CriticConfig
+from vcppo.config.schema import CriticConfig
 
 pytestmark = [pytest.mark.integration]
 

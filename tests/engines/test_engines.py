@@ -19,7 +19,7 @@ LOGPROB_TOL = 1e-4  # fp32 CPU: vLLM sampler vs trainer recomputation measured ~
 @pytest.fixture(scope="module")
 def rollout(info, tiny_model_dir):
     from vcppo.engines.rollout import RolloutEngine
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
     r = RolloutEngine(tiny_model_dir, RolloutConfig(gpu_memory_utilization=0.02), info, seed=0, max_model_len=256)
     yield r
     r.close()
@@ -30,7 +30,7 @@ def compiled_rollout(info, tiny_model_dir):
     """The same engine with ``rollout.enforce_eager=false``: vLLM compiles the model (on CPU,
     torch.compile / inductor), and a weight sync must still reach the compiled graph."""
     from vcppo.engines.rollout import RolloutEngine
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
     r = RolloutEngine(tiny_model_dir, RolloutConfig(gpu_memory_utilization=0.02, enforce_eager=False), info,
                       seed=0, max_model_len=256)
     yield r
@@ -39,7 +39,7 @@ def compiled_rollout(info, tiny_model_dir):
 
 def _actor(info, path, temperature=1.0, **kw):
     from vcppo.engines.actor import ActorEngine
-    from vcppo.schema import ActorConfig
+    from vcppo.config.schema import ActorConfig
     cfg = ActorConfig(**{"lr": 1e-3, "micro_batch_size": 4, "grad_clip": 0.0, **kw})
     return ActorEngine(path, cfg, info, total_optimizer_steps=10, temperature=temperature)
 
@@ -185,7 +185,7 @@ def exports(info, tmp_path_factory, bpe_dir):
 
 def _export_rollout(info, exports, tying):
     from vcppo.engines.rollout import RolloutEngine
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
     return RolloutEngine(exports(tying).export, RolloutConfig(gpu_memory_utilization=0.02), info, seed=0,
                          max_model_len=256)
 
@@ -394,7 +394,7 @@ def test_actor_checkpoint_round_trip_and_hf_export(info, tiny_model_dir, tmp_pat
 
 def test_reference_engine_matches_initial_policy(info, tiny_model_dir):
     from vcppo.engines.reference import ReferenceEngine
-    from vcppo.schema import EngineConfig
+    from vcppo.config.schema import EngineConfig
     b = make_layout([[5, 6], [7]], [[10, 11, 12], [13, 14]], pad_id=0)
     ref = ReferenceEngine(tiny_model_dir, EngineConfig(micro_batch_size=1), info)
     assert ref.optimizer is None
@@ -409,7 +409,7 @@ def test_reference_engine_matches_initial_policy(info, tiny_model_dir):
 
 def _critic(info, init, path, **kw):
     from vcppo.engines.critic import CriticEngine
-    from vcppo.schema import CriticConfig
+    from vcppo.config.schema import CriticConfig
     cfg = CriticConfig(**{"lr": 1e-2, "micro_batch_size": 2, "grad_clip": 0.0, **kw})
     return CriticEngine(init, path, cfg, info, total_optimizer_steps=10)
 
@@ -421,7 +421,7 @@ def test_critic_learns_a_visible_outcome_and_never_peeks_ahead(info, tiny_model_
     a critic that saw token 0 there would explain it too)."""
     from vcppo.algos.stats import explained_variance
     from vcppo.engines.critic import CriticEngine
-    from vcppo.schema import CriticConfig
+    from vcppo.config.schema import CriticConfig
 
     g = torch.Generator().manual_seed(0)
 
@@ -574,7 +574,7 @@ def test_resumed_engine_draws_the_same_samples(info, rollout, tiny_model_dir):
     behind: prefix cache, generator); a fresh engine B with the same seed samples step 2 and draws
     what A drew, token for token. Requests carry no per-request seed (batched sampling)."""
     from vcppo.engines.rollout import RolloutEngine
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
 
     torch.manual_seed(123)
     expected_rand = torch.rand(3)

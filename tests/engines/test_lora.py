@@ -7,7 +7,7 @@ import torch
 from tests.engines.test_engines import LOGPROB_TOL, PROMPTS, _batch, _vllm_logprobs
 from tests.engines.token_loss import nll_loss, value_mse_loss
 from vcppo.experience import CriticBatch, Rollout
-from vcppo.schema import ActorConfig, CriticConfig, LoRAConfig, RolloutConfig
+from vcppo.config.schema import ActorConfig, CriticConfig, LoRAConfig, RolloutConfig
 
 pytestmark = [pytest.mark.integration]
 
@@ -106,7 +106,7 @@ def test_reference_is_the_actor_without_adapters(info, tiny_model_dir, trained):
     """The KL term against the adapter-free actor equals the one against a separate reference engine."""
     from vcppo.algos.kl import kl_estimate
     from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
-    from vcppo.schema import EngineConfig
+    from vcppo.config.schema import EngineConfig
     actor, batch, before = trained
     policy, _ = actor.forward_logprobs(batch)
     shared = AdapterFreeReference(actor).forward_logprobs(batch)[0]

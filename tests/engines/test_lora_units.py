@@ -5,7 +5,7 @@ import torch
 
 from vcppo.engines import lora as L
 from vcppo.engines.rollout import vllm_lora_rank
-from vcppo.schema import LoRAConfig
+from vcppo.config.schema import LoRAConfig
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.integration]
 
 def _actor(info, path, **kw):
     from vcppo.engines.actor import ActorEngine
-    from vcppo.schema import ActorConfig
+    from vcppo.config.schema import ActorConfig
     cfg = ActorConfig(**{"lr": 1e-3, "micro_batch_size": 1, "grad_clip": 1.0, "warmup_steps": 2,
                          "lr_schedule": "cosine", **kw})
     return ActorEngine(path, cfg, info, total_optimizer_steps=10)

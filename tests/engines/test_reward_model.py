@@ -55,7 +55,7 @@ def _policy_batch(tokenizer) -> Rollout:
 
 def _engine(info, path, packed):
     from vcppo.engines.reward_model import RewardModelEngine
-    from vcppo.schema import EngineConfig
+    from vcppo.config.schema import EngineConfig
     return RewardModelEngine(path, EngineConfig(micro_batch_size=3, packed=packed, zero_stage=0), info)
 
 

@@ -22,7 +22,7 @@ class PrintOnUnpickle:
 
 def _actor(info, path):
     from vcppo.engines.actor import ActorEngine
-    from vcppo.schema import ActorConfig
+    from vcppo.config.schema import ActorConfig
     cfg = ActorConfig(lr=1e-3, micro_batch_size=2, grad_clip=0.0, warmup_steps=4, lr_schedule="cosine",
                       zero_stage=3)  # the layout this test plants into (auto is ZeRO-0 on one rank)
     return ActorEngine(path, cfg, info, total_optimizer_steps=10)

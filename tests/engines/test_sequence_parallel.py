@@ -148,16 +148,16 @@ def test_head_rules():
      "'critic.sequence_parallel_size' (2) is not supported with placement.mode=split"),
 ])
 def test_config_refuses_unsupported_placements(overrides, message):
-    from vcppo.config import load_config
-    from vcppo.schema import ConfigError
+    from vcppo.config.load import load_config
+    from vcppo.config.schema import ConfigError
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config("base", overrides)
 
 
 def test_config_names_the_key_and_the_model_counts(tiny_model_dir):
-    from vcppo.config import load_config
-    from vcppo.config_parallel import check_sequence_parallel_heads, check_sequence_parallel_ranks
-    from vcppo.schema import ConfigError
+    from vcppo.config.load import load_config
+    from vcppo.config.parallel import check_sequence_parallel_heads, check_sequence_parallel_ranks
+    from vcppo.config.schema import ConfigError
     cfg = load_config("base", [f"model.policy_path={tiny_model_dir}", "critic.sequence_parallel_size=4"])
     with pytest.raises(ConfigError, match=r"'critic.sequence_parallel_size' \(4\): the model's 2 attention heads"):
         check_sequence_parallel_heads(cfg)

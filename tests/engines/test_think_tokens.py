@@ -66,7 +66,7 @@ def policy(request, info, tmp_path_factory):
     from vcppo.engines.rollout import RolloutEngine
     from vcppo.models.bpe_tokenizer import task_corpus, train_bpe_tokenizer
     from vcppo.models.factory import make_model
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
     root = tmp_path_factory.mktemp(f"think_{request.param}")
     corpus = tasks.generate("add", "train", 200, difficulty=2, seed=0)
     train_bpe_tokenizer(task_corpus(corpus), root / "tok", vocab_size=300,
@@ -147,7 +147,7 @@ def test_experience_masks_and_the_reward_at_the_last_token(policy, stop):
     generated tokens, EOS (when generated) is the last one, the outcome reward sits on the last
     token and nowhere else, and padding follows."""
     from vcppo.driver.step.sampling import collect_rollout
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
     rows = [{"prompt_ids": p, "answer": r["answer"]} for p, r in zip(policy.prompts, policy.rows)]
     sampling = RolloutConfig(n_samples_per_prompt=4, temperature=1.0, max_response_tokens=MAX_TOKENS, stop=stop or [])
     pad = policy.tok.pad_token_id

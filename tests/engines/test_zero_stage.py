@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.integration]
 
 def _actor(info, path, zero_stage, dtype="auto"):
     from vcppo.engines.actor import ActorEngine
-    from vcppo.schema import ActorConfig
+    from vcppo.config.schema import ActorConfig
     return ActorEngine(path, ActorConfig(lr=1e-2, micro_batch_size=2, zero_stage=zero_stage), info,
                        total_optimizer_steps=4, dtype=dtype)
 

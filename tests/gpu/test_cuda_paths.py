@@ -59,7 +59,7 @@ def test_actor_engine_bf16_on_cuda(tmp_path, zero_stage):
     from vcppo.engines.loss_contract import ResponseNLL
     from vcppo.engines.actor import ActorEngine
     from vcppo.experience import make_layout
-    from vcppo.schema import ActorConfig
+    from vcppo.config.schema import ActorConfig
     from vcppo.engines.dist import init_distributed
     from vcppo.models.factory import make_model
 
@@ -92,7 +92,7 @@ def test_packed_equals_padded_on_cuda(tmp_path, dtype):
     from vcppo.engines.packing import VARLEN_ATTENTION
     from vcppo.experience import make_layout
     from vcppo.models.factory import make_model
-    from vcppo.schema import ActorConfig, CriticConfig
+    from vcppo.config.schema import ActorConfig, CriticConfig
 
     make_model("tiny", None, tmp_path / "m")
     dist = init_distributed("cuda")

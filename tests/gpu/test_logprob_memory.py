@@ -92,7 +92,7 @@ def _peak(fn):
 def _measure(model_dir: str, chunk: int, batch, dist) -> tuple[dict, torch.Tensor]:
     from vcppo.engines.loss_contract import ResponseNLL
     from vcppo.engines.actor import ActorEngine
-    from vcppo.schema import ActorConfig
+    from vcppo.config.schema import ActorConfig
 
     cfg = ActorConfig(lr=1e-6, micro_batch_size=ROWS, gradient_checkpointing=True, logprob_chunk_size=chunk)
     eng = ActorEngine(model_dir, cfg, dist, total_optimizer_steps=4, dtype="bfloat16")
@@ -119,7 +119,7 @@ def test_chunked_logprobs_cut_the_train_step_peak(tmp_path):
 
     from vcppo.engines.dist import init_distributed
     from vcppo.experience import make_layout
-    from vcppo.schema import EngineConfig
+    from vcppo.config.schema import EngineConfig
 
     assert EngineConfig().logprob_chunk_size == CHUNKED
     t0 = time.perf_counter()

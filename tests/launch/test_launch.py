@@ -104,7 +104,7 @@ def test_split_chain_script_overrides_load_for_every_mode():
     """launch/split_chain.sh: its shared overrides, with each mode's placement, are a valid config."""
     import re
 
-    from vcppo.config import load_config
+    from vcppo.config.load import load_config
     text = (REPO / "launch/split_chain.sh").read_text()
     common = re.search(r"COMMON=\((.*?)\)", text, re.S).group(1).split()
     modes = [m.split() for m in re.findall(r"placement=\((.*?)\)", text)]

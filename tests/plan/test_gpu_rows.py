@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 from vcppo.plan.advise import Cluster, Shapes, plan_run
 from vcppo.plan.hardware import HARDWARE, GiB
 from vcppo.models.shapes import ModelShape

@@ -32,7 +32,7 @@ def mean_prompt_tokens(overrides: list[str], model_dir) -> float:
     """The run's prompts as its loader tokenizes them (template included)."""
     from transformers import AutoTokenizer
 
-    from vcppo.config import load_config
+    from vcppo.config.load import load_config
     from vcppo.driver.context import load_prompt_set
     cfg = load_config("vcppo", overrides)
     prompts = load_prompt_set(cfg, cfg.data.train_files, AutoTokenizer.from_pretrained(str(model_dir)),

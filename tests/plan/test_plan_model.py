@@ -3,7 +3,7 @@ against the driver's own step plan, the chunked LM head's memory, and the knob t
 import pytest
 import torch
 
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 from vcppo.driver.step.step_plan import Source, ppo_plan
 from vcppo.plan import memory as M
 from vcppo.plan import timing as T
@@ -132,7 +132,7 @@ def test_the_planner_reads_the_step_plans_of_every_preset_without_torch():
     """`vcppo plan` asks the driver's step plan which passes run; the plan imports without torch."""
     import subprocess
     import sys
-    code = ("import sys\nfrom vcppo.config import CONFIG_DIR, load_config\nfrom vcppo.plan import timing\n"
+    code = ("import sys\nfrom vcppo.config.load import CONFIG_DIR, load_config\nfrom vcppo.plan import timing\n"
             "for p in sorted(CONFIG_DIR.glob('*.yaml')):\n    assert timing.step_passes(load_config(p.stem))['actor']\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -4,14 +4,14 @@ the model's heads rule out), and the faster knobs of a run that fits. No engine 
 import pytest
 
 from vcppo.commands.plan import main as plan_main
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 from vcppo.plan import memory as M
 from vcppo.plan import timing as T
 from vcppo.plan.advise import Cluster, Shapes, plan_run, sequence_parallel_problem, sequence_parallel_sizes
 from vcppo.plan.knobs import Setting, apply, find_faster, find_fit, wider_sequence_parallel
 from vcppo.models.shapes import BUILTIN_SHAPES
 from vcppo.plan.hardware import HARDWARE
-from vcppo.schema import ConfigError
+from vcppo.config.schema import ConfigError
 
 Q32 = BUILTIN_SHAPES["qwen2.5-32b"]
 LONG = ["rollout.max_response_tokens=65536"]

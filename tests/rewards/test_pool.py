@@ -157,7 +157,7 @@ def test_reward_workers_follows_the_config(monkeypatch):
 
     import torch
 
-    from vcppo.config import load_config
+    from vcppo.config.load import load_config
     from vcppo.driver.context import reward_workers
     assert reward_workers(load_config(None, ["reward.num_workers=3"])) == 3
     assert reward_workers(load_config(None, ["reward.num_workers=0"])) == 0

@@ -4,11 +4,11 @@ import pickle
 
 import pytest
 
-from vcppo.config import load_config
-from vcppo.config_paths import check_paths
+from vcppo.config.load import load_config
+from vcppo.config.paths import check_paths
 from vcppo.rewards.routing import GroundTruth, RewardRouter
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.schema import ConfigError
+from vcppo.config.schema import ConfigError
 
 T = "<think>\n1+2+0=3\n</think>\n"
 

@@ -3,11 +3,11 @@ quirks included; the cases where they and our verifier disagree; and reward.verl
 verl's data_sources to them through RewardScorer (exact names, the aime* prefix, user entries first)."""
 import pytest
 
-from vcppo.config import load_config
+from vcppo.config.load import load_config
 from vcppo.rewards.routing import GroundTruth, SourceTable
 from vcppo.rewards.verifier import RewardScorer, score
 from vcppo.rewards.verl_parity import VERL_DATA_SOURCES, functions_by_source, gsm8k, math, math_dapo
-from vcppo.schema import ConfigError
+from vcppo.config.schema import ConfigError
 
 FAR = "\n" + "I checked every step again. " * 12  # > 300 characters
 

@@ -54,7 +54,7 @@ def _parse(argv) -> argparse.Namespace:
 
 def _runner(args, rollout, latency_ms: float):
     from vcppo.driver.step.episodes import episode_runner
-    from vcppo.schema import Config
+    from vcppo.config.schema import Config
 
     cfg = Config()
     r = cfg.rollout
@@ -89,7 +89,7 @@ def main(argv=None) -> dict:
     from vcppo.engines import dist
     from vcppo.engines.rollout import RolloutEngine
     from vcppo.models.factory import make_model
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
     from vcppo.tracking import machine_info
 
     info = dist.init_distributed("auto")

@@ -141,7 +141,7 @@ def sleep_wake(model: str | None) -> dict:
         return {"skipped": "no CUDA device (sleep / wake are no-ops on CPU)"}
     from vcppo.engines import dist
     from vcppo.engines.rollout import RolloutEngine
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
 
     if model is None:
         from vcppo.models.factory import make_model

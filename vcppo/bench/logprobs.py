@@ -103,7 +103,7 @@ def run_one(model_dir: str, shape: str, chunk: int, args) -> dict:
     from vcppo.driver.step.update import PolicyLoss
     from vcppo.engines import dist
     from vcppo.engines.actor import ActorEngine
-    from vcppo.schema import ActorConfig, AlgorithmConfig
+    from vcppo.config.schema import ActorConfig, AlgorithmConfig
 
     torch.set_num_threads(args.threads)
     resident_is_live()

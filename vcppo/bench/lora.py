@@ -50,7 +50,7 @@ def _adapted_actor(model: str, rank: int, prompts: list, info):
     from vcppo.driver.step.update import PolicyLoss
     from vcppo.engines.actor import ActorEngine
     from vcppo.experience import ActorBatch, Rollout, make_layout
-    from vcppo.schema import ActorConfig, AlgorithmConfig, LoRAConfig
+    from vcppo.config.schema import ActorConfig, AlgorithmConfig, LoRAConfig
 
     actor = ActorEngine(model, ActorConfig(lr=1e-2, micro_batch_size=16, lora=LoRAConfig(rank=rank)), info,
                         total_optimizer_steps=2)
@@ -73,7 +73,7 @@ def _bench_model(model: str, args, info) -> dict:
     import torch
 
     from vcppo.engines.rollout import RolloutEngine
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
 
     g = torch.Generator().manual_seed(0)
     prompts = [[int(x) for x in torch.randint(5, 80, (args.prompt_len,), generator=g)] for _ in range(args.prompts)]

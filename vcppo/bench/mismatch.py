@@ -65,7 +65,7 @@ def measure(args) -> dict:
     from vcppo.algos.mismatch import mismatch_stats, tis_weights
     from vcppo.engines import dist
     from vcppo.engines.rollout import RolloutEngine
-    from vcppo.schema import ActorConfig, RolloutConfig
+    from vcppo.config.schema import ActorConfig, RolloutConfig
 
     dtype = args.worker
     info = dist.init_distributed(args.device)

@@ -157,7 +157,7 @@ def _bench_train_step(model: str, samples: list, args, info, res: dict):
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout
-    from vcppo.schema import ActorConfig, AlgorithmConfig, CriticConfig
+    from vcppo.config.schema import ActorConfig, AlgorithmConfig, CriticConfig
 
     mbs = args.micro_batch_size
     actor = ActorEngine(model, ActorConfig(lr=1e-6, micro_batch_size=mbs), info, total_optimizer_steps=10)
@@ -188,7 +188,7 @@ def _bench_model(model: str, args, info) -> dict:
     from transformers import AutoConfig
 
     from vcppo.engines.rollout import RolloutEngine
-    from vcppo.schema import RolloutConfig
+    from vcppo.config.schema import RolloutConfig
 
     vocab = AutoConfig.from_pretrained(model).vocab_size
     g = torch.Generator().manual_seed(0)

@@ -63,7 +63,7 @@ def run_rank(sp: int, model_dir: str, args) -> list[dict] | None:
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.loss_contract import ResponseNLL
     from vcppo.experience import Rollout, make_layout
-    from vcppo.schema import ActorConfig, LoRAConfig
+    from vcppo.config.schema import ActorConfig, LoRAConfig
 
     resident_is_live()
     info = dist.init_distributed("cpu")

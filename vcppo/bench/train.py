@@ -183,7 +183,7 @@ def run_layout(model_dir: str, layout: str, args) -> dict:
     from vcppo.driver.step.update import PolicyLoss
     from vcppo.engines import dist
     from vcppo.engines.actor import ActorEngine
-    from vcppo.schema import ActorConfig, AlgorithmConfig, LoRAConfig
+    from vcppo.config.schema import ActorConfig, AlgorithmConfig, LoRAConfig
 
     torch.set_num_threads(args.threads)
     info = dist.init_distributed("cpu")

@@ -25,8 +25,8 @@ import json
 import os
 import tempfile
 
-from vcppo.config import load_command_config
-from vcppo.config_paths import split_paths
+from vcppo.config.load import load_command_config
+from vcppo.config.paths import split_paths
 from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.durability.model_export import export_checkpoint, is_checkpoint
@@ -36,7 +36,7 @@ from vcppo.engines import dist as D
 from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.models.hub import parse_id
 from vcppo.rewards.routing import data_source_of
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 
 
 USAGE = ("usage: vcppo eval MODEL_DIR DATA [key=value ...]  (or: [CONFIG] MODEL_DIR DATA ..., "
@@ -114,7 +114,7 @@ def _refuse_twice(overrides: list[str], keys: tuple[str, ...]) -> None:
 
 def _is_config(arg: str) -> bool:
     """``arg`` names a config: a YAML file, or a shipped preset's name."""
-    from vcppo.config import CONFIG_DIR
+    from vcppo.config.load import CONFIG_DIR
     return arg.endswith((".yaml", ".yml")) or ("/" not in arg and (CONFIG_DIR / f"{arg}.yaml").is_file())
 
 

@@ -19,14 +19,14 @@ import json
 import math
 from pathlib import Path
 
-from vcppo.config import load_config, split_command_line
+from vcppo.config.load import load_config, split_command_line
 from vcppo.models.hub import resolve_model_keys
 from vcppo.plan.advise import Cluster, Lengths, Plan, Shapes, gib, plan_run, ranks
 from vcppo.plan import timing as T
 from vcppo.plan.knobs import REPORT_SPEEDUP, Setting, apply, find_faster, find_fit, sequence_parallel_limits
 from vcppo.models.shapes import BUILTIN_SHAPES, builtin_shape, read_shape
 from vcppo.plan.hardware import HARDWARE
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 
 
 def parser() -> argparse.ArgumentParser:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from vcppo.config import load_command_config
+from vcppo.config.load import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
 from vcppo.driver.step.sampling import collect_rollout, rollout_share
 from vcppo.engines import dist as D
@@ -25,7 +25,7 @@ from vcppo.engines.dist import DistInfo
 from vcppo.engines.collectives import gather_cat
 from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.experience import Rollout
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 
 def labels_of(batch: Rollout) -> torch.Tensor:

@@ -17,7 +17,7 @@ import math
 import time
 from pathlib import Path
 
-from vcppo.config import load_command_config
+from vcppo.config.load import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
 from vcppo.driver.step.episodes import episode_runner
 from vcppo.driver.step.validation import evaluate
@@ -27,7 +27,7 @@ from vcppo.engines.actor import ActorEngine
 from vcppo.engines.loss_contract import ResponseNLL
 from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.experience import make_layout
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 
 NLL_METRIC = "sft/nll_token"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from vcppo.schema import ConfigError
+from vcppo.config.schema import ConfigError
 
 SHOW_ROWS = 5  # rows named in a message
 

@@ -34,7 +34,7 @@ import json
 import random
 from typing import Sequence
 
-from vcppo.data import tasks_chain
+import vcppo.data.tasks_chain as tasks_chain
 from vcppo.data.tasks_guess import IM_END, USER_TURN
 
 TOOL_CHUNK = 5  # operands per calculator call: up to 5 operands take one call, 6-9 two

@@ -18,9 +18,9 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from vcppo.config import save_config, to_dict
-from vcppo.config_parallel import check_sequence_parallel_ranks
-from vcppo.config_provenance import record_segment, summary
+from vcppo.config.load import save_config, to_dict
+from vcppo.config.parallel import check_sequence_parallel_ranks
+from vcppo.config.provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.durability import disk_space, reshard
 from vcppo.driver.durability.checkpoint import RunState, find_resume_point, peek_state
@@ -44,7 +44,7 @@ from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.rewards.pool import default_num_workers
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 from vcppo.tracking import MetricsLogger
 
 

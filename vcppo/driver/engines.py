@@ -23,7 +23,7 @@ from vcppo.engines.lora import enabled as lora_enabled
 from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_choice import make_rollout_engine
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 from vcppo.tracking import MetricsLogger
 from vcppo.methods import uses_critic
 

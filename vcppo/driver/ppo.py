@@ -24,7 +24,7 @@ from vcppo.driver.placement.rollout_worker import serve_rollouts
 from vcppo.driver.step.sources import ExperienceSource, make_source
 from vcppo.driver.step.rl_step import rl_step
 from vcppo.driver.step.value_pretrain import reuse_pretrained_critic, value_pretrain
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 
 def run_dir_of(cfg: Config) -> Path:

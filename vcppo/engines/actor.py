@@ -18,7 +18,7 @@ from vcppo.engines.packing import pack, scatter_responses
 from vcppo.engines.sequence_parallel import gather_slices, shard_packed
 from vcppo.experience import Layout
 from vcppo.models.export import save_causal_lm
-from vcppo.schema import EngineConfig
+from vcppo.config.schema import EngineConfig
 
 
 def response_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperature: float = 1.0):

@@ -16,7 +16,7 @@ from vcppo.engines.collectives import barrier
 from vcppo.engines.packing import pack
 from vcppo.engines.sequence_parallel import gather_slices, shard_packed
 from vcppo.experience import Rollout
-from vcppo.schema import OptimConfig
+from vcppo.config.schema import OptimConfig
 
 CRITIC_INITS = ("policy", "reward_model", "checkpoint")
 

@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from vcppo.schema import LoRAConfig
+from vcppo.config.schema import LoRAConfig
 
 ADAPTER = "default"  # peft's name of the one adapter a model gets here
 _PEFT_PREFIX = "base_model.model."

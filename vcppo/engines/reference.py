@@ -12,7 +12,7 @@ from __future__ import annotations
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.lora import adapters_disabled
-from vcppo.schema import EngineConfig
+from vcppo.config.schema import EngineConfig
 
 
 class ReferenceEngine(ActorEngine):

@@ -15,7 +15,7 @@ from vcppo.engines.dist import DistInfo
 from vcppo.engines.packing import pack
 from vcppo.experience import Layout
 from vcppo.models.reward_model import VCPPO, load_score_module, reward_model_format
-from vcppo.schema import EngineConfig
+from vcppo.config.schema import EngineConfig
 
 
 class RewardModelEngine(DeepSpeedModelEngine):

@@ -30,7 +30,7 @@ from vcppo.engines import dist as _dist
 from vcppo.engines import lifetime
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout_groups import RolloutGroups
-from vcppo.schema import RolloutConfig
+from vcppo.config.schema import RolloutConfig
 
 
 @dataclass

@@ -8,8 +8,8 @@ import sys
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_hf import HFRolloutEngine
-from vcppo.schema import RolloutConfig
-from vcppo.schema_base import ConfigError
+from vcppo.config.schema import RolloutConfig
+from vcppo.config.schema_base import ConfigError
 
 ENGINES = {"vllm": RolloutEngine, "hf": HFRolloutEngine}
 

@@ -35,7 +35,7 @@ import torch
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine, RolloutSample
 from vcppo.engines.rollout_groups import RolloutGroups
-from vcppo.schema import RolloutConfig
+from vcppo.config.schema import RolloutConfig
 
 LOGPROBS_MODES = ("processed", "raw")
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vcppo.schema import ConfigError
+from vcppo.config.schema import ConfigError
 
 _ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
 _SNAPSHOT = re.compile(r"(models|datasets)--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})/?$")
@@ -175,7 +175,7 @@ def _model_fields(cfg, command: str):
 
 
 def resolve_model_keys(cfg, command: str, allow_patterns: list[str] | None = None) -> None:
-    """Replace each hub id among ``command``'s model keys of ``cfg`` (a :class:`~vcppo.schema.Config`)
+    """Replace each hub id among ``command``'s model keys of ``cfg`` (a :class:`~vcppo.config.schema.Config`)
     by its snapshot directory, in place; ``allow_patterns`` limits a download (``vcppo plan`` reads
     only the JSON files)."""
     from vcppo.methods import uses_critic

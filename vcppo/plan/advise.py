@@ -17,7 +17,7 @@ from vcppo.plan import memory as M
 from vcppo.plan import timing as T
 from vcppo.plan.hardware import GiB, Hardware, dtype_bytes
 from vcppo.models.shapes import ModelShape
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 from vcppo.methods import uses_critic
 
 

@@ -41,7 +41,7 @@ import yaml
 from vcppo.plan import memory as M
 from vcppo.plan.advise import (Cluster, Plan, Shapes, builds_reference, plan_run, ranks, rollout_share,
                                sequence_parallel_problem, sequence_parallel_sizes)
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 from vcppo.methods import uses_critic
 
 MAX_NODES = 64

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 from vcppo.plan.advise import Lengths
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 
 
 @dataclass(frozen=True)

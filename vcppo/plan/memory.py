@@ -38,7 +38,7 @@ class ModelStates:
 
 
 def auto_zero_stage(stage: int | None, ranks: int) -> int:
-    """``zero_stage: null``: 3 with several ranks, 0 on one (vcppo.schema.EngineConfig.zero_stage)."""
+    """``zero_stage: null``: 3 with several ranks, 0 on one (vcppo.config.schema.EngineConfig.zero_stage)."""
     if stage is not None:
         return int(stage)
     return 3 if ranks > 1 else 0

@@ -40,7 +40,7 @@ import torch
 
 from vcppo.driver.durability import manifest
 from vcppo.driver.step.phase import Phase
-from vcppo.schema import ConfigError
+from vcppo.config.schema import ConfigError
 
 logger = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step_(\d+)$")

@@ -16,8 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
-from vcppo.config_rules import combine_mode
-from vcppo.schema import Config, CriticConfig
+from vcppo.config.rules import combine_mode
+from vcppo.config.schema import Config, CriticConfig
 
 COMPLETE_MARKER = "vcppo_pretrain.json"
 

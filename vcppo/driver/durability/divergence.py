@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from vcppo.driver.durability.checkpoint import RunState
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 
 
 class DivergenceError(ConfigError):

@@ -15,7 +15,7 @@ import torch
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.engines import collectives
 from vcppo.engines.deepspeed_engine import NonFiniteError
-from vcppo.schema import ConfigError, TrainerConfig
+from vcppo.config.schema import ConfigError, TrainerConfig
 
 SKIP_KEYS = ("actor/nonfinite_skipped", "critic/nonfinite_skipped")
 

@@ -21,7 +21,7 @@ from vcppo.driver.durability.checkpoint import CheckpointError, checkpoint_probl
 from vcppo.driver.durability.reshard import weights_only_loading
 from vcppo.driver.durability.resume_checks import RUN_CONFIG
 from vcppo.engines.engine_setup import CHECKPOINT_TAG, checkpoint_zero_stage
-from vcppo.schema_base import LoRAConfig
+from vcppo.config.schema_base import LoRAConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}  # else (auto, float32) the fp32 master weights
 

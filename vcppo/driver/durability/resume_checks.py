@@ -5,7 +5,7 @@ Every checkpoint records the config that wrote it and the shape of its models in
 ``run_config.json`` (:func:`write_run_config`; a checkpoint without one is compared with its run
 directory's ``config.yaml``). On resume:
 
-1. each changed key is judged by its class (:mod:`vcppo.config_provenance`): a ``fixed`` one (LoRA
+1. each changed key is judged by its class (:mod:`vcppo.config.provenance`): a ``fixed`` one (LoRA
    rank / targets, the critic's confidence head) and a ``math`` one not in
    ``trainer.resume_allow_changes`` refuse the resume in one line naming the key;
 2. an engine's ZeRO stage, when set, must be one its checkpoint's layout loads into;
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from vcppo.config import SAVED_CONFIG, to_dict
-from vcppo.config_provenance import Change, diff_configs, refuse_changes
+from vcppo.config.load import SAVED_CONFIG, to_dict
+from vcppo.config.provenance import Change, diff_configs, refuse_changes
 from vcppo.engines.engine_setup import checkpoint_zero_stage
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 
 RUN_CONFIG = "run_config.json"
 # what fixes the shapes of a model's tensors (config.json keys)

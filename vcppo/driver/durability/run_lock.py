@@ -13,7 +13,7 @@ seed-0 sweep finished there) would silently continue, or simply re-report, the o
 resuming from the directory's own checkpoint, the keys that say which run it is are compared with
 the saved ``config.yaml`` (paths after resolving them: ``dir/`` and ``./dir`` are one model); any
 difference refuses the resume. Other keys are judged by their
-resume class (:mod:`vcppo.config_provenance`): more steps or other logging go through, a change to
+resume class (:mod:`vcppo.config.provenance`): more steps or other logging go through, a change to
 the math only when ``trainer.resume_allow_changes`` lists it.
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import IO
 
 from omegaconf import OmegaConf
 
-from vcppo.config import SAVED_CONFIG
-from vcppo.config_provenance import same_value
-from vcppo.schema import Config, ConfigError
+from vcppo.config.load import SAVED_CONFIG
+from vcppo.config.provenance import same_value
+from vcppo.config.schema import Config, ConfigError
 
 logger = logging.getLogger(__name__)
 LOCK_FILE = ".run.lock"

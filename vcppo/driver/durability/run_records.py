@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from vcppo.config_provenance import HISTORY_FILE, diff_configs, read_history
+from vcppo.config.provenance import HISTORY_FILE, diff_configs, read_history
 from vcppo.driver.durability.checkpoint import RunState, checkpoint_root, clean_partial, list_complete
 from vcppo.driver.durability.resume_checks import RUN_CONFIG
 from vcppo.driver.durability.start_over import set_aside

@@ -30,7 +30,7 @@ from vcppo.driver.durability.restore_engine import restore_engine
 from vcppo.driver.step.timeline import PhaseTimer, Timeline
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 
 class _Log:

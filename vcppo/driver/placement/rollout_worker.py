@@ -27,7 +27,7 @@ from vcppo.engines import dist as D
 from vcppo.engines import collectives
 from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.experience import concat_batches
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 
 class RolloutServer:

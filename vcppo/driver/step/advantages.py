@@ -20,7 +20,7 @@ from vcppo.algos.stats import masked_whiten
 from vcppo.engines.collectives import global_sum
 from vcppo.experience import Advantages, Rollout
 from vcppo.methods import estimator_fn
-from vcppo.schema import AlgorithmConfig
+from vcppo.config.schema import AlgorithmConfig
 
 
 def global_whiten(advantages: torch.Tensor, mask: torch.Tensor, zero_mean: bool = True,

@@ -30,7 +30,7 @@ from vcppo.driver.step.step_plan import StepPlan
 from vcppo.driver.durability.restore_engine import restore_engine
 from vcppo.driver.step.update import update_critic
 from vcppo.experience import CriticBatch, CriticResult, Rollout
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 
 class CriticHalf:

@@ -29,7 +29,7 @@ from vcppo.engines import collectives
 from vcppo.envs.base import Turn
 from vcppo.envs.worker import EnvRunner, EpisodeKey
 from vcppo.experience import Rollout, make_layout
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 
 class ObservationEncoder:

@@ -35,7 +35,7 @@ from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import Rollout, compact, concat_batches
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 
 def sample_seed(seed: int, phase: str, step: int, replica: int) -> int:

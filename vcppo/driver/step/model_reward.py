@@ -11,13 +11,13 @@ import dataclasses
 import torch
 
 from vcppo.algos.rewards import Moments, batch_moments, normalise
-from vcppo.config_rules import combine_mode
+from vcppo.config.rules import combine_mode
 from vcppo.driver.durability.checkpoint import RunState
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.collectives import gather_cat
 from vcppo.engines.reward_model import RewardModelEngine
 from vcppo.experience import Layout, Rollout, make_layout
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 
 
 def same_tokenizer(a, b) -> bool:

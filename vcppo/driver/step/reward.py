@@ -29,7 +29,7 @@ from vcppo.driver.durability.checkpoint import RunState
 from vcppo.driver.step.model_reward import ModelReward
 from vcppo.engines import collectives
 from vcppo.experience import Rollout, last_token_index, last_token_rewards
-from vcppo.schema import Config
+from vcppo.config.schema import Config
 
 
 def overlong_shaping(batch: Rollout, cfg: Config) -> torch.Tensor | None:

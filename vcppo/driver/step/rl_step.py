@@ -39,7 +39,7 @@ from vcppo.driver.step.sources import ExperienceSource
 from vcppo.driver.step.update import update_actor
 from vcppo.engines.collectives import global_sum
 from vcppo.experience import ActorBatch, BeforeUpdate, Rollout
-from vcppo.schema import AlgorithmConfig
+from vcppo.config.schema import AlgorithmConfig
 
 
 def kl_coef_now(state: RunState, alg: AlgorithmConfig) -> float:

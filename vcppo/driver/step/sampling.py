@@ -13,7 +13,7 @@ from vcppo.engines.rollout_groups import RolloutGroups, contiguous_share
 from vcppo.experience import Rollout, compact, concat_batches, last_token_rewards, make_layout
 from vcppo.rewards.routing import data_source_of
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.schema import RolloutConfig
+from vcppo.config.schema import RolloutConfig
 
 
 def rank_slice(items: list, rank: int, world_size: int) -> tuple[int, list]:

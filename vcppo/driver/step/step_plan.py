@@ -26,10 +26,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from vcppo.config_rules import logprob_users
+from vcppo.config.rules import logprob_users
 from vcppo.driver.step.phase import Phase
 from vcppo.methods import uses_critic
-from vcppo.schema import Config, UpdateConfig
+from vcppo.config.schema import Config, UpdateConfig
 
 
 class Source(enum.Enum):

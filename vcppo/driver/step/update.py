@@ -17,7 +17,7 @@ from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
 from vcppo.engines.loss_contract import RESPONSE, EngineLoss, GlobalCounts, ModelOutputs, response_counts
 from vcppo.experience import ActorBatch, CriticBatch, UpdateResult
 from vcppo.methods import policy_loss_fn
-from vcppo.schema import AlgorithmConfig, Config, CriticConfig, UpdateConfig
+from vcppo.config.schema import AlgorithmConfig, Config, CriticConfig, UpdateConfig
 
 POSITIVE = "positive"  # VAPO's positive-example NLL averages over correct samples only
 SUM_NORM = "seq-mean-token-sum-norm"  # Dr. GRPO's aggregation: each sequence's sum over a constant

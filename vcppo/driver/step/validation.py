@@ -15,7 +15,7 @@ from vcppo.engines import collectives
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.schema import Config, RolloutConfig
+from vcppo.config.schema import Config, RolloutConfig
 
 
 @dataclass

@@ -24,7 +24,7 @@ from vcppo.driver.step.step_plan import StepPlan
 from vcppo.driver.durability.resume import save_checkpoint
 from vcppo.driver.step.sources import ExperienceSource
 from vcppo.driver.step.rl_step import rl_step
-from vcppo.schema import ValuePretrainConfig
+from vcppo.config.schema import ValuePretrainConfig
 
 
 def settled(ev_history: list[float], loss_history: list[float], vp: ValuePretrainConfig) -> bool:

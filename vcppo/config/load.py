@@ -1,9 +1,9 @@
 """Loading the config of any vcppo command: schema defaults <- YAML presets <- ``key=value``.
 
 Layering, lowest to highest priority:
-  1. the dataclass defaults of :mod:`vcppo.schema` (one doc line per field),
+  1. the dataclass defaults of :mod:`vcppo.config.schema` (one doc line per field),
   2. YAML preset files (a file may name its parent with ``extends:``: a shipped preset's name, a
-     path relative to the file, or an absolute path; :mod:`vcppo.config_extends`),
+     path relative to the file, or an absolute path; :mod:`vcppo.config.extends`),
   3. ``key=value`` overrides from the command line (``actor.lr=1e-6``).
 
 OmegaConf does the merging, the type coercion (``1e-6`` is a float, ``2.5`` is not an int) and
@@ -23,16 +23,16 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from vcppo.config_extends import read_yaml_chain
-from vcppo.config_paths import check_paths, commands_with_paths
-from vcppo.config_provenance import resume_classes
-from vcppo.config_rules import check_critic_keys, validate
+from vcppo.config.extends import read_yaml_chain
+from vcppo.config.paths import check_paths, commands_with_paths
+from vcppo.config.provenance import resume_classes
+from vcppo.config.rules import check_critic_keys, validate
 from vcppo.models.hub import resolve_model_keys
 from vcppo.methods import uses_critic
-from vcppo.schema import RESUME_CLASSES, Config, ConfigError
+from vcppo.config.schema import RESUME_CLASSES, Config, ConfigError
 
 # Presets ship inside the package (vcppo/configs/*.yaml), so an installed wheel has them too.
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def save_config(cfg: Config, run_dir: str | Path, name: str = SAVED_CONFIG) -> P
 def schema_markdown() -> str:
     """The config reference (docs/config.md is generated from this)."""
     lines = ["# Config reference", "",
-             "Generated from `vcppo/schema.py` (`make docs`). Every command reads the same schema: "
+             "Generated from `vcppo/config/schema.py` (`make docs`). Every command reads the same schema: "
              "`vcppo <command> [CONFIG] [section.key=value ...]`, where CONFIG is a shipped preset "
              "name or a YAML file. A default `${a.b}` follows key `a.b` unless set. The resume column says "
              "what changing a key does when a run resumes (docs/robustness.md): "
@@ -304,7 +304,3 @@ def _schema_rows(section: Any, prefix: str, classes: dict[str, str]) -> list[str
             doc += f" One of {', '.join(map(str, f.metadata['choices']))}."
         rows.append(f"| `{prefix}.{f.name}` | `{value!r}` | {classes[f'{prefix}.{f.name}']} | {doc} |")
     return rows
-
-
-if __name__ == "__main__":
-    print(schema_markdown())

@@ -1,11 +1,11 @@
 """The config sections of the commands other than `vcppo train`: sft, rm, eval and demo (each a
-section of :class:`vcppo.schema.Config`, which `vcppo train` does not read)."""
+section of :class:`vcppo.config.schema.Config`, which `vcppo train` does not read)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional
 
-from vcppo.schema_base import OptimConfig, _f
+from vcppo.config.schema_base import OptimConfig, _f
 
 
 @dataclass

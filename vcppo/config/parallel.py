@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 
 
 def _sections(cfg: Config) -> list[tuple[str, int]]:

@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vcppo.config_parallel import check_sequence_parallel_heads
+from vcppo.config.parallel import check_sequence_parallel_heads
 from vcppo.methods import uses_critic
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 
 # The paths each command reads; checked before any engine starts (a typo must not cost a
 # vLLM start-up). Optional ones are checked only when set.

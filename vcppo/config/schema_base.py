@@ -1,6 +1,6 @@
 """What every config section is made of: the field helper with its doc line, range and resume class,
 the resume classes themselves, the config error, and the engine / optimizer / LoRA / update settings
-the training sections share (:mod:`vcppo.schema` declares the sections)."""
+the training sections share (:mod:`vcppo.config.schema` declares the sections)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,7 +11,7 @@ class ConfigError(ValueError):
     """A config problem the user must fix; the message names the key / file."""
 
 
-# What a change of a key on resume does (vcppo.config_provenance); every field names one:
+# What a change of a key on resume does (vcppo.config.provenance); every field names one:
 RESUME_CLASSES = {
     "math": "changes what the run computes (the algorithm, the batch, the data, the rewards): refused on "
             "resume unless listed in trainer.resume_allow_changes",

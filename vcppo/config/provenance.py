@@ -1,6 +1,6 @@
 """What a resumed run may change in its config, and the record of what it did change.
 
-Every schema field names its class (``resume=`` in :mod:`vcppo.schema`, :data:`RESUME_CLASSES`):
+Every schema field names its class (``resume=`` in :mod:`vcppo.config.schema`, :data:`RESUME_CLASSES`):
 
 - ``math``: changes what the run computes; a resume that changes it is refused, naming each such
   key with its old and new value, unless the key is listed in ``trainer.resume_allow_changes``;
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from vcppo.records import read_records
-from vcppo.schema import RESUME_CLASSES, Config, ConfigError
+from vcppo.config.schema import RESUME_CLASSES, Config, ConfigError
 
 HISTORY_FILE = "config_history.jsonl"
 ALLOW_KEY = "trainer.resume_allow_changes"

@@ -7,10 +7,10 @@ import dataclasses
 import math
 from typing import Any
 
-from vcppo.config_parallel import check_sequence_parallel
-from vcppo.config_provenance import check_allow_list
+from vcppo.config.parallel import check_sequence_parallel
+from vcppo.config.provenance import check_allow_list
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES, uses_critic
-from vcppo.schema import Config, ConfigError
+from vcppo.config.schema import Config, ConfigError
 
 
 def _check_range(key: str, value: Any, m: dict) -> None:

@@ -1,13 +1,13 @@
 """The config schema of every vcppo command: one dataclass per section, one doc line per field.
 
 Each field carries ``metadata["doc"]`` (docs/config.md is generated from it), where it has one its
-valid range or choices, checked by :func:`vcppo.config_rules.validate`, and ``metadata["resume"]``: what a
+valid range or choices, checked by :func:`vcppo.config.rules.validate`, and ``metadata["resume"]``: what a
 change of it does when a run resumes (:data:`RESUME_CLASSES`, enforced by
-:mod:`vcppo.config_provenance`). A section's metadata may set ``resume`` for every key inside it (the
+:mod:`vcppo.config.provenance`). A section's metadata may set ``resume`` for every key inside it (the
 sections that `vcppo train` does not read). Loading, merging and
-type coercion are OmegaConf's (:mod:`vcppo.config`); this module only declares (the shared
-settings and the field helper in :mod:`vcppo.schema_base`, the other commands' sections in
-:mod:`vcppo.schema_commands`).
+type coercion are OmegaConf's (:mod:`vcppo.config.load`); this module only declares (the shared
+settings and the field helper in :mod:`vcppo.config.schema_base`, the other commands' sections in
+:mod:`vcppo.config.schema_commands`).
 
 A default written as ``"${section.key}"`` is an OmegaConf interpolation: it follows that key
 unless set (e.g. SFT saves to ``model.policy_path``, the policy RL starts from).
@@ -19,9 +19,9 @@ from typing import Any, Dict, List, Optional
 
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES
 # ConfigError, RESUME_CLASSES and the shared settings are the schema's public names too
-from vcppo.schema_base import (RESUME_CLASSES, ConfigError, EngineConfig, LoRAConfig, OptimConfig,  # noqa: F401
+from vcppo.config.schema_base import (RESUME_CLASSES, ConfigError, EngineConfig, LoRAConfig, OptimConfig,  # noqa: F401
                                UpdateConfig, _f)
-from vcppo.schema_commands import DemoConfig, EvalConfig, RMConfig, SFTConfig
+from vcppo.config.schema_commands import DemoConfig, EvalConfig, RMConfig, SFTConfig
 
 
 @dataclass

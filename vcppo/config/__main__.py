@@ -1,0 +1,3 @@
+from vcppo.config.load import schema_markdown
+
+print(schema_markdown())
