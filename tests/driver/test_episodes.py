@@ -56,7 +56,7 @@ def test_token_ids_are_the_sampled_ids_plus_the_observation_ids():
                                ["<think>9-16</think>12", "<think>1-7</think>3"],
                                ["<think>9-11</think>10"]])
     runner = EpisodeRunner(cfg_for(), sampler, EnvRunner(0, 5.0), max_model_len=512)
-    done = runner.run(rows("10", "3"), n=1, seed=0, phase="ppo", temperature=1.0, logprobs=True)
+    done = runner.run(rows("10", "3"), n=1, seed=0, key="ppo", temperature=1.0, logprobs=True)
     encode = ObservationEncoder(TOK)
     eos = [TOK.eos_token_id]
     turn = lambda text: TOK.encode(text, add_special_tokens=False) + eos  # noqa: E731

@@ -49,7 +49,7 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 @dataclass
 class RunState:
     """Where a run stands; saved as ``state.json`` in every checkpoint."""
-    phase: str                        # "value_pretrain" or "ppo": the phase to continue
+    phase: Phase                      # the phase to continue (state.json holds its value)
     step: int = 0                     # PPO steps done
     pretrain_step: int = 0            # value-pretraining steps done
     pretrain_ev: list = field(default_factory=list)    # explained variance per pretraining step
@@ -62,6 +62,9 @@ class RunState:
     model_score_moments: list = field(default_factory=list)  # [count, mean, M2] of the reward model's scores
     divergence_baseline: dict = field(default_factory=dict)  # guarded metric -> its first PPO step's value
     divergence_since: dict = field(default_factory=dict)     # guarded metric out of range -> since which step
+
+    def __post_init__(self):
+        self.phase = Phase(self.phase)  # state.json's text
 
     @property
     def global_step(self) -> int:

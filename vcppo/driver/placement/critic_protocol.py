@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vcppo.driver.step.phase import Phase
 from vcppo.experience import Rollout
 
 
@@ -35,7 +36,7 @@ class Ready:
 class CriticStep:
     """One step's share: ``rollout`` (B, ...) and ``rewards`` (B, R), the per-token rewards the
     critic's targets are computed from (the KL penalty already in, where it is)."""
-    phase: str
+    phase: Phase
     step: int
     rollout: Rollout
     rewards: torch.Tensor

@@ -101,7 +101,7 @@ class RemoteSource:
                              version=state.step if self.phase == Phase.PPO else 0, prompt_state=prompt_state,
                              weights=layout), buckets)
 
-    def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
+    def make(self, phase: Phase, step: int) -> tuple[Rollout, dict]:
         start = time.perf_counter()
         msg = collectives.broadcast_object(self._take(("batch", phase, step)) if self.dist.is_main else None)
         self.consumed_state = msg.prompt_state
@@ -113,12 +113,12 @@ class RemoteSource:
             metrics["staleness/steps_behind"] = float(step - 1 - msg.version)
         return batch.to(self.dist.device), metrics
 
-    def step_done(self, phase: str, step: int, actor: ActorEngine | None) -> None:
+    def step_done(self, phase: Phase, step: int, actor: ActorEngine | None) -> None:
         layout, buckets = self._weights(actor) if actor is not None else (None, [])
         if self.dist.is_main:
             self._send(StepDone(phase=phase, step=step, weights=layout), buckets)
 
-    def begin_phase(self, phase: str) -> None:
+    def begin_phase(self, phase: Phase) -> None:
         self.phase = phase
         if self.dist.is_main:
             self.mailbox = {k: m for k, m in self.mailbox.items() if k[0] == "val"}

@@ -24,7 +24,7 @@ from vcppo.driver.step.phase import Phase
 from vcppo.engines.bridge import WeightsLayout
 from vcppo.experience import Rollout
 
-def lookahead(phase: str, max_staleness: int) -> int:
+def lookahead(phase: Phase, max_staleness: int) -> int:
     """Batches the rollout ranks may sample beyond the one the trainer needs next."""
     return max(1, max_staleness) if phase == Phase.VALUE_PRETRAIN else max_staleness
 
@@ -50,7 +50,7 @@ def handle_now(msg, can_sample: bool) -> bool:
     return not (isinstance(msg, Validate) or (isinstance(msg, StepDone) and msg.phase == Phase.PPO))
 
 
-def held_after_checkpoint(phase: str, step: int, total: int, max_staleness: int) -> range:
+def held_after_checkpoint(phase: Phase, step: int, total: int, max_staleness: int) -> range:
     """The in-flight batches a checkpoint at ``step`` must save: PPO batches sampled with weights
     older than the checkpoint's (steps ``step + 1 .. step + s``), which a resumed run could not
     sample again. Value-pretraining batches come from the frozen policy: sampled again from
@@ -63,7 +63,7 @@ def held_after_checkpoint(phase: str, step: int, total: int, max_staleness: int)
 @dataclass
 class Start:
     """The rollout ranks' first message: where to begin."""
-    phase: str
+    phase: Phase
     next_step: int                  # the first batch to sample
     trainer_done: int               # the last step the trainer finished in ``phase``
     version: int                    # the PPO step whose weights sample (0: the initial policy)
@@ -74,7 +74,7 @@ class Start:
 @dataclass
 class StepDone:
     """The trainer finished ``step``; with ``weights``, the actor's new weights follow."""
-    phase: str
+    phase: Phase
     step: int
     weights: WeightsLayout | None = None
 
@@ -82,7 +82,7 @@ class StepDone:
 @dataclass
 class BeginPhase:
     """Value pretraining ended: drop what was sampled ahead, rewind the prompts, sample ``phase``."""
-    phase: str
+    phase: Phase
     prompt_state: dict
 
 
@@ -99,7 +99,7 @@ class Stop:
 @dataclass
 class SampledBatch:
     """One step's scored samples over every rollout rank."""
-    phase: str
+    phase: Phase
     step: int
     version: int                    # the PPO step whose weights sampled it (0: the initial policy)
     rollout: Rollout

@@ -123,15 +123,16 @@ class EpisodeRunner:
         self.encode = ObservationEncoder(rollout.tokenizer)
         self.env_seconds = 0.0  # spent waiting on env turns, over the runner's life
 
-    def start(self, rows: list[dict], n: int, seed: int, phase: str) -> list[Episode]:
+    def start(self, rows: list[dict], n: int, seed: int, key: str) -> list[Episode]:
+        """``n`` episodes per row; ``key``: the phase's seed key (``ppo``, ``ppo/retry1``, ``val``)."""
         r = self.cfg.rollout
         out = []
         for i, row in enumerate(rows):
             info = tuple(sorted(env_row(row).items(), key=lambda kv: kv[0]))
             args = tuple(sorted(env_args_of(dict(r.env_args), row).items()))
             for j in range(n):
-                key = EpisodeKey(f"{phase}/{seed}/{i}/{j}", r.env, args, info, seed * 1009 + i * 31 + j)
-                out.append(Episode(i, key, list(row["prompt_ids"])))
+                ident = EpisodeKey(f"{key}/{seed}/{i}/{j}", r.env, args, info, seed * 1009 + i * 31 + j)
+                out.append(Episode(i, ident, list(row["prompt_ids"])))
         return out
 
     def room(self, e: Episode) -> int:
@@ -144,11 +145,11 @@ class EpisodeRunner:
         cap = self.cfg.rollout.turn_max_tokens
         return min(self.room(e), cap) if cap else self.room(e)
 
-    def run(self, rows: list[dict], n: int, seed: int, phase: str, temperature: float,
+    def run(self, rows: list[dict], n: int, seed: int, key: str, temperature: float,
             logprobs: bool) -> list[Episode]:
         """``n`` episodes per row, every turn of every live episode sampled in one vLLM call."""
         r = self.cfg.rollout
-        episodes = self.start(rows, n, seed, phase)
+        episodes = self.start(rows, n, seed, key)
         for turn in range(r.max_turns):
             live = [e for e in episodes if not e.done]
             for e in live:

@@ -38,11 +38,12 @@ from vcppo.rewards.verifier import RewardScorer
 from vcppo.config.schema import Config
 
 
-def sample_seed(seed: int, phase: str, step: int, replica: int) -> int:
+def sample_seed(seed: int, key: str, step: int, replica: int) -> int:
     """Sampling seed of one step of a phase on one rollout group: reproducible (resume gives the
-    same samples), different across phases, steps and rollout groups."""
-    key = f"{seed}/{phase}/{step}/{replica}".encode()
-    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+    same samples), different across phases (``key``: :func:`~vcppo.driver.step.phase.seed_key`),
+    steps and rollout groups."""
+    text = f"{seed}/{key}/{step}/{replica}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:4], "little")
 
 
 def num_groups(batch: Rollout) -> int:
@@ -75,7 +76,7 @@ class ExperienceMaker:
     def seed(self, phase: str, step: int) -> int:
         return sample_seed(self.cfg.trainer.seed, seed_key(phase), step, self.rollout.replica)
 
-    def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
+    def make(self, phase: Phase, step: int) -> tuple[Rollout, dict]:
         """The step's batch on this rank, scored by the rule (the rest of the reward is the reward
         assembly's: :mod:`vcppo.driver.step.reward`), and its sampling metrics: dynamic sampling in
         the PPO phase when ``trainer.dynamic_sampling`` is on."""
@@ -94,7 +95,8 @@ class ExperienceMaker:
         return batch, metrics
 
     def sample_round(self, phase: str, step: int, balance: bool = True) -> Rollout:
-        """The next ``trainer.prompts_per_step`` prompts (this rank's share), sampled and scored;
+        """The next ``trainer.prompts_per_step`` prompts (this rank's share), sampled and scored
+        (``phase``: the phase, or a dynamic-sampling retry's key, ``ppo/retry1``);
         with ``balance`` (and ``trainer.balance_batch``) whole groups then move between ranks to
         even out their tokens."""
         rows = self.prompts.next_batch(self.cfg.trainer.prompts_per_step)
@@ -122,7 +124,7 @@ class ExperienceMaker:
         self.scorer.num_failures += sum(e.failed for e in done)
         return episodes_rollout(done, first_index, self.pad_id, self.dist.device, self.logprobs)
 
-    def dynamic_sample(self, phase: str, step: int) -> tuple[Rollout, dict]:
+    def dynamic_sample(self, phase: Phase, step: int) -> tuple[Rollout, dict]:
         """DAPO dynamic sampling (sec. 3.2), see the module docstring."""
         tr = self.cfg.trainer
         kept, spare = [], []

@@ -13,6 +13,7 @@ from vcppo.driver.context import RunContext
 from vcppo.engines.collectives import gather_cat
 from vcppo.driver.step.samples import pick_samples
 from vcppo.driver.step.step_plan import Source, StepPlan
+from vcppo.driver.step.phase import Phase
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.validation import SAMPLES_KEY
 from vcppo.experience import Advantages, BeforeUpdate, CriticResult, Rollout
@@ -93,13 +94,13 @@ def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Befo
     return m
 
 
-def log_samples(ctx: RunContext, phase: str, step: int, rollout: Rollout, rewards: torch.Tensor,
+def log_samples(ctx: RunContext, phase: Phase, step: int, rollout: Rollout, rewards: torch.Tensor,
                 adv: Advantages) -> None:
     """``logging.log_samples`` of the main rank's samples, as text (:mod:`vcppo.driver.step.samples`)."""
     n = ctx.cfg.logging.log_samples
     if n and ctx.dist.is_main and ctx.tokenizer is not None:
         picked = pick_samples(rollout, rewards, adv.raw_advantages, ctx.tokenizer, n)
-        ctx.log.log_samples([s.record() for s in picked], step=step, phase=getattr(phase, "value", phase))
+        ctx.log.log_samples([s.record() for s in picked], step=step, phase=phase.value)
 
 
 def kl_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: BeforeUpdate, rewards: torch.Tensor,

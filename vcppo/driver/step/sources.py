@@ -29,9 +29,9 @@ from vcppo.experience import Rollout
 
 class ExperienceSource(Protocol):
     def start(self, state: RunState, resumed: bool) -> None: ...
-    def make(self, phase: str, step: int) -> tuple[Rollout, dict]: ...
-    def step_done(self, phase: str, step: int, actor: ActorEngine | None) -> None: ...
-    def begin_phase(self, phase: str) -> None: ...
+    def make(self, phase: Phase, step: int) -> tuple[Rollout, dict]: ...
+    def step_done(self, phase: Phase, step: int, actor: ActorEngine | None) -> None: ...
+    def begin_phase(self, phase: Phase) -> None: ...
     def validate(self, step: int) -> None: ...
     def finished_validations(self, wait: bool) -> list[tuple[int, dict]]: ...
     def checkpoint(self, stage: Path, state: RunState) -> dict: ...
@@ -56,18 +56,18 @@ class ColocatedSource:
             if state.phase == Phase.PPO and state.step > 0:
                 self.ctx.sync_weights()  # vLLM started from the initial policy; give it the resumed actor
 
-    def make(self, phase: str, step: int) -> tuple[Rollout, dict]:
+    def make(self, phase: Phase, step: int) -> tuple[Rollout, dict]:
         batch, metrics = self.maker.make(phase, step)
         # GPU: hand vLLM's memory to training; a no-op on CPU and for the hf engine (metric 0)
         metrics["rollout/asleep_while_training"] = float(bool(self.ctx.rollout.sleep()))
         return batch, metrics
 
-    def step_done(self, phase: str, step: int, actor: ActorEngine | None) -> None:
+    def step_done(self, phase: Phase, step: int, actor: ActorEngine | None) -> None:
         self.ctx.rollout.wake_up()
         if actor is not None:
             self.ctx.sync_weights()
 
-    def begin_phase(self, phase: str) -> None:
+    def begin_phase(self, phase: Phase) -> None:
         pass  # the prompt stream already stands after the last batch trained on
 
     def validate(self, step: int) -> None:
