@@ -147,6 +147,7 @@ def _advantage_profile_plot(plt, out_dir: Path, data: dict) -> tuple[str, str] |
 def _by_turn_plot(plt, out_dir: Path, data: dict) -> tuple[str, str] | None:
     """Multi-turn runs: the mean value and the mean raw advantage of each turn's model tokens, at the
     first and the last PPO step."""
+    from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     drew = False
     for name, d in data.items():
@@ -160,6 +161,7 @@ def _by_turn_plot(plt, out_dir: Path, data: dict) -> tuple[str, str] | None:
     if drew:
         for ax, label in zip(axes, ("mean value V_old", "mean raw advantage")):
             ax.axhline(0, color="gray", lw=0.8)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # turns are whole numbers
             ax.set_xlabel("turn")
             ax.set_ylabel(label)
             ax.legend(fontsize=7)

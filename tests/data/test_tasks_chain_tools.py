@@ -39,7 +39,7 @@ def test_every_style_solves_its_row_in_the_env():
         assert turns[-1].terminated and turns[-1].reward == 1.0 and turns[-1].solved, r["prompt"]
         ops = tasks_chain.parse_prompt(r["prompt"])
         assert r["answer"] == str(sum(ops)) and r["difficulty"] == len(ops)
-        assert all(0 <= x <= 99 for x in ops) and 2 <= len(ops) <= 8  # two digits, 2..8 operands
+        assert all(0 <= x <= 9 for x in ops) and 2 <= len(ops) <= 8  # one digit, 2..8 operands
         if r["style"] == "tool":
             assert len(turns) == tasks_chain_tools.tool_turns(ops) <= r["extra_info"]["env_args"]["max_turns"] - 1
             assert sum(t.tool_calls for t in turns) == len(turns) - 1 and not any(t.tool_errors for t in turns)
@@ -48,12 +48,12 @@ def test_every_style_solves_its_row_in_the_env():
 
 
 def test_calls_take_sub_sums_and_carry_the_answer():
-    ops = [12, 3, 45, 6, 78, 9, 10]
+    ops = [2, 3, 5, 6, 8, 9, 1]
     text = tasks_chain_tools.tool_solution(ops)
     calls = [c for turn in re.split(FRAME, text, flags=re.DOTALL)[0::2] for c in parse_tool_calls(turn)]
     expressions = [args["expression"] for name, args in calls]
-    assert expressions == ["12+3+45+6+78", "144+9+10"]  # five operands, then the answer and the rest
-    assert text.endswith("\\boxed{163}")
+    assert expressions == ["2+3+5+6+8", "24+9+1"]  # five operands, then the answer and the rest
+    assert text.endswith("\\boxed{34}")
     assert [tasks_chain_tools.tool_turns(range(k)) for k in (2, 5, 6, 9, 10)] == [2, 2, 3, 3, 4]
     assert json.loads(tasks_chain_tools.tool_call("1+2")[len("<tool_call>"):-len("</tool_call>")]) == {
         "name": "calculator", "arguments": {"expression": "1+2"}}

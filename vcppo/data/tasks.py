@@ -52,7 +52,7 @@ _SPLIT_BUCKETS = {"val": range(0, 5), "test": range(5, 10), "train": range(10, 1
 # chain (vcppo.data.tasks_chain): difficulty = max digits per operand, operands = max operands.
 # chain_tools (vcppo.data.tasks_chain_tools, multi-turn): as chain, with a calculator to call.
 # guess (vcppo.data.tasks_guess, multi-turn): difficulty = N (the numbers 1..N), operands = K turns.
-DEFAULT_DIFFICULTY = {"add": 7, "add_running": 7, "chain": 4, "chain_tools": 2, "guess": 16}
+DEFAULT_DIFFICULTY = {"add": 7, "add_running": 7, "chain": 4, "chain_tools": 1, "guess": 16}
 DEFAULT_OPERANDS = {"add": 2, "add_running": 2, "chain": 12, "chain_tools": tasks_chain_tools.DEFAULT_MAX_OPERANDS,
                     "guess": 4}
 
