@@ -129,5 +129,5 @@ class ScriptedMaker:
 
 def scripted_source(run: FakeRun, rounds: list[Rollout], logprobs: bool = True):
     """A colocated experience source (what `vcppo train` steps with) over a :class:`ScriptedMaker`."""
-    from vcppo.driver.step.sources import ColocatedSource
+    from vcppo.driver.placement.colocated import ColocatedSource
     return ColocatedSource(run, ScriptedMaker(run, rounds, logprobs=logprobs))

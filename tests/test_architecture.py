@@ -174,3 +174,12 @@ def test_the_driver_is_its_wiring_and_three_packages():
     packages = sorted(p.name for p in (PKG / "driver").iterdir() if p.is_dir() and (p / "__init__.py").exists())
     assert top == ["context", "engines", "ppo", "teardown"] and packages == sorted(DRIVER_PACKAGES), (top, packages)
     assert not any(any((PKG / "driver" / pkg).glob("*/__init__.py")) for pkg in DRIVER_PACKAGES)  # one level
+
+
+def test_placement_sits_above_the_step_and_durability():
+    """Inside driver/, the step and durability never import placement/: a placement (colocated, split, the
+    critic's own ranks) builds on the step, which meets it only through its protocols (sources.py,
+    critic_side.py)."""
+    up = [f"{src} -> {dst}" for src, dsts in import_graph().items() for dst in dsts
+          if src.startswith(("vcppo.driver.step.", "vcppo.driver.durability.")) and dst.startswith("vcppo.driver.placement")]
+    assert not up, up

@@ -96,7 +96,7 @@ def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
     from vcppo.driver.context import RunContext
     from vcppo.driver.step.step_plan import ppo_plan
     from vcppo.driver.ppo import run_dir_of
-    from vcppo.driver.step.sources import ColocatedSource
+    from vcppo.driver.placement.colocated import ColocatedSource
     from vcppo.driver.step.rl_step import rl_step
 
     torch.set_num_threads(args.threads)

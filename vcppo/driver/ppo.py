@@ -21,7 +21,8 @@ from vcppo.driver.step.phase import Phase
 from vcppo.driver.step.step_plan import StepPlan, ppo_plan, pretrain_plan
 from vcppo.driver.durability.resume import resume_or_start, save_checkpoint
 from vcppo.driver.placement.rollout_worker import serve_rollouts
-from vcppo.driver.step.sources import ExperienceSource, make_source
+from vcppo.driver.placement.colocated import make_source
+from vcppo.driver.step.sources import ExperienceSource
 from vcppo.driver.step.rl_step import rl_step
 from vcppo.driver.step.value_pretrain import reuse_pretrained_critic, value_pretrain
 from vcppo.config.schema import Config
