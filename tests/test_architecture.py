@@ -168,11 +168,11 @@ def test_the_step_reads_the_same_whatever_the_placement():
 
 
 def test_the_driver_is_its_wiring_and_three_packages():
-    """driver/ holds the run's wiring (ppo, context, engines, teardown) and three sub-packages: the step,
-    placement and durability; a new module goes into one of them."""
+    """driver/ holds the run's state (state.py), its wiring (ppo, context, engines, teardown) and three
+    sub-packages: the step, placement and durability; a new module goes into one of them."""
     top = sorted(p.stem for p in (PKG / "driver").glob("*.py") if p.stem != "__init__")
     packages = sorted(p.name for p in (PKG / "driver").iterdir() if p.is_dir() and (p / "__init__.py").exists())
-    assert top == ["context", "engines", "ppo", "teardown"] and packages == sorted(DRIVER_PACKAGES), (top, packages)
+    assert top == ["context", "engines", "ppo", "state", "teardown"] and packages == sorted(DRIVER_PACKAGES), (top, packages)
     assert not any(any((PKG / "driver" / pkg).glob("*/__init__.py")) for pkg in DRIVER_PACKAGES)  # one level
 
 
@@ -183,3 +183,8 @@ def test_placement_sits_above_the_step_and_durability():
     up = [f"{src} -> {dst}" for src, dsts in import_graph().items() for dst in dsts
           if src.startswith(("vcppo.driver.step.", "vcppo.driver.durability.")) and dst.startswith("vcppo.driver.placement")]
     assert not up, up
+
+
+def test_the_run_state_is_the_bottom_of_the_driver():
+    """Phase and RunState (driver/state.py) import nothing of the driver: every part of it may read them."""
+    assert not {m for m in import_graph()["vcppo.driver.state"] if m.startswith("vcppo.")}

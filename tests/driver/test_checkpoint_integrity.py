@@ -201,6 +201,6 @@ def test_a_crash_at_every_line_of_sealing_and_pruning_leaves_only_intact_checkpo
 
 
 def test_a_run_state_counts_the_steps_of_its_own_phase():
-    from vcppo.driver.step.phase import Phase
-    assert ckpt.RunState(phase=Phase.VALUE_PRETRAIN, step=0, pretrain_step=7).phase_step == 7
-    assert ckpt.RunState(phase="ppo", step=3, pretrain_step=7).phase_step == 3  # a checkpoint's text too
+    from vcppo.driver.state import Phase, RunState
+    assert RunState(phase=Phase.VALUE_PRETRAIN, step=0, pretrain_step=7).phase_step == 7
+    assert RunState(phase="ppo", step=3, pretrain_step=7).phase_step == 3  # a checkpoint's text too

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.fakes import FakeEngine, FakeRun, scored, scripted_source
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.placement.critic_protocol import Command, Failed
 from vcppo.driver.placement.critic_worker import CriticServer
 from vcppo.driver.step.step_plan import Source, ppo_plan, pretrain_plan

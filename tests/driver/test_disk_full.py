@@ -15,6 +15,7 @@ from vcppo.config.load import load_config
 from vcppo.config.provenance import record_segment
 from vcppo.driver.context import record_config
 from vcppo.driver.durability import checkpoint as ckpt
+from vcppo.driver.state import RunState
 from vcppo.driver.durability.disk_space import DiskFull
 from vcppo.driver.durability.resume import save_checkpoint
 from vcppo.driver.durability.run_records import prepare_run_dir
@@ -63,11 +64,11 @@ def test_a_full_disk_is_said_then_the_rerun_cleans_up_and_resumes(small_disk, mo
     run_dir = disk / "run"
     source = SimpleNamespace(checkpoint=lambda stage, state: {})
     record_segment(run_dir, phase="start", step=0, global_step=0, resumed_from=None, changes=[], argv=["x"])
-    save_checkpoint(_ctx(run_dir, 256 * 1024, mounted), ckpt.RunState(phase="ppo", step=1), source)
+    save_checkpoint(_ctx(run_dir, 256 * 1024, mounted), RunState(phase="ppo", step=1), source)
     assert [p.name for p in ckpt.list_complete(ckpt.checkpoint_root(run_dir))] == ["step_000001"]
 
     with pytest.raises(DiskFull) as err:  # step 2 does not fit
-        save_checkpoint(_ctx(run_dir, 4 * 2**20, mounted), ckpt.RunState(phase="ppo", step=2), source)
+        save_checkpoint(_ctx(run_dir, 4 * 2**20, mounted), RunState(phase="ppo", step=2), source)
     message = str(err.value)
     assert "\n" not in message and "no space left on device" in message
     assert str(ckpt.checkpoint_root(run_dir)) in message
@@ -102,4 +103,4 @@ def test_another_write_error_is_left_as_it_is(tmp_path):
     ctx = _ctx(tmp_path, 0, True)
     ctx.actor = SimpleNamespace(save_checkpoint=broken)
     with pytest.raises(RuntimeError, match="something else"):
-        save_checkpoint(ctx, ckpt.RunState(phase="ppo", step=1), SimpleNamespace(checkpoint=lambda s, st: {}))
+        save_checkpoint(ctx, RunState(phase="ppo", step=1), SimpleNamespace(checkpoint=lambda s, st: {}))

@@ -4,7 +4,7 @@ by how the run started, not by the cache."""
 import json
 from pathlib import Path
 
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.durability.run_records import metrics_size, rewind_metrics
 from vcppo.driver.engines import critic_pretrain_steps
 from vcppo.config.schema import Config

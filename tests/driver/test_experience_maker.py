@@ -113,7 +113,7 @@ def test_value_pretraining_keeps_its_sampling_seed_key():
     """The phase is named value_pretrain everywhere; its seeds keep the key they were drawn with, so a
     run's samples (and the demo's figures) do not move."""
     from vcppo.driver.step.experience_maker import sample_seed
-    from vcppo.driver.step.phase import Phase, seed_key
+    from vcppo.driver.state import Phase, seed_key
     assert seed_key(Phase.VALUE_PRETRAIN) == seed_key("value_pretrain") == "pretrain"
     assert [seed_key(p) for p in (Phase.PPO, "ppo/retry1", "val")] == ["ppo", "ppo/retry1", "val"]
     assert sample_seed(0, seed_key(Phase.VALUE_PRETRAIN), 3, 0) == sample_seed(0, "pretrain", 3, 0)

@@ -2,7 +2,7 @@
 abort the run at their limit, reset on a good step, and follow the state across a resume."""
 import pytest
 
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.durability.guards import RewardFailureError, step_reward_failures, update_streaks
 from vcppo.engines.deepspeed_engine import NonFiniteError
 from vcppo.config.schema import ConfigError, TrainerConfig

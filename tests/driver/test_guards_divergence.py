@@ -6,7 +6,7 @@ import json
 import pytest
 
 from vcppo.config.load import load_config
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.durability.divergence import DivergenceError, check_divergence, out_of_range
 from vcppo.config.schema import ConfigError
 

@@ -8,7 +8,7 @@ from tests.fakes import FakeRun, scored, scripted_source
 from vcppo.algos import losses
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
 from vcppo.config.load import load_config
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.step.step_plan import Source, ppo_plan
 from vcppo.driver.step.rl_step import rl_step
 from vcppo.driver.step.update import PolicyLoss

@@ -10,7 +10,7 @@ from tests.fakes import FakeRun, scored, scripted_source
 from vcppo.algos import estimators
 from vcppo.algos.estimators import EstimatorInput, EstimatorOutput
 from vcppo.algos.gae import decoupled_gae
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.step.rl_step import rl_step
 from vcppo.driver.step.step_plan import Source, ppo_plan
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES, Estimator, policy_loss_fn

@@ -10,7 +10,7 @@ import torch
 from tests.fakes import scored
 from vcppo.config.load import load_config
 from vcppo.config.paths import check_paths
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.step.model_reward import ModelReward
 from vcppo.driver.step.reward import RewardAssembly
 from vcppo.config.schema import Config, ConfigError

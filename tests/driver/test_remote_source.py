@@ -3,7 +3,7 @@ asks, trains on, and logs a result when it has arrived; at a checkpoint and at t
 from types import SimpleNamespace
 
 from vcppo.driver.placement.remote_source import RemoteSource
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase
 from vcppo.driver.placement.split_protocol import SampledBatch, Validate, ValidationResult
 from vcppo.driver.step.timeline import Timeline
 

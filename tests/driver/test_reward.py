@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.fakes import scored
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.step.model_reward import ModelReward
 from vcppo.driver.step.reward import RewardAssembly
 from vcppo.config.schema import Config

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from vcppo.driver.placement.rollout_worker import RolloutServer
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase
 from vcppo.driver.placement.split_protocol import Start, StepDone, Stop, Validate
 from vcppo.driver.step.timeline import Timeline
 

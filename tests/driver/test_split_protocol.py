@@ -2,7 +2,7 @@
 when, and which batches a checkpoint must hold."""
 import pytest
 
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase
 from vcppo.driver.placement.split_protocol import held_after_checkpoint, lookahead, may_sample
 
 

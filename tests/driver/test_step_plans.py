@@ -9,7 +9,7 @@ import torch
 
 from tests.fakes import FakeRun, scored, scripted_source
 from vcppo.config.load import load_config
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.step.step_plan import Source, ppo_plan, pretrain_plan
 from vcppo.driver.step.rl_step import rl_step
 

@@ -92,7 +92,7 @@ def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
     import torch
 
     from vcppo.config.load import load_command_config
-    from vcppo.driver.durability.checkpoint import RunState
+    from vcppo.driver.state import RunState
     from vcppo.driver.context import RunContext
     from vcppo.driver.step.step_plan import ppo_plan
     from vcppo.driver.ppo import run_dir_of

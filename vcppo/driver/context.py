@@ -23,7 +23,8 @@ from vcppo.config.parallel import check_sequence_parallel_ranks
 from vcppo.config.provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.durability import disk_space, reshard
-from vcppo.driver.durability.checkpoint import RunState, find_resume_point, peek_state
+from vcppo.driver.durability.checkpoint import find_resume_point, peek_state
+from vcppo.driver.state import RunState
 from vcppo.driver.step.critic_side import Critic
 from vcppo.driver.engines import build_engines
 from vcppo.driver.step.model_reward import ModelReward

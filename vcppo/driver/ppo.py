@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vcppo.driver.durability.checkpoint import RunState, checkpoint_root, list_complete
+from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
+
+from vcppo.driver.state import RunState
 from vcppo.driver.context import RunContext, init_run_distributed
 from vcppo.driver.placement.critic_worker import serve_critic
 from vcppo.driver.durability.divergence import check_divergence
 from vcppo.driver.durability.guards import update_streaks
 from vcppo.driver.step.metrics import log_validations, validate
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase
 from vcppo.driver.step.step_plan import StepPlan, ppo_plan, pretrain_plan
 from vcppo.driver.durability.resume import resume_or_start, save_checkpoint
 from vcppo.driver.placement.rollout_worker import serve_rollouts

@@ -32,48 +32,17 @@ import os
 import random
 import re
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from vcppo.driver.durability import manifest
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import RunState
 from vcppo.config.schema import ConfigError
 
 logger = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-@dataclass
-class RunState:
-    """Where a run stands; saved as ``state.json`` in every checkpoint."""
-    phase: Phase                      # the phase to continue (state.json holds its value)
-    step: int = 0                     # PPO steps done
-    pretrain_step: int = 0            # value-pretraining steps done
-    pretrain_ev: list = field(default_factory=list)    # explained variance per pretraining step
-    pretrain_loss: list = field(default_factory=list)  # value loss per pretraining step
-    data: dict = field(default_factory=dict)           # the prompt stream's position
-    nonfinite_streak: int = 0         # steps in a row with a skipped non-finite optimizer step
-    reward_fail_streak: int = 0       # steps in a row whose every sample's reward failed
-    metrics_bytes: int | None = None  # size of metrics.jsonl at this checkpoint (None: older ones)
-    kl_coef: float | None = None      # the adaptive KL controller's coefficient (None: algorithm.kl_coef)
-    model_score_moments: list = field(default_factory=list)  # [count, mean, M2] of the reward model's scores
-    divergence_baseline: dict = field(default_factory=dict)  # guarded metric -> its first PPO step's value
-    divergence_since: dict = field(default_factory=dict)     # guarded metric out of range -> since which step
-
-    def __post_init__(self):
-        self.phase = Phase(self.phase)  # state.json's text
-
-    @property
-    def global_step(self) -> int:
-        return self.pretrain_step + self.step
-
-    @property
-    def phase_step(self) -> int:
-        """Steps done in the phase the run is in."""
-        return self.step if self.phase == Phase.PPO else self.pretrain_step
 
 
 def checkpoint_root(run_dir: str | os.PathLike) -> Path:

@@ -3,7 +3,7 @@
 
 Read from the metrics every step already has (the same on every rank: gathered or all-reduced), so
 every rank takes the same decision. A relative rule compares with the metric's value at the run's
-first PPO step (its baseline, kept in :class:`~vcppo.driver.durability.checkpoint.RunState`, so a resumed run
+first PPO step (its baseline, kept in :class:`~vcppo.driver.state.RunState`, so a resumed run
 judges as the uninterrupted one):
 
 ==========================  ===================================================================
@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.config.schema import Config, ConfigError
 
 

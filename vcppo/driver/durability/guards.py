@@ -2,7 +2,7 @@
 fails on every sample. The engine skips a non-finite step (its gradient contract, point 5); this
 module counts such steps in a row and aborts the run after ``trainer.max_nonfinite_steps``, and
 after ``trainer.max_failed_reward_steps`` steps in a row whose every reward failed. The streaks
-live in :class:`~vcppo.driver.durability.checkpoint.RunState`, so a resumed run counts on exactly where the
+live in :class:`~vcppo.driver.state.RunState`, so a resumed run counts on exactly where the
 uninterrupted one would. Both decisions are taken from figures that are the same on every rank
 (skips follow the global gradient norm; failure counts are all-reduced), so all ranks abort together.
 """
@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.engines import collectives
 from vcppo.engines.deepspeed_engine import NonFiniteError
 from vcppo.config.schema import ConfigError, TrainerConfig

@@ -1,7 +1,7 @@
 """Saving a run's checkpoint and continuing from one (collective: every rank calls).
 
 The file format and its atomicity are :mod:`vcppo.driver.durability.checkpoint`'s; this module decides what
-goes in (engines, RNG, data position, :class:`~vcppo.driver.durability.checkpoint.RunState`) and restores it.
+goes in (engines, RNG, data position, :class:`~vcppo.driver.state.RunState`) and restores it.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from vcppo.driver.durability import checkpoint as ckpt
 from vcppo.driver.durability import disk_space, manifest, reshard
 from vcppo.driver.context import RunContext
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase, RunState
 from vcppo.driver.durability.resume_checks import write_run_config
 from vcppo.driver.durability.run_records import metrics_size
 from vcppo.driver.durability.restore_engine import restore_engine
@@ -19,7 +19,7 @@ from vcppo.driver.step.sources import ExperienceSource
 from vcppo.engines import collectives
 
 
-def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSource) -> None:
+def save_checkpoint(ctx: RunContext, state: RunState, source: ExperienceSource) -> None:
     """Every rank writes its shards, then the main rank seals the directory (with the data
     position ``source`` reports, and in a split run the batches in flight). Not while optimizer
     steps are being skipped: weights that made a loss non-finite must not become the "last good"
@@ -49,7 +49,7 @@ def save_checkpoint(ctx: RunContext, state: ckpt.RunState, source: ExperienceSou
     ctx.barrier()
 
 
-def _write_engines(ctx: RunContext, state: ckpt.RunState, stage) -> None:
+def _write_engines(ctx: RunContext, state: RunState, stage) -> None:
     """This rank's share of the checkpoint: its RNG states and the engines' shards."""
     ckpt.write_rank_files(stage, ctx.dist.rank)
     if state.phase == Phase.PPO:  # during value pretraining the actor is frozen: nothing to save
@@ -58,7 +58,7 @@ def _write_engines(ctx: RunContext, state: ckpt.RunState, stage) -> None:
         ctx.critic.save_checkpoint(str(stage / "critic"))
 
 
-def _space_error(ctx: RunContext, state: ckpt.RunState, stage, error: BaseException):
+def _space_error(ctx: RunContext, state: RunState, stage, error: BaseException):
     """The checkpoint's write failing for space as one line (None: another error). The bytes needed
     are the last complete checkpoint's size, when there is one."""
     done = ckpt.list_complete(stage.parent)
@@ -69,7 +69,7 @@ def _space_error(ctx: RunContext, state: ckpt.RunState, stage, error: BaseExcept
                                   after=kept + f" (the unfinished {stage.name} is removed when the run restarts)")
 
 
-def resume_or_start(ctx: RunContext) -> ckpt.RunState:
+def resume_or_start(ctx: RunContext) -> RunState:
     """The state to continue from: the resume point's (engines restored; the data position and
     the sampler's weights are the experience source's, :meth:`ExperienceSource.start`), or a fresh
     start."""
@@ -78,7 +78,7 @@ def resume_or_start(ctx: RunContext) -> ckpt.RunState:
     point = ctx.resume_point  # found and verified once, before the engines started (what a crash left
     # behind, unsealed or half-deleted, was removed then: driver/context.py prepare_run_dir)
     if point is None:
-        return ckpt.RunState(phase=first_phase)
+        return RunState(phase=first_phase)
     ctx.log.info(f"resuming from {point}")
     universal = ctx.universal_checkpoints
     wrote = reshard.written_world_size(point)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase
 from vcppo.experience import Rollout
 
 

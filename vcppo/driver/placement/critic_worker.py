@@ -24,7 +24,7 @@ from vcppo.driver.placement.critic_protocol import (Command, CriticStep, Done, F
                                           UpdateDone, Values)
 from vcppo.driver.step.critic_side import CriticHalf
 from vcppo.driver.engines import build_critic
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase
 from vcppo.driver.step.step_plan import ppo_plan, pretrain_plan
 from vcppo.driver.durability.restore_engine import restore_engine
 from vcppo.driver.step.timeline import PhaseTimer, Timeline

@@ -18,7 +18,7 @@ import torch
 from vcppo.driver.context import init_run_distributed, load_prompt_set, make_scorer, pad_token_id
 from vcppo.driver.step.experience_maker import ExperienceMaker
 from vcppo.driver.step.step_plan import wants_sampler_logprobs
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase
 from vcppo.driver.placement.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate,
                                          ValidationResult, handle_now, lookahead, may_sample)
 from vcppo.driver.step.timeline import Timeline

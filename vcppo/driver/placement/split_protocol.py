@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase
 from vcppo.engines.bridge import WeightsLayout
 from vcppo.experience import Rollout
 

@@ -28,7 +28,7 @@ from vcppo.algos.dapo import informative_groups
 from vcppo.data.dataset import PromptStream
 from vcppo.driver.durability.guards import reward_tally, step_reward_failures
 from vcppo.driver.step.episodes import episode_metrics, episode_runner, episodes_rollout, summed_episode_metrics
-from vcppo.driver.step.phase import Phase, seed_key
+from vcppo.driver.state import Phase, seed_key
 from vcppo.driver.step.sampling import balance_across_ranks, collect_rollout, rollout_share
 from vcppo.engines import collectives
 from vcppo.engines.dist import DistInfo
@@ -40,7 +40,7 @@ from vcppo.config.schema import Config
 
 def sample_seed(seed: int, key: str, step: int, replica: int) -> int:
     """Sampling seed of one step of a phase on one rollout group: reproducible (resume gives the
-    same samples), different across phases (``key``: :func:`~vcppo.driver.step.phase.seed_key`),
+    same samples), different across phases (``key``: :func:`~vcppo.driver.state.seed_key`),
     steps and rollout groups."""
     text = f"{seed}/{key}/{step}/{replica}".encode()
     return int.from_bytes(hashlib.sha256(text).digest()[:4], "little")

@@ -13,7 +13,7 @@ from vcppo.driver.context import RunContext
 from vcppo.engines.collectives import gather_cat
 from vcppo.driver.step.samples import pick_samples
 from vcppo.driver.step.step_plan import Source, StepPlan
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.validation import SAMPLES_KEY
 from vcppo.experience import Advantages, BeforeUpdate, CriticResult, Rollout

@@ -12,7 +12,7 @@ import torch
 
 from vcppo.algos.rewards import Moments, batch_moments, normalise
 from vcppo.config.rules import combine_mode
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.collectives import gather_cat
 from vcppo.engines.reward_model import RewardModelEngine

@@ -25,7 +25,7 @@ import torch
 
 from vcppo.algos.dapo import overlong_penalty
 from vcppo.algos.rewards import combine_rewards
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.step.model_reward import ModelReward
 from vcppo.engines import collectives
 from vcppo.experience import Rollout, last_token_index, last_token_rewards

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
 from vcppo.driver.step.advantages import estimate
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.step.metrics import kl_metrics, log_samples, step_metrics
 from vcppo.driver.step.reward import RewardAssembly

@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from vcppo.driver.durability.checkpoint import RunState
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import RunState
+from vcppo.driver.state import Phase
 from vcppo.engines.actor import ActorEngine
 from vcppo.experience import Rollout
 

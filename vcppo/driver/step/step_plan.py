@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from vcppo.config.rules import logprob_users
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase
 from vcppo.methods import uses_critic
 from vcppo.config.schema import Config, UpdateConfig
 

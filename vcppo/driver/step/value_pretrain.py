@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from vcppo.driver.durability import critic_cache
-from vcppo.driver.durability.checkpoint import RunState
+from vcppo.driver.state import RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.durability.guards import update_streaks
-from vcppo.driver.step.phase import Phase
+from vcppo.driver.state import Phase
 from vcppo.driver.step.step_plan import StepPlan
 from vcppo.driver.durability.resume import save_checkpoint
 from vcppo.driver.step.sources import ExperienceSource
