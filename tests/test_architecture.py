@@ -168,11 +168,11 @@ def test_the_step_reads_the_same_whatever_the_placement():
 
 
 def test_the_driver_is_its_wiring_and_three_packages():
-    """driver/ holds the run's state (state.py), its wiring (ppo, context, engines, teardown) and three
-    sub-packages: the step, placement and durability; a new module goes into one of them."""
+    """driver/ holds the run's state (state.py), its wiring (ppo, context, engines, teardown), the phase loops
+    (loops.py) and three sub-packages: the step, placement and durability; a new module goes into one of them."""
     top = sorted(p.stem for p in (PKG / "driver").glob("*.py") if p.stem != "__init__")
     packages = sorted(p.name for p in (PKG / "driver").iterdir() if p.is_dir() and (p / "__init__.py").exists())
-    assert top == ["context", "engines", "ppo", "state", "teardown"] and packages == sorted(DRIVER_PACKAGES), (top, packages)
+    assert top == ["context", "engines", "loops", "ppo", "state", "teardown"] and packages == sorted(DRIVER_PACKAGES), (top, packages)
     assert not any(any((PKG / "driver" / pkg).glob("*/__init__.py")) for pkg in DRIVER_PACKAGES)  # one level
 
 

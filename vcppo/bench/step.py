@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# The driver's phase timers (time/<phase>_s, driver/ppo.py), in step order.
+# The driver's phase timers (time/<phase>_s, driver/step/rl_step.py), in step order.
 VCPPO_PHASES = ("rollout", "old_logprobs", "ref_logprobs", "values", "advantages", "critic_update",
                 "actor_update", "weight_sync")
 

@@ -3,31 +3,23 @@
 Runs on every rank (SPMD) under the deepspeed launcher, torchrun, or plain python. Each step is
 :func:`vcppo.driver.step.rl_step.rl_step` (sample, score, pi_old and V_old, advantages, critic update,
 actor update, weight sync), run as the run's :class:`~vcppo.driver.step.step_plan.StepPlan` says; value
-pretraining (VC-PPO sec. 4.1) is the same step with the policy frozen
-(:mod:`vcppo.driver.step.value_pretrain`). GRPO swaps the critic for group-normalised outcome rewards;
+pretraining (VC-PPO sec. 4.1) is the same step with the policy frozen; both phase loops are in
+:mod:`vcppo.driver.loops`. GRPO swaps the critic for group-normalised outcome rewards;
 every other preset differs only in config (vcppo/configs/*.yaml), not in code paths.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
-
-from vcppo.driver.state import RunState
-from vcppo.driver.context import RunContext, init_run_distributed
-from vcppo.driver.placement.critic_worker import serve_critic
-from vcppo.driver.durability.divergence import check_divergence
-from vcppo.driver.durability.guards import update_streaks
-from vcppo.driver.step.metrics import log_validations, validate
-from vcppo.driver.state import Phase
-from vcppo.driver.step.step_plan import StepPlan, ppo_plan, pretrain_plan
-from vcppo.driver.durability.resume import resume_or_start, save_checkpoint
-from vcppo.driver.placement.rollout_worker import serve_rollouts
-from vcppo.driver.placement.colocated import make_source
-from vcppo.driver.step.sources import ExperienceSource
-from vcppo.driver.step.rl_step import rl_step
-from vcppo.driver.step.value_pretrain import reuse_pretrained_critic, value_pretrain
 from vcppo.config.schema import Config
+from vcppo.driver.context import RunContext, init_run_distributed
+from vcppo.driver.durability.resume import resume_or_start
+from vcppo.driver.loops import ppo_loop, reuse_pretrained_critic, value_pretrain
+from vcppo.driver.placement.colocated import make_source
+from vcppo.driver.placement.critic_worker import serve_critic
+from vcppo.driver.placement.rollout_worker import serve_rollouts
+from vcppo.driver.state import Phase
+from vcppo.driver.step.step_plan import ppo_plan, pretrain_plan
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -64,32 +56,3 @@ def train(cfg: Config) -> Path:
     finally:
         ctx.close(clean=finished)
     return ctx.run_dir
-
-
-def last_checkpoint(run_dir: Path) -> str | None:
-    done = list_complete(checkpoint_root(run_dir))
-    return done[-1].name if done else None
-
-
-def ppo_loop(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: RunState) -> None:
-    cfg = ctx.cfg
-    total = cfg.trainer.total_steps
-    if state.step == 0:
-        validate(ctx, source, step=0)
-    ctx.log.start_phase(Phase.PPO, total=total, initial=state.step)
-    while state.step < total:
-        step = state.step + 1
-        metrics = rl_step(ctx, source, plan, state, step)
-        state.step = step
-        ctx.log.log(metrics, step=step, phase=Phase.PPO)
-        log_validations(ctx, source)  # split: those the rollout ranks finished during the step
-        update_streaks(state, metrics, cfg.trainer, f"PPO step {step}", ctx.log.info)  # may abort, before any save
-        check_divergence(cfg, state, metrics, step, last_checkpoint(ctx.run_dir), ctx.log.info)  # may abort too
-        if cfg.trainer.val_every and step % cfg.trainer.val_every == 0 and step != total:
-            validate(ctx, source, step=step)
-        if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == total:
-            log_validations(ctx, source, wait=True)  # a resumed run cuts metrics.jsonl back to its checkpoint
-            save_checkpoint(ctx, state, source)
-    if state.step == total:
-        validate(ctx, source, step=total, final=True)
-        ctx.export_final()
