@@ -147,3 +147,21 @@ def test_episode_metrics_per_episode_and_shares():
     obs = sum(len(e.tokens) - sum(e.policy) for e in done)
     assert m["env/turns_mean"] == 2.5 and m["env/failures"] == 0 and m["time/env_s"] == 0.5
     assert m["env/obs_token_frac"] == pytest.approx(obs / sum(len(e.tokens) for e in done))
+
+
+def test_validation_reports_the_share_of_episodes_that_called_a_tool():
+    """vcppo eval on tool episodes: one episode calls the calculator and then answers right, the other answers
+    at once, wrongly; greedy pass@1 counts the env's verdicts and val/tool_use_greedy the episodes with a call."""
+    from vcppo.driver.step.validation import evaluate
+    from vcppo.engines.dist import DistInfo
+    cfg = cfg_for()
+    cfg.rollout.env, cfg.rollout.env_args = "tools", {"tools": ["calculator"], "max_turns": 4}
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "3+4"}}</tool_call>'
+    sampler = ScriptedSampler([[call, "<think>\n</think>\n\\boxed{8}"], ["<think>\n</think>\n\\boxed{7}"]])  # 3+4 -> 7
+    prompt = encode_prompt(TOK, "sum(3,4)=?", use_chat_template=True)
+    val_rows = [{"prompt_ids": list(prompt), "answer": "7"}, {"prompt_ids": list(prompt), "answer": "7"}]
+    runner = EpisodeRunner(cfg, sampler, EnvRunner(0, 5.0), 512)
+    one = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo", is_main=True)
+    m = evaluate(sampler, val_rows, None, dist=one, sampling=cfg.rollout, n_samples=0, ks=[], episodes=runner)
+    assert m["val/pass@1_greedy"] == 0.5 and m["val/tool_use_greedy"] == 0.5
+    assert "val/tool_use_sampled" not in m  # no sampled episodes asked for

@@ -21,12 +21,13 @@ from vcppo.config.schema import Config, RolloutConfig
 @dataclass
 class Scored:
     """One validation sample: its row (an index into the rank's rows), whether it is correct, its
-    length in model tokens, its text and whether a limit cut it."""
+    length in model tokens, its text, whether a limit cut it, and (an episode) its tool calls."""
     row: int
     correct: bool
     length: int
     text: str
     truncated: bool
+    tool_calls: int = 0
 
 
 def _sampled(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sampling: RolloutConfig, keep: range,
@@ -35,8 +36,8 @@ def _sampled(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sam
     ``episodes`` multi-turn episodes, correct where the env says it was solved."""
     if episodes is not None:
         done = episodes.run(mine, n, seed, "val", temperature, logprobs=False)
-        return [Scored(e.prompt_index, e.solved, int(sum(e.policy)), rollout.tokenizer.decode(e.tokens), e.truncated)
-                for e in done if e.prompt_index in keep]
+        return [Scored(e.prompt_index, e.solved, int(sum(e.policy)), rollout.tokenizer.decode(e.tokens), e.truncated,
+                       e.tool_calls) for e in done if e.prompt_index in keep]
     out = rollout.generate([r["prompt_ids"] for r in mine], n=n, temperature=temperature, top_p=top_p,
                            max_tokens=sampling.max_response_tokens, stop=sampling.stop or None, seed=seed,
                            logprobs=False)
@@ -56,7 +57,7 @@ def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScore
     ``text_samples`` greedy responses as text in ``samples``. With ``episodes`` a sample is a
     multi-turn episode (its length: its model tokens)."""
     part = {"greedy_correct": [], "greedy_lengths": [], "greedy_rows": [], "n_correct": [], "n_correct_rows": [],
-            "sampled_lengths": [], "sampled_rows": [], "samples": []}
+            "sampled_lengths": [], "sampled_rows": [], "samples": [], "greedy_tools": [], "sampled_tools": []}
     if not mine:
         return part
     if greedy:
@@ -64,6 +65,7 @@ def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScore
         part["greedy_correct"] = [float(s.correct) for s in out]
         part["greedy_lengths"] = [s.length for s in out]
         part["greedy_rows"] = [first + s.row for s in out]
+        part["greedy_tools"] = [s.tool_calls for s in out] if episodes is not None else []
         part["samples"] = [_text_sample(mine[s.row], s) for s in out[:text_samples]]
     if n_samples > 0 and ks:
         out = _sampled(rollout, mine, scorer, sampling, keep, episodes, n_samples, sampling.temperature,
@@ -75,6 +77,7 @@ def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScore
         part["n_correct_rows"] = [first + i for i in keep]
         part["sampled_lengths"] = [s.length for s in out]
         part["sampled_rows"] = [first + s.row for s in out]
+        part["sampled_tools"] = [s.tool_calls for s in out] if episodes is not None else []
     return part
 
 
@@ -92,7 +95,8 @@ def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, 
     """Each rank evaluates its slice of ``rows`` ({"prompt_ids", "answer"}); results are merged.
 
     Returns ``val/pass@1_greedy`` (temperature 0), ``val/pass@k`` for each k (unbiased estimator
-    over ``n_samples`` samples at ``sampling.temperature``), and mean response lengths; with
+    over ``n_samples`` samples at ``sampling.temperature``), mean response lengths, and on episodes
+    the share of greedy / sampled episodes that called a tool (``val/tool_use_*``); with
     ``groups`` (a label per row, e.g. its data_source) the same per group, as ``val/<group>/...``.
     """
     sampled, kept = rollout_share(len(rows), dist, sampling.tensor_parallel_size)
@@ -129,7 +133,7 @@ def validate_run(cfg: Config, rollout: RolloutEngine, rows: list[dict], scorer: 
 
 # the per-row list that says which row each entry of a merged list belongs to
 _ROWS = {"greedy_correct": "greedy_rows", "greedy_lengths": "greedy_rows", "n_correct": "n_correct_rows",
-         "sampled_lengths": "sampled_rows"}
+         "sampled_lengths": "sampled_rows", "greedy_tools": "greedy_rows", "sampled_tools": "sampled_rows"}
 
 
 def _summary(merged: dict, n_rows: int, n_samples: int, ks: list[int], greedy: bool, prefix: str) -> dict:
@@ -141,4 +145,8 @@ def _summary(merged: dict, n_rows: int, n_samples: int, ks: list[int], greedy: b
         res[f"{prefix}response_length_sampled"] = float(np.mean(merged["sampled_lengths"]))
         for k in ks:
             res[f"{prefix}pass@{k}"] = float(np.mean([pass_at_k(n_samples, c, k) for c in merged["n_correct"]]))
+    # episodes: the share that called a tool at least once (an env without tools reports 0)
+    for key, name in (("greedy_tools", "tool_use_greedy"), ("sampled_tools", "tool_use_sampled")):
+        if merged.get(key):
+            res[f"{prefix}{name}"] = float(np.mean([c > 0 for c in merged[key]]))
     return res
