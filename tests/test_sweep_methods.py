@@ -96,3 +96,24 @@ def test_regimes_samples_dry_run_builds_nothing(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert len([line for line in res.stdout.splitlines() if " train " in line]) == 18
     assert not any(tmp_path.iterdir())
+
+
+def test_regimes_critic_updates_varies_only_the_critic_at_64_by_1():
+    runs = expand(load_sweep("regimes_critic_updates")[1])
+    assert len(runs) == 9
+    settings = {}
+    for r in runs:
+        o = r["overrides"]
+        last = lambda key, default=None: ([x for x in o if x.startswith(key + "=")] or [f"={default}"])[-1].split("=")[1]  # noqa: E731
+        assert (r["preset"], last("trainer.prompts_per_step"), last("rollout.n_samples_per_prompt")) == ("vcppo", "64", "1")
+        assert last("algorithm.lambda_actor") == "0.8" and last("trainer.total_steps") == "50"
+        settings.setdefault((last("critic.ppo_epochs", 1), last("critic.lr", "base")), set()).add(last("trainer.seed"))
+    assert settings == {s: {"0", "1", "2"} for s in [("2", "base"), ("4", "base"), ("1", "0.0009")]}
+
+
+def test_regimes_critic_updates_dry_run_builds_nothing(tmp_path):
+    res = subprocess.run([str(REPO / "launch/regimes_critic_updates.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len([line for line in res.stdout.splitlines() if " train " in line]) == 9
+    assert not any(tmp_path.iterdir())
