@@ -8,10 +8,9 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from vcppo.driver.state import RunState
+from vcppo.driver.state import Phase, RunState
 from vcppo.driver.durability.critic_cache import cached_critic, critic_source
 from vcppo.driver.step.critic_side import Critic, LocalCritic
-from vcppo.driver.state import Phase
 from vcppo.driver.step.step_plan import critic_on_own_ranks
 from vcppo.driver.placement.remote_critic import RemoteCritic
 from vcppo.engines import dist as D

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from vcppo.driver.context import RunContext
-from vcppo.driver.state import RunState
+from vcppo.driver.state import Phase, RunState
 from vcppo.driver.placement.remote_source import RemoteSource
 from vcppo.driver.step.experience_maker import ExperienceMaker
-from vcppo.driver.state import Phase
 from vcppo.driver.step.sources import ExperienceSource
 from vcppo.driver.step.step_plan import StepPlan
 from vcppo.driver.step.validation import validate_run

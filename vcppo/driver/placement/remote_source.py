@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-from vcppo.driver.state import RunState
+from vcppo.driver.state import Phase, RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.step.sampling import share_of_step
-from vcppo.driver.state import Phase
 from vcppo.driver.placement.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate, ValidationResult,
                                          held_after_checkpoint)
 from vcppo.engines import dist as D

@@ -18,8 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from vcppo.driver.state import RunState
-from vcppo.driver.state import Phase
+from vcppo.driver.state import Phase, RunState
 from vcppo.engines.actor import ActorEngine
 from vcppo.experience import Rollout
 
