@@ -30,10 +30,11 @@ def drawn(monkeypatch):
     out, save = {}, Figure.savefig
 
     def savefig(fig, fname, *args, **kwargs):
-        out[str(fname).rsplit("/", 1)[-1]] = [(ax.get_ylabel(), line.get_label(), [float(x) for x in line.get_xdata()],
-                                               [float(y) for y in line.get_ydata()])
-                                              for ax in fig.axes for line in ax.lines
-                                              if not line.get_label().startswith("_")]  # not the zero lines
+        name = str(fname).rsplit("/", 1)[-1]
+        out[name] = [(ax.get_ylabel(), line.get_label(), [float(x) for x in line.get_xdata()],
+                      [float(y) for y in line.get_ydata()])
+                     for ax in fig.axes for line in ax.lines if not line.get_label().startswith("_")]  # not the zero lines
+        out[name + ":xticks"] = [list(ax.get_xticks()) for ax in fig.axes]
         return save(fig, fname, *args, **kwargs)
     monkeypatch.setattr(Figure, "savefig", savefig)
     return out
@@ -99,6 +100,7 @@ def test_a_multi_turn_run_gets_its_value_and_advantage_by_turn(tmp_path, drawn):
     assert [(y, xs, ys) for y, _, xs, ys in drawn["by_turn.png"]] == [  # steps 1 and 5, turns 1-2, per panel
         ("mean value V_old", [1.0, 2.0], [pytest.approx(0.1), 0.5]), ("mean value V_old", [1.0, 2.0], [0.5, 0.5]),
         ("mean raw advantage", [1.0, 2.0], [0.2, -0.1]), ("mean raw advantage", [1.0, 2.0], [0.2, -0.5])]
+    assert all(float(t).is_integer() for ticks in drawn["by_turn.png:xticks"] for t in ticks)  # whole turns
     summary = json.loads((run / "report" / "summary.json").read_text())[0]
     assert summary["value_by_turn_end"] == [0.5, 0.5, None] and summary["adv_by_turn_end"] == [0.2, -0.5, None]
     single = tmp_path / "single"

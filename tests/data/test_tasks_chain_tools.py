@@ -67,13 +67,13 @@ def test_rows_are_deterministic_distinct_and_split_apart():
     assert not {r["prompt"] for r in a} & {r["prompt"] for r in val}
 
 
-@pytest.mark.parametrize("style_row", range(3))
-def test_sft_demonstrations_tokenize_like_the_episodes(style_row):
+@pytest.mark.parametrize("tool_row", range(3))
+def test_sft_demonstrations_tokenize_like_the_episodes(tool_row):
     """A tool demonstration's SFT ids are its model turns' ids, each closed by the end-of-turn token,
     and the env's answers as the episode runner encodes them."""
     tok = build_tokenizer()
     rows = [r for r in tasks.generate("chain_tools", "train", n=200, seed=0) if r["style"] == "tool"]
-    row = rows[style_row]
+    row = rows[tool_row]
     parts = re.split(FRAME, row["solution"], flags=re.DOTALL)
     encode, ids = ObservationEncoder(tok), []
     for i, action in enumerate(parts[0::2]):

@@ -150,18 +150,23 @@ def test_episode_metrics_per_episode_and_shares():
 
 
 def test_validation_reports_the_share_of_episodes_that_called_a_tool():
-    """vcppo eval on tool episodes: one episode calls the calculator and then answers right, the other answers
-    at once, wrongly; greedy pass@1 counts the env's verdicts and val/tool_use_greedy the episodes with a call."""
+    """vcppo eval on tool episodes. Greedy: one episode calls the calculator and then answers right, the other
+    answers at once, wrongly; sampled: both call, one answers right. pass@1 counts the env's verdicts and
+    val/tool_use_* the episodes with a call, over the split and per group."""
     from vcppo.driver.step.validation import evaluate
     from vcppo.engines.dist import DistInfo
     cfg = cfg_for()
     cfg.rollout.env, cfg.rollout.env_args = "tools", {"tools": ["calculator"], "max_turns": 4}
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "3+4"}}</tool_call>'
-    sampler = ScriptedSampler([[call, "<think>\n</think>\n\\boxed{8}"], ["<think>\n</think>\n\\boxed{7}"]])  # 3+4 -> 7
+    greedy = [[call, "<think>\n</think>\n\\boxed{8}"], ["<think>\n</think>\n\\boxed{7}"]]  # 3+4 -> 7
+    sampled = [[call, call], ["<think>\n</think>\n\\boxed{7}", "<think>\n</think>\n\\boxed{6}"]]  # both call
+    sampler = ScriptedSampler(greedy + sampled)
     prompt = encode_prompt(TOK, "sum(3,4)=?", use_chat_template=True)
     val_rows = [{"prompt_ids": list(prompt), "answer": "7"}, {"prompt_ids": list(prompt), "answer": "7"}]
     runner = EpisodeRunner(cfg, sampler, EnvRunner(0, 5.0), 512)
     one = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo", is_main=True)
-    m = evaluate(sampler, val_rows, None, dist=one, sampling=cfg.rollout, n_samples=0, ks=[], episodes=runner)
+    m = evaluate(sampler, val_rows, None, dist=one, sampling=cfg.rollout, n_samples=1, ks=[1], episodes=runner,
+                 groups=["a", "b"])
     assert m["val/pass@1_greedy"] == 0.5 and m["val/tool_use_greedy"] == 0.5
-    assert "val/tool_use_sampled" not in m  # no sampled episodes asked for
+    assert m["val/pass@1"] == 0.5 and m["val/tool_use_sampled"] == 1.0  # one sample each, both called
+    assert (m["val/a/tool_use_greedy"], m["val/b/tool_use_greedy"]) == (1.0, 0.0)  # per group too

@@ -103,7 +103,7 @@ def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resum
 def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunState | None, changes: list,
                   say) -> None:
     """Main rank, once the resume is accepted: ``config.yaml`` is this segment's config, and
-    ``config_history.jsonl`` says where the segment began and what it changed (config_provenance)."""
+    ``config_history.jsonl`` says where the segment began and what it changed (vcppo.config.provenance)."""
     if changes:
         say(f"resuming with a changed config: {summary(changes)}")
     phase = resumed.phase if resumed is not None else "start"

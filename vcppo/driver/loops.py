@@ -4,6 +4,8 @@ VC-PPO sec. 4.1; :mod:`vcppo.driver.step.value_pretrain` has the stopping rule),
 checkpoint around it."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from vcppo.driver.context import RunContext
 from vcppo.driver.durability import critic_cache
 from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete

@@ -100,7 +100,7 @@ def log_samples(ctx: RunContext, phase: Phase, step: int, rollout: Rollout, rewa
     n = ctx.cfg.logging.log_samples
     if n and ctx.dist.is_main and ctx.tokenizer is not None:
         picked = pick_samples(rollout, rewards, adv.raw_advantages, ctx.tokenizer, n)
-        ctx.log.log_samples([s.record() for s in picked], step=step, phase=phase.value)
+        ctx.log.log_samples([s.record() for s in picked], step=step, phase=str(phase))
 
 
 def kl_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: BeforeUpdate, rewards: torch.Tensor,
