@@ -74,12 +74,12 @@ def _kill_after(fn, when):
 
 def install(point: str, step: int) -> None:
     from vcppo.driver.durability import manifest
-    from vcppo.driver import ppo
+    from vcppo.driver import loops
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.rollout import RolloutEngine
 
-    ppo.rl_step = _tracking_step(ppo.rl_step)
-    ppo.save_checkpoint = _tracking_checkpoint(ppo.save_checkpoint)
+    loops.rl_step = _tracking_step(loops.rl_step)  # the phase loops' own names for them
+    loops.save_checkpoint = _tracking_checkpoint(loops.save_checkpoint)
     if point == "rollout":
         RolloutEngine.generate = _kill_before(RolloutEngine.generate, lambda: _now["step"] == step)
     elif point == "update":
