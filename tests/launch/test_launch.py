@@ -51,7 +51,8 @@ def test_multi_node_dry_run_prints_the_command_the_script_runs(tmp_path):
     recorder.write_text(f"#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > {tmp_path / 'argv'}\n")
     recorder.chmod(0o755)
     env = dict(os.environ, HOSTFILE=str(hostfile), DEEPSPEED=str(recorder), DRY_RUN="1")
-    env.pop("MASTER_ADDR", None)  # earlier tests in this process set it; the first host is the default
+    for key in ("MASTER_ADDR", "MASTER_PORT"):  # earlier tests in this process set them; the defaults are
+        env.pop(key, None)                      # the first host and port 29500
     args = [str(REPO / "launch/multi_node.sh"), "vcppo", "actor.lr=1e-6", "trainer.run_name=a b"]
     res = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
