@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 DEFAULT_MAX_OPERANDS = 12
@@ -209,24 +209,26 @@ def _think_lines(response: str) -> list[str] | None:
     return [line for line in body.split("\n") if line.strip()]
 
 
-def generate_rows(split: str, n: int, max_operands: int, digits: int, seed: int, split_of) -> list[dict]:
+def generate_rows(split: str, n: int, max_operands: int, digits: int, seed: int, split_of, *, task: str = "chain",
+                  styles: Callable[[random.Random], str] = sample_style,
+                  write: Callable[[Sequence[int], str], str] = solution) -> list[dict]:
     """``n`` distinct rows of ``split`` (``split_of`` decides a prompt's split); operands have
     1..``digits`` digits; a row's ``difficulty`` is its number of operands, ``style`` the SFT
-    trace's style."""
-    rng = random.Random(f"chain|{max_operands}|{digits}|{split}|{seed}")
+    trace's style (drawn by ``styles``, written by ``write``: ``chain_tools`` adds its own)."""
+    rng = random.Random(f"{task}|{max_operands}|{digits}|{split}|{seed}")
     rows, seen, attempts = [], set(), 0
     while len(rows) < n:
         attempts += 1
         if attempts > 200 * n + 10_000:
-            raise ValueError(f"could only find {len(rows)} distinct {split} prompts for task=chain")
+            raise ValueError(f"could only find {len(rows)} distinct {split} prompts for task={task}")
         ops = sample_operands(rng, max_operands, digits)
         prompt = prompt_of(ops)
         if prompt in seen or split_of(prompt) != split:
             continue
         seen.add(prompt)
-        style = sample_style(rng)
+        style = styles(rng)
         if style == "skip" and len(ops) == 2:  # nothing to merge: the same trace as full
             style = "full"
-        rows.append({"prompt": prompt, "answer": str(sum(ops)), "solution": solution(ops, style),
-                     "task": "chain", "difficulty": len(ops), "style": style})
+        rows.append({"prompt": prompt, "answer": str(sum(ops)), "solution": write(ops, style),
+                     "task": task, "difficulty": len(ops), "style": style})
     return rows

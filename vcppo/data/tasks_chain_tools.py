@@ -72,26 +72,16 @@ def sample_style(rng: random.Random) -> str:
     return "tool" if rng.random() < TOOL_SHARE else tasks_chain.sample_style(rng)
 
 
+def write(operands: Sequence[int], style: str) -> str:
+    return tool_solution(operands) if style == "tool" else tasks_chain.solution(operands, style)
+
+
 def generate_rows(split: str, n: int, max_operands: int, digits: int, seed: int, split_of) -> list[dict]:
-    """``n`` distinct rows of ``split`` (``split_of`` decides a prompt's split), deterministic in
-    (max_operands, digits, split, seed); a row's ``max_turns`` fits the tool style's calls."""
-    rng = random.Random(f"chain_tools|{max_operands}|{digits}|{split}|{seed}")
+    """``chain``'s rows (:func:`vcppo.data.tasks_chain.generate_rows`) with this task's styles and the env's
+    arguments; a row's ``max_turns`` fits the tool style's calls."""
     turns = tool_turns(range(max_operands)) + 1  # one spare turn: a call may go wrong once
-    rows, seen, attempts = [], set(), 0
-    while len(rows) < n:
-        attempts += 1
-        if attempts > 200 * n + 10_000:
-            raise ValueError(f"could only find {len(rows)} distinct {split} prompts for task=chain_tools")
-        ops = tasks_chain.sample_operands(rng, max_operands, digits)
-        prompt = tasks_chain.prompt_of(ops)
-        if prompt in seen or split_of(prompt) != split:
-            continue
-        seen.add(prompt)
-        style = sample_style(rng)
-        if style == "skip" and len(ops) == 2:
-            style = "full"
-        text = tool_solution(ops) if style == "tool" else tasks_chain.solution(ops, style)
-        rows.append({"prompt": prompt, "answer": str(sum(ops)), "solution": text, "task": "chain_tools",
-                     "difficulty": len(ops), "style": style,
-                     "extra_info": {"env_args": {"tools": ["calculator"], "max_turns": turns}}})
+    rows = tasks_chain.generate_rows(split, n, max_operands, digits, seed, split_of, task="chain_tools",
+                                     styles=sample_style, write=write)
+    for row in rows:
+        row["extra_info"] = {"env_args": {"tools": ["calculator"], "max_turns": turns}}
     return rows
