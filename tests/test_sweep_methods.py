@@ -75,13 +75,17 @@ def test_command_line_settings_shorten_a_sweep():
         with_overrides(spec, ["trainer.total_steps"])
 
 
+def last_override(overrides: list[str], key: str, default=None) -> str:
+    """The value a run's overrides give ``key`` (the later wins), else ``default`` as text."""
+    return ([x for x in overrides if x.startswith(key + "=")] or [f"={default}"])[-1].split("=", 1)[1]
+
+
 def test_regimes_samples_gives_every_setting_64_responses_and_the_critics_no_groups():
     runs = expand(load_sweep("regimes_samples")[1])
     assert len(runs) == 18
     shapes = {}
     for r in runs:
-        o = r["overrides"]
-        last = lambda key: [x for x in o if x.startswith(key + "=")][-1].split("=")[1]  # noqa: E731 (later wins)
+        last = lambda key: last_override(r["overrides"], key)  # noqa: E731
         prompts, n = int(last("trainer.prompts_per_step")), int(last("rollout.n_samples_per_prompt"))
         assert prompts * n == 64 and last("trainer.total_steps") == "50"
         shapes.setdefault((r["preset"], prompts, n), set()).add(last("trainer.seed"))
@@ -90,30 +94,22 @@ def test_regimes_samples_gives_every_setting_64_responses_and_the_critics_no_gro
     assert [r["name"].rsplit("seed", 1)[1] for r in runs] == [s for s in "012" for _ in range(6)]  # seed-major
 
 
-def test_regimes_samples_dry_run_builds_nothing(tmp_path):
-    res = subprocess.run([str(REPO / "launch/regimes_samples.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert len([line for line in res.stdout.splitlines() if " train " in line]) == 18
-    assert not any(tmp_path.iterdir())
-
-
 def test_regimes_critic_updates_varies_only_the_critic_at_64_by_1():
     runs = expand(load_sweep("regimes_critic_updates")[1])
     assert len(runs) == 9
     settings = {}
     for r in runs:
-        o = r["overrides"]
-        last = lambda key, default=None: ([x for x in o if x.startswith(key + "=")] or [f"={default}"])[-1].split("=")[1]  # noqa: E731
+        last = lambda key, default=None: last_override(r["overrides"], key, default)  # noqa: E731
         assert (r["preset"], last("trainer.prompts_per_step"), last("rollout.n_samples_per_prompt")) == ("vcppo", "64", "1")
         assert last("algorithm.lambda_actor") == "0.8" and last("trainer.total_steps") == "50"
         settings.setdefault((last("critic.ppo_epochs", 1), last("critic.lr", "base")), set()).add(last("trainer.seed"))
     assert settings == {s: {"0", "1", "2"} for s in [("2", "base"), ("4", "base"), ("1", "0.0009")]}
 
 
-def test_regimes_critic_updates_dry_run_builds_nothing(tmp_path):
-    res = subprocess.run([str(REPO / "launch/regimes_critic_updates.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
+@pytest.mark.parametrize("script,runs", [("regimes_samples", 18), ("regimes_critic_updates", 9)])
+def test_regimes_dry_run_lists_every_run_and_builds_nothing(script, runs, tmp_path):
+    res = subprocess.run([str(REPO / f"launch/{script}.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert len([line for line in res.stdout.splitlines() if " train " in line]) == 9
+    assert len([line for line in res.stdout.splitlines() if " train " in line]) == runs
     assert not any(tmp_path.iterdir())
