@@ -3,6 +3,7 @@ own, driver modules under 300 lines and functions under 60 (docstrings aside), a
 vcppo/ imports tests/."""
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +20,21 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """vcppo modules imported anywhere in the file (top level or inside functions)."""
+def _type_only(tree: ast.Module) -> set[int]:
+    """ids of the import nodes under ``if TYPE_CHECKING:``: they name types for annotations and run nothing."""
+    return {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and isinstance(block.test, ast.Name)
+            and block.test.id == "TYPE_CHECKING" for stmt in block.body for n in ast.walk(stmt)}
+
+
+def _imports(path: Path, types: bool = True) -> set[str]:
+    """vcppo modules imported anywhere in the file (top level or inside functions); ``types`` False:
+    without the imports that only name types (under ``if TYPE_CHECKING:``)."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = set() if types else _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vcppo"):
             out.add(node.module)
             out.update(f"{node.module}.{a.name}" for a in node.names)
@@ -31,9 +43,9 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(types: bool = True) -> dict[str, set[str]]:
     files = {_module_name(p): p for p in PKG.rglob("*.py")}
-    return {name: {m for m in _imports(path) if m in files and m != name} for name, path in files.items()}
+    return {name: {m for m in _imports(path, types) if m in files and m != name} for name, path in files.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -150,7 +162,6 @@ def test_no_import_points_up_a_layer():
 def test_methods_are_rows_of_the_table():
     """An estimator or a policy loss is picked through vcppo.methods' rows (their functions), never by a
     branch on its name anywhere in the package: a new method is one function and one row."""
-    import re
     branch = re.compile(r"(advantage_estimator|policy_loss)\s*(==|!=|in\s*\()|==\s*[\"'](gspo|gae|grpo|rloo)[\"']")
     hits = [f"{p.relative_to(PKG)}: {line.strip()}" for p in PKG.rglob("*.py") if p.name not in ("methods.py",)
             for line in p.read_text().splitlines() if branch.search(line)]
@@ -168,11 +179,12 @@ def test_the_step_reads_the_same_whatever_the_placement():
 
 
 def test_the_driver_is_its_wiring_and_three_packages():
-    """driver/ holds the run's state (state.py), its wiring (ppo, context, engines, teardown), the phase loops
+    """driver/ holds the run's state (state.py), its wiring (context: the run's parts, built and closed;
+    engines: the engines they hold), the run (ppo), the phase loops
     (loops.py) and three sub-packages: the step, placement and durability; a new module goes into one of them."""
     top = sorted(p.stem for p in (PKG / "driver").glob("*.py") if p.stem != "__init__")
     packages = sorted(p.name for p in (PKG / "driver").iterdir() if p.is_dir() and (p / "__init__.py").exists())
-    assert top == ["context", "engines", "loops", "ppo", "state", "teardown"] and packages == sorted(DRIVER_PACKAGES), (top, packages)
+    assert top == ["context", "engines", "loops", "ppo", "state"] and packages == sorted(DRIVER_PACKAGES), (top, packages)
     assert not any(any((PKG / "driver" / pkg).glob("*/__init__.py")) for pkg in DRIVER_PACKAGES)  # one level
 
 
@@ -188,3 +200,47 @@ def test_placement_sits_above_the_step_and_durability():
 def test_the_run_state_is_the_bottom_of_the_driver():
     """Phase and RunState (driver/state.py) import nothing of the driver: every part of it may read them."""
     assert not {m for m in import_graph()["vcppo.driver.state"] if m.startswith("vcppo.")}
+
+
+# driver/'s internal order, bottom first: the run's state; durability (checkpoint files, resume checks,
+# guards); the step; the wiring that builds and closes a run's parts (context, engines); the placements,
+# each built on the wiring; the phase loops; the run.
+DRIVER_ORDER = [["state"], ["durability"], ["step"], ["context", "engines"], ["placement"], ["loops"],
+                ["ppo"]]
+
+
+def driver_level(module: str) -> int | None:
+    if not module.startswith("vcppo.driver."):
+        return None
+    head = module.split(".")[2]
+    return next(i for i, names in enumerate(DRIVER_ORDER) if head in names)
+
+
+def test_nothing_in_the_driver_imports_upward():
+    """Each part of driver/ imports only the parts below it in DRIVER_ORDER (a type named for an
+    annotation, under ``if TYPE_CHECKING:``, runs nothing and does not count)."""
+    assert sorted(n for names in DRIVER_ORDER for n in names) == sorted(
+        [p.stem for p in (PKG / "driver").glob("*.py") if p.stem != "__init__"] + list(DRIVER_PACKAGES))
+    up = [f"{src} -> {dst}" for src, dsts in import_graph(types=False).items() for dst in dsts
+          if driver_level(src) is not None and driver_level(dst) is not None and driver_level(dst) > driver_level(src)]
+    assert not up, up
+
+
+def test_the_order_check_sees_an_upward_import():
+    graph = {"vcppo.driver.step.rl_step": {"vcppo.driver.context"}}
+    assert [(s, d) for s, ds in graph.items() for d in ds if driver_level(d) > driver_level(s)]
+
+
+PLACEMENT_READ = re.compile(r"\.placement\.(mode|rollout_ranks|critic_ranks)\b|[!=]=\s*[\"'](split|colocated)[\"']"
+                            r"|\bdist\.role\s*(==|!=|in\b)")
+
+
+def test_placement_is_asked_not_read():
+    """Where the parts live is answered by vcppo.config.placement.Placement (built from the config): no
+    module reads placement.mode / rollout_ranks / critic_ranks or compares a rank's role itself."""
+    allowed = {"config/placement.py", "config/schema.py"}
+    hits = [f"{p.relative_to(PKG)}: {line.strip()}" for p in PKG.rglob("*.py")
+            if str(p.relative_to(PKG)) not in allowed for line in p.read_text().splitlines()
+            if PLACEMENT_READ.search(line.split("#")[0]) and not line.lstrip().startswith(("#", '"', "'"))]
+    assert not hits, hits
+    assert PLACEMENT_READ.search('if cfg.placement.mode == "split":') and PLACEMENT_READ.search('if dist.role != "train":')

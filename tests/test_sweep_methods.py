@@ -106,7 +106,35 @@ def test_regimes_critic_updates_varies_only_the_critic_at_64_by_1():
     assert settings == {s: {"0", "1", "2"} for s in [("2", "base"), ("4", "base"), ("1", "0.0009")]}
 
 
-@pytest.mark.parametrize("script,runs", [("regimes_samples", 18), ("regimes_critic_updates", 9)])
+def test_regimes_reuse_splits_only_the_actors_update_into_4_and_8_steps():
+    runs = expand(load_sweep("regimes_reuse")[1])
+    settings = {}
+    for r in runs:
+        last = lambda key, default=None: last_override(r["overrides"], key, default)  # noqa: E731
+        assert (last("trainer.prompts_per_step"), last("rollout.n_samples_per_prompt"), last("trainer.total_steps")) == \
+            ("16", "4", "50")
+        assert last("critic.ppo_epochs", 1) == "1" and last("critic.ppo_mini_batches", 1) == "1"
+        steps = int(last("actor.ppo_mini_batches", 1)) * int(last("actor.ppo_epochs", 1))
+        settings.setdefault((r["preset"], steps), set()).add(last("trainer.seed"))
+    assert settings == {(p, k): {"0", "1", "2"} for p in ("vcppo", "grpo", "gspo") for k in (4, 8)}
+
+
+def test_regimes_episodes_runs_every_method_on_guess_episodes_at_64_a_step():
+    runs = expand(load_sweep("regimes_episodes")[1])
+    settings = {}
+    for r in runs:
+        last = lambda key, default=None: last_override(r["overrides"], key, default)  # noqa: E731
+        prompts, n = int(last("trainer.prompts_per_step")), int(last("rollout.n_samples_per_prompt"))
+        assert prompts * n == 64 and last("rollout.env") == "guess" and last("rollout.max_turns") == "4"
+        assert last("model.critic_init", "policy") == "policy"  # no reward model for episodes
+        settings.setdefault((r["preset"], prompts, n), set()).add(last("trainer.seed"))
+    assert settings == {s: {"0", "1", "2"} for s in [
+        ("vcppo", 16, 4), ("vcppo", 64, 1), ("ppo", 16, 4), ("grpo", 16, 4), ("rloo", 16, 4),
+        ("reinforce_plus_plus_baseline", 16, 4)]}
+
+
+@pytest.mark.parametrize("script,runs", [("regimes_samples", 18), ("regimes_critic_updates", 9), ("regimes_reuse", 18),
+                                         ("regimes_episodes", 18)])
 def test_regimes_dry_run_lists_every_run_and_builds_nothing(script, runs, tmp_path):
     res = subprocess.run([str(REPO / f"launch/{script}.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
                          capture_output=True, text=True, timeout=300)

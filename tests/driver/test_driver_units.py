@@ -207,9 +207,10 @@ def test_sft_that_stops_below_its_target_is_named_with_the_reason():
     (3, ["trainer.prompts_per_step=3"], "'trainer.prompts_per_step' (3) must be divisible by the training ranks (2)"),
 ])
 def test_split_rank_counts_that_cannot_work_name_their_key(world, overrides, key):
-    from vcppo.driver.context import check_split_sizes
+    from vcppo.config.placement import Placement
     from vcppo.config.schema import ConfigError
     cfg = load_config("vcppo", ["placement.mode=split", *overrides])
     with pytest.raises(ConfigError, match=re.escape(f"config key {key}")):
-        check_split_sizes(cfg, world)
-    check_split_sizes(load_config("vcppo", ["placement.mode=split", "placement.critic_ranks=1"]), 3)  # 1 + 1 + 1
+        Placement.of(cfg).check_ranks(world, cfg.trainer.prompts_per_step)
+    ok = load_config("vcppo", ["placement.mode=split", "placement.critic_ranks=1"])
+    Placement.of(ok).check_ranks(3, ok.trainer.prompts_per_step)  # 1 + 1 + 1

@@ -8,7 +8,8 @@ import torch
 import torch.multiprocessing as mp
 
 from vcppo.engines.launch_env import free_port
-from vcppo.engines.bridge import Roles, pack_weights, unpack_weights
+from vcppo.config.placement import Roles
+from vcppo.engines.bridge import pack_weights, unpack_weights
 
 
 def test_roles_put_the_rollout_ranks_last():

@@ -19,6 +19,7 @@ import json
 import math
 from pathlib import Path
 
+from vcppo.config.placement import Placement
 from vcppo.config.load import load_config, split_command_line
 from vcppo.models.hub import resolve_model_keys
 from vcppo.plan.advise import Cluster, Lengths, Plan, Shapes, gib, plan_run, ranks
@@ -187,7 +188,7 @@ def render(cfg: Config, shapes: Shapes, plan: Plan, knobs: list[str] | None, fit
     chunks = {e.role: e.logprob_chunk_size for e in plan.engines if e.role in ("actor", "reference")}
     head = ", ".join(f"{r} {'chunked by ' + format(c, ',') if c else 'full logits'}" for r, c in chunks.items())
     out = [f"## vcppo plan: {cfg.preset} on {cl.nodes} x {cl.gpus_per_node} {cl.hardware.name} "
-           f"({cfg.placement.mode}); {policy.name}, {_params(policy.params)} params, {dtype}", "",
+           f"({Placement.of(cfg).mode}); {policy.name}, {_params(policy.params)} params, {dtype}", "",
            f"Estimates: memory from shapes (LM head: {head}), time from a fitted pass model and datasheet "
            "bandwidth (formulas: vcppo/plan/). GiB.", ""]
     out += memory_table(plan) + [""] + check_table(plan)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+from vcppo.config.placement import Placement
 from vcppo.config.schema import Config, ConfigError
 
 
@@ -22,7 +23,7 @@ def _sections(cfg: Config) -> list[tuple[str, int]]:
 def check_sequence_parallel(cfg: Config) -> None:
     """Placements that do not support SP yet."""
     for section, size in _sections(cfg):
-        if cfg.placement.mode == "split":
+        if Placement.of(cfg).split:
             raise ConfigError(f"config key '{section}.sequence_parallel_size' ({size}) is not supported with "
                               "placement.mode=split yet (SP groups are built over the colocated ranks); use "
                               "placement.mode=colocated or sequence_parallel_size=1")

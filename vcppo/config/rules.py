@@ -7,6 +7,7 @@ import dataclasses
 import math
 from typing import Any
 
+from vcppo.config.placement import Placement
 from vcppo.config.parallel import check_sequence_parallel
 from vcppo.config.provenance import check_allow_list
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES, uses_critic
@@ -161,7 +162,7 @@ def _check_lora_sync(cfg: Config) -> None:
     if rank > VLLM_MAX_LORA_RANK:
         raise ConfigError(f"config key 'actor.lora.rank' ({rank}) exceeds vLLM's largest LoRA rank "
                           f"({VLLM_MAX_LORA_RANK}) with rollout.lora_sync=adapter: use rollout.lora_sync=merged")
-    if cfg.placement.mode == "split":
+    if Placement.of(cfg).split:
         raise ConfigError("config key 'rollout.lora_sync' must be 'merged' with placement.mode=split (the rollout "
                           "ranks receive full weights)")
 
@@ -191,18 +192,19 @@ def _check_reward_sources(cfg: Config) -> None:
 
 def _check_placement(cfg: Config) -> None:
     """Split placement and staleness: what a run ahead of training needs (docs/launching.md)."""
-    staleness = cfg.trainer.max_staleness
-    if cfg.placement.mode == "split" and cfg.rollout.tensor_parallel_size > 1:
+    placement = Placement.of(cfg)
+    staleness = placement.max_staleness
+    if placement.split and cfg.rollout.tensor_parallel_size > 1:
         raise ConfigError(f"config key 'rollout.tensor_parallel_size' ({cfg.rollout.tensor_parallel_size}) must be 1 "
                           "with placement.mode=split: tensor-parallel rollout groups are not built on rollout ranks "
                           "yet (each rollout rank runs one whole engine)")
-    critics = cfg.placement.critic_ranks
-    if critics and cfg.placement.mode != "split":
+    critics = placement.critic_ranks
+    if critics and not placement.split:
         raise ConfigError(f"config key 'placement.critic_ranks' ({critics}) needs placement.mode=split")
     if critics and not uses_critic(cfg.algorithm.advantage_estimator):
         raise ConfigError(f"config key 'placement.critic_ranks' ({critics}) needs a critic, and "
                           f"algorithm.advantage_estimator={cfg.algorithm.advantage_estimator!r} has none")
-    if staleness and cfg.placement.mode != "split":
+    if staleness and not placement.split:
         raise ConfigError(f"config key 'trainer.max_staleness' ({staleness}) needs placement.mode=split: "
                           "colocated ranks sample and train in turn, so a batch is never stale")
     if staleness and cfg.algorithm.old_logprobs_from_sampler:

@@ -11,15 +11,17 @@ import dataclasses
 import json
 import os
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 import numpy as np
 import torch
 
 from vcppo.config.load import save_config, to_dict
 from vcppo.config.parallel import check_sequence_parallel_ranks
+from vcppo.config.placement import BOTH, Placement, check_share
 from vcppo.config.provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
 from vcppo.driver.durability import disk_space, reshard
@@ -29,7 +31,6 @@ from vcppo.driver.step.critic_side import Critic
 from vcppo.driver.engines import build_engines
 from vcppo.driver.step.model_reward import ModelReward
 from vcppo.driver.durability.resume_checks import check_resume
-from vcppo.driver.teardown import close_parts
 from vcppo.models.hub import model_sources
 from vcppo.driver.step.timeline import Timeline
 from vcppo.driver.durability.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
@@ -38,14 +39,13 @@ from vcppo.engines import dist as D
 from vcppo.engines import collectives
 from vcppo.engines import launch_env
 from vcppo.engines.actor import ActorEngine
-from vcppo.engines.bridge import Roles
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.lora import enabled as lora_enabled
 from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.rewards.pool import default_num_workers
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
 from vcppo.tracking import MetricsLogger
 
 
@@ -117,49 +117,25 @@ def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunSt
             or error
 
 
-def check_split_sizes(cfg: Config, world: int) -> None:
-    """Split placement's rank counts against the launched ranks (:class:`~vcppo.engines.bridge.Roles`'
-    rules, and the prompts' shares), as a ConfigError naming the key."""
-    pl, prompts = cfg.placement, cfg.trainer.prompts_per_step
-    try:
-        roles = Roles(world, pl.rollout_ranks, pl.critic_ranks)
-    except ValueError as e:
-        raise ConfigError(f"config key {e}") from None
-    for key, ranks in (("placement.rollout_ranks", pl.rollout_ranks), ("training ranks", roles.train_ranks)):
-        if prompts % ranks:
-            raise ConfigError(f"config key 'trainer.prompts_per_step' ({prompts}) must be "
-                              f"divisible by the {key} ({ranks}) in placement.mode=split")
-
-
 def init_run_distributed(cfg: Config) -> DistInfo:
-    """The run's process groups: one world, or (placement.mode=split) this rank's role world and the
-    bridge (:mod:`vcppo.engines.bridge`). The sizes the ranks must divide are checked on every rank
-    before anything starts: a config error then exits before DeepSpeed's CPU shm collective makes its
-    /dev/shm segments, which only a clean end of a run removes."""
-    timeout_s = cfg.trainer.collective_timeout_s
-    if cfg.placement.mode != "split":
-        if D.get_info() is None:  # before the group and DeepSpeed's shm segments exist: a clean exit leaves none
-            _check_rank_counts(cfg, launch_env.launched_world_size())
-        return D.init_distributed(cfg.trainer.device, timeout_s=timeout_s)
-    if D.get_info() is None:
-        check_split_sizes(cfg, launch_env.launched_world_size())
-    return D.init_distributed(cfg.trainer.device, split_rollout_ranks=cfg.placement.rollout_ranks, timeout_s=timeout_s,
-                              split_critic_ranks=cfg.placement.critic_ranks)
-
-
-def _check_rank_counts(cfg: Config, world_size: int) -> None:
-    """The batch and sequence-parallel sizes the ranks must divide, each error naming its key."""
-    check_sequence_parallel_ranks(cfg, world_size)
-    if cfg.trainer.prompts_per_step % world_size:
-        raise ConfigError(f"config key 'trainer.prompts_per_step' ({cfg.trainer.prompts_per_step}) "
-                          f"must be divisible by the number of ranks ({world_size})")
+    """The run's process groups: one world, or (split placement) this rank's role world and the
+    bridge (:mod:`vcppo.engines.bridge`). The rank counts are checked on every rank before anything
+    starts: a config error then exits before DeepSpeed's CPU shm collective makes its /dev/shm
+    segments, which only a clean end of a run removes."""
+    placement = Placement.of(cfg)
+    if D.get_info() is None:  # before the group and DeepSpeed's shm segments exist: a clean exit leaves none
+        world = launch_env.launched_world_size()
+        placement.check_ranks(world, cfg.trainer.prompts_per_step)
+        if not placement.split:
+            check_sequence_parallel_ranks(cfg, world)
+    return D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s,
+                              **placement.dist_args())
 
 
 def _describe_prompts(cfg: Config, train_set, val_rows: list) -> str:
     """The start-up line's account of the prompts (a split training rank reads none)."""
     if train_set is None:
-        return f"split placement: {cfg.placement.rollout_ranks} rollout rank(s) sample" + \
-            (f", {cfg.placement.critic_ranks} critic rank(s) hold the critic" if cfg.placement.critic_ranks else "")
+        return Placement.of(cfg).describe()
     return (f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
             f"{len(val_rows)} val prompts")
 
@@ -184,20 +160,23 @@ class RunContext:
     resume_point: Path | None = None  # the verified checkpoint the run continues from (None: fresh)
     # resuming on another number of ranks: {engine role: its checkpoint in DeepSpeed's universal format}
     universal_checkpoints: dict = dataclasses.field(default_factory=dict)
-    timeline: Timeline = dataclasses.field(default_factory=lambda: Timeline(None, "both"))
+    timeline: Timeline = dataclasses.field(default_factory=lambda: Timeline(None, BOTH))
     tokenizer: Any = None  # the policy's tokenizer (samples as text: logging.log_samples)
 
     @classmethod
-    def create(cls, cfg: Config, run_dir: Path) -> "RunContext":
+    def create(cls, cfg: Config, run_dir: Path, remote_critic=None) -> "RunContext":
+        """Every part of the run on this rank; ``remote_critic`` starts the critic where the placement
+        gives it ranks of its own (:func:`~vcppo.driver.engines.build_engines`)."""
         from transformers import AutoTokenizer
 
         dist = init_run_distributed(cfg)
-        _check_rank_counts(cfg, dist.world_size)
+        check_sequence_parallel_ranks(cfg, dist.world_size)
+        check_share(cfg.trainer.prompts_per_step, dist.world_size, "number of ranks")  # this rank's role world
         seed_process(cfg)
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path)
         max_tokens = cfg.data.max_prompt_tokens
-        sampler = dist.role != "train"  # split training ranks read no prompts: the rollout ranks do
+        sampler = Placement.of(cfg).samples_on(dist.role)  # split training ranks read no prompts
         train_set = load_prompt_set(cfg, cfg.data.train_files, tokenizer, max_prompt_tokens=max_tokens,
                                     shuffle_seed=cfg.trainer.seed) if sampler else None
         val_rows = []
@@ -233,7 +212,7 @@ class RunContext:
             log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "
                      f"{_describe_prompts(cfg, train_set, val_rows)}")
             scorer = make_scorer(cfg)
-            engines = build_engines(cfg, dist, log, resumed, resume_point=point)
+            engines = build_engines(cfg, dist, log, resumed, resume_point=point, remote_critic=remote_critic)
             reward_model = ModelReward.build(cfg, dist, tokenizer, log.info)  # None without reward.model_path
             return cls(cfg=cfg, run_dir=run_dir, dist=dist, pad_id=pad_token_id(tokenizer),
                        prompts=train_set.stream(seed=cfg.trainer.seed) if sampler else None, val_rows=val_rows,
@@ -275,7 +254,7 @@ class RunContext:
         self.barrier()
 
     def close(self, clean: bool = False) -> None:
-        """Tear the engines down (:func:`~vcppo.driver.teardown.close_parts`); ``clean``: the run
+        """Tear the engines down (:func:`close_parts`); ``clean``: the run
         ended without an error, so ranks meet first."""
         parts = [("logger", self.log.close), ("reward scorer", self.scorer.close), ("timeline", self.timeline.close)]
         if clean and self.critic is not None:  # critic ranks, if any: after an error they stop as this rank exits
@@ -287,3 +266,22 @@ class RunContext:
         finally:
             release(self.run_lock)
             D.shutdown(wait_for_peers=clean)
+
+
+def close_parts(parts: list[tuple[str, Callable[[], None]]], clean: bool) -> None:
+    """Call each ``(name, close)`` in order, whatever the others do, so that the error a user sees is
+    the run's own: after an error every part is still closed, and a part that fails too (wandb writing
+    into a run directory that has just turned read-only) is named in one line, so the run's error stays
+    the one printed last; after a clean run the first failure is raised once every part has closed."""
+    first_failure = None
+    for name, close_part in parts:
+        try:
+            close_part()
+        except Exception as e:  # noqa: BLE001 -- reported, and the other parts still close
+            if clean:
+                first_failure = first_failure or e
+            else:
+                print(f"[vcppo] while stopping after the error below, the {name} failed to close too: "
+                      f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    if first_failure is not None:
+        raise first_failure

@@ -7,13 +7,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from vcppo.driver.state import Phase, RunState
 from vcppo.driver.durability.critic_cache import cached_critic, critic_source
 from vcppo.driver.step.critic_side import Critic, LocalCritic
-from vcppo.driver.step.step_plan import critic_on_own_ranks
-from vcppo.driver.placement.remote_critic import RemoteCritic
-from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.critic import CriticEngine
 from vcppo.engines.engine_setup import checkpoint_zero_stage, resolve_zero_stage
@@ -22,6 +20,7 @@ from vcppo.engines.lora import enabled as lora_enabled
 from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_choice import make_rollout_engine
+from vcppo.config.placement import Placement
 from vcppo.config.schema import Config
 from vcppo.tracking import MetricsLogger
 from vcppo.methods import uses_critic
@@ -110,20 +109,25 @@ def build_critic(cfg: Config, dist: DistInfo, log, resumed: RunState | None,
 
 
 def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunState | None = None,
-                  resume_point: Path | None = None) -> Engines:
+                  resume_point: Path | None = None,
+                  remote_critic: Callable | None = None) -> Engines:
     """vLLM first (its start-up module scan must precede any numba / llvmlite import), then the DeepSpeed engines. ``resumed``:
-    the state of the checkpoint the run resumes from, in ``resume_point`` (None: a fresh start)."""
+    the state of the checkpoint the run resumes from, in ``resume_point`` (None: a fresh start).
+    ``remote_critic``: starts the critic on ranks of its own, where the placement puts it there
+    (:func:`vcppo.driver.placement.remote_critic.start_remote_critic`)."""
     alg, temperature = cfg.algorithm, cfg.rollout.temperature
     ckpt = (lambda role: resume_point / role) if resume_point is not None else (lambda role: None)
     rollout = None  # split placement: the rollout ranks sample (driver/placement/rollout_worker.py)
-    if dist.role != "train":
+    if Placement.of(cfg).samples_on(dist.role):
         rollout = make_rollout_engine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
                                       max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
                                       dtype=cfg.model.dtype, lora_rank=adapter_sync_rank(cfg), log=log.info)
     remote = None
-    if uses_critic(alg.advantage_estimator) and critic_on_own_ranks(cfg):  # they start while the actor does here
-        remote = RemoteCritic(D.get_critic_link())
-        remote.start(resume_point)
+    if uses_critic(alg.advantage_estimator) and Placement.of(cfg).critic_apart:  # they start while the actor does here
+        if remote_critic is None:
+            raise RuntimeError("the critic has ranks of its own (placement.critic_ranks), but the run gave no "
+                               "remote critic to start")
+        remote = remote_critic(resume_point)
     actor_steps = cfg.trainer.total_steps * optimizer_steps_per_rl_step(cfg.actor)
     actor_cfg = with_zero_stage(cfg.actor, dist, log, "actor", ckpt("actor"))
     actor = ActorEngine(cfg.model.policy_path, actor_cfg, dist, total_optimizer_steps=max(1, actor_steps),

@@ -11,15 +11,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vcppo.config.placement import CRITIC, ROLLOUT
 from vcppo.config.schema import Config
 from vcppo.driver.context import RunContext, init_run_distributed
 from vcppo.driver.durability.resume import resume_or_start
 from vcppo.driver.loops import ppo_loop, reuse_pretrained_critic, value_pretrain
 from vcppo.driver.placement.colocated import make_source
 from vcppo.driver.placement.critic_worker import serve_critic
+from vcppo.driver.placement.remote_critic import start_remote_critic
 from vcppo.driver.placement.rollout_worker import serve_rollouts
 from vcppo.driver.state import Phase
 from vcppo.driver.step.step_plan import ppo_plan, pretrain_plan
+
+
+SERVES = {ROLLOUT: serve_rollouts, CRITIC: serve_critic}  # what a split run's other ranks do
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -31,11 +36,11 @@ def run_dir_of(cfg: Config) -> Path:
 def train(cfg: Config) -> Path:
     """Both phases; returns the run directory. The rollout ranks of a split run serve batches
     instead, and its critic ranks (``placement.critic_ranks``) the critic's steps."""
-    role = init_run_distributed(cfg).role
-    if role in ("rollout", "critic"):
-        (serve_rollouts if role == "rollout" else serve_critic)(cfg, run_dir_of(cfg))
+    serve = SERVES.get(init_run_distributed(cfg).role)
+    if serve is not None:  # a rank that only samples, or only holds the critic
+        serve(cfg, run_dir_of(cfg))
         return run_dir_of(cfg)
-    ctx = RunContext.create(cfg, run_dir_of(cfg))
+    ctx = RunContext.create(cfg, run_dir_of(cfg), remote_critic=start_remote_critic)
     finished = False
     try:
         state = resume_or_start(ctx)

@@ -36,59 +36,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as tdist
 
-TRAIN, CRITIC, ROLLOUT = "train", "critic", "rollout"
-
-
-@dataclass(frozen=True)
-class Roles:
-    """W launcher ranks: the first ``world_size - critic_ranks - rollout_ranks`` train (the actor,
-    and the critic unless it has ranks of its own), the next ``critic_ranks`` hold the critic only,
-    the last ``rollout_ranks`` sample (so on a multi-node launch the rollout ranks fill the last
-    node(s)). Critic rank i serves training rank i, so there are as many of each."""
-    world_size: int
-    rollout_ranks: int
-    critic_ranks: int = 0
-
-    def __post_init__(self):
-        if not 1 <= self.rollout_ranks < self.world_size - self.critic_ranks:
-            raise ValueError(f"'placement.rollout_ranks' ({self.rollout_ranks}) must leave at least one training "
-                             f"rank among the {self.world_size} launched ranks, after {self.critic_ranks} critic rank(s)")
-        if self.critic_ranks and self.critic_ranks != self.train_ranks:
-            raise ValueError(f"'placement.critic_ranks' ({self.critic_ranks}) must equal the number of actor ranks "
-                             f"({self.train_ranks} of the {self.world_size} launched ranks): critic rank i serves "
-                             "actor rank i")
-
-    @property
-    def train_ranks(self) -> int:
-        """The actor's ranks (and the critic's, without ranks of its own)."""
-        return self.world_size - self.rollout_ranks - self.critic_ranks
-
-    def role_of(self, rank: int) -> str:
-        if rank < self.train_ranks:
-            return TRAIN
-        return CRITIC if rank < self.train_ranks + self.critic_ranks else ROLLOUT
-
-    def _first(self, role: str) -> int:
-        return {TRAIN: 0, CRITIC: self.train_ranks, ROLLOUT: self.train_ranks + self.critic_ranks}[role]
-
-    def role_rank(self, rank: int) -> int:
-        """The rank within its role world."""
-        return rank - self._first(self.role_of(rank))
-
-    def role_size(self, rank: int) -> int:
-        return {TRAIN: self.train_ranks, CRITIC: self.critic_ranks, ROLLOUT: self.rollout_ranks}[self.role_of(rank)]
-
-    def bridge_rank(self, rank: int) -> int | None:
-        """0 for training rank 0, 1..R for the rollout ranks, None for the other ranks."""
-        if rank == 0:
-            return 0
-        return rank - self._first(ROLLOUT) + 1 if self.role_of(rank) == ROLLOUT else None
-
-    def critic_partner(self, rank: int) -> int | None:
-        """The training rank's critic rank, or the critic rank's training rank (None: no partner)."""
-        if not self.critic_ranks or self.role_of(rank) == ROLLOUT:
-            return None
-        return rank + self.train_ranks if rank < self.train_ranks else rank - self.train_ranks
+from vcppo.config.placement import Roles
 
 
 def _rendezvous_store(rank: int, world_size: int, timeout: timedelta):

@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from vcppo.config.placement import BOTH
 from vcppo.engines.launch_env import (free_port, private_extension_dir, shm_segment, skip_shm_collective,
                                      slurm_launcher_env, unlink_shm_segment, use_cuda)
 
@@ -34,7 +35,7 @@ class DistInfo:
     device: torch.device
     backend: str
     is_main: bool
-    role: str = "both"   # placement.mode=split: "train", "critic" or "rollout" (engines.bridge); else "both"
+    role: str = BOTH     # vcppo.config.placement: TRAIN, CRITIC or ROLLOUT under split placement
 
 
 _INFO: DistInfo | None = None
@@ -109,7 +110,8 @@ def _init_split(rollout_ranks: int, critic_ranks: int, rank: int, world: int, lo
 
     import deepspeed
 
-    from vcppo.engines.bridge import CRITIC, Bridge, CriticLink, Roles, init_role_world
+    from vcppo.config.placement import CRITIC, Roles
+    from vcppo.engines.bridge import Bridge, CriticLink, init_role_world
     roles, timeout = Roles(world, rollout_ranks, critic_ranks), timedelta(seconds=timeout_s)
     if dev.type == "cpu":
         # DeepSpeed's CPU shm all-reduce sizes itself by the node's launcher ranks, which now

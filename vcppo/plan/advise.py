@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from vcppo.config.placement import Placement
 from vcppo.plan import memory as M
 from vcppo.plan import timing as T
 from vcppo.plan.hardware import GiB, Hardware, dtype_bytes
@@ -130,15 +131,7 @@ class Plan:
 def ranks(cfg: Config, cluster: Cluster) -> tuple[int, int]:
     """(training ranks, rollout ranks) of the run; with ``placement.critic_ranks`` the training
     ranks are the actor's (the critic has as many of its own)."""
-    if cfg.placement.mode != "split":
-        return cluster.world, cluster.world
-    rollout, critic = cfg.placement.rollout_ranks, cfg.placement.critic_ranks
-    train = cluster.world - rollout - critic
-    if train < 1 or (critic and critic != train):
-        raise ConfigError(f"config keys 'placement.rollout_ranks' ({rollout}) and 'placement.critic_ranks' ({critic}) "
-                          f"must leave actor ranks (as many as critic ranks, if any) among {cluster.world} GPUs "
-                          f"({cluster.gpus_per_node} per node x {cluster.nodes} nodes)")
-    return train, rollout
+    return Placement.of(cfg).ranks(cluster.world)
 
 
 def sequence_parallel(engine_cfg) -> int:
@@ -257,9 +250,10 @@ def phase_checks(cfg: Config, cluster: Cluster, engines: list[EngineMemory], vll
     resident = sum(e.states.resident_bytes for e in engines)
     working = max(e.working_bytes for e in engines)
     kv_sequences = vllm.max_length_sequences
-    if cfg.placement.mode == "split":
+    placement = Placement.of(cfg)
+    if placement.split:
         vllm_check = Check("rollout ranks: vLLM", "rollout", vllm.budget_bytes, usable, kv_sequences)
-        if not cfg.placement.critic_ranks:
+        if not placement.critic_apart:
             return [Check("training ranks: states + working set", "train", resident + working, usable), vllm_check]
         actor = [e for e in engines if e.role != "critic"]
         critic = [e for e in engines if e.role == "critic"]
@@ -278,7 +272,7 @@ def cpu_bytes_per_node(cfg: Config, cluster: Cluster, engines: list[EngineMemory
     train_ranks, _ = ranks(cfg, cluster)
     per_node = min(cluster.gpus_per_node, train_ranks)
     offloaded = sum(e.states.cpu_bytes for e in engines) * per_node
-    sleeping = cfg.placement.mode != "split" and cfg.rollout.free_memory_during_training
+    sleeping = Placement.of(cfg).rollout_beside_training and cfg.rollout.free_memory_during_training
     return offloaded + (vllm.weights_bytes * cluster.gpus_per_node if sleeping and not cluster.hardware.is_cpu else 0.0)
 
 
@@ -343,7 +337,8 @@ def step_time(cfg: Config, shapes: Shapes, cluster: Cluster, engines: list[Engin
                  else math.inf)
     tokens = responses * (lengths.prompt + lengths.response)
     models = trained_models(cfg, shapes, lengths, responses, cluster, d)
-    if cfg.placement.mode == "split" and cfg.placement.critic_ranks:  # the two updates side by side
+    placement = Placement.of(cfg)
+    if placement.critic_apart:  # the two updates side by side
         sides = ([m for m in models if m.role != "critic"], [m for m in models if m.role == "critic"])
         training_s = max(T.training_seconds(side, tokens, cluster.hardware, d, train_gpus, mfu) for side in sides)
         flop_gpus = 2 * train_gpus
@@ -354,8 +349,7 @@ def step_time(cfg: Config, shapes: Shapes, cluster: Cluster, engines: list[Engin
     exchange_s = sum(m.forward_passes * m.exchange_seconds("forward") + m.train_passes * m.exchange_seconds("update")
                      for m in models)
     training_mfu = flops / (flop_gpus * cluster.hardware.flops(d) * training_s) if training_s > 0 else 0.0
-    overlapped = cfg.placement.mode == "split" and cfg.trainer.max_staleness > 0
-    step_s = max(rollout_s, training_s) if overlapped else rollout_s + training_s
+    step_s = max(rollout_s, training_s) if placement.overlapped else rollout_s + training_s
     return StepTime(rollout_s, training_s, step_s, responses, tokens, rollout_gpus, train_gpus, training_mfu,
                     lengths.prompt, lengths.response, exchange_s)
 
@@ -376,7 +370,7 @@ def plan_run(cfg: Config, shapes: Shapes, cluster: Cluster, mfu: float | None = 
     engines = engine_memory(cfg, shapes, train_ranks, d)
     vllm = rollout_memory(cfg, shapes.policy, cluster, d)
     notes = []
-    if cfg.placement.mode == "split" and rollout_share(cfg, cluster) < 0.8:
+    if Placement.of(cfg).split and rollout_share(cfg, cluster) < 0.8:
         notes.append("split: the rollout ranks run only vLLM; rollout.gpu_memory_utilization=0.9 gives it "
                      "the rest of their memory as KV cache")
     return Plan(cluster, d, engines, vllm, phase_checks(cfg, cluster, engines, vllm),

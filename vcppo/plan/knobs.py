@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 
 import yaml
 
+from vcppo.config.placement import Placement
 from vcppo.plan import memory as M
 from vcppo.plan.advise import (Cluster, Plan, Shapes, builds_reference, plan_run, ranks, rollout_share,
                                sequence_parallel_problem, sequence_parallel_sizes)
@@ -120,7 +121,7 @@ def fitting_share(s: Setting, plan: Plan, shapes: Shapes) -> list[str]:
     """The largest gpu_memory_utilization (in steps of 0.05) that the resident states leave room for,
     if it differs from the current one and its KV cache holds a sequence of the maximum length."""
     hw = s.cluster.hardware
-    resident = 0.0 if s.cfg.placement.mode == "split" else sum(e.states.resident_bytes for e in plan.engines)
+    resident = 0.0 if Placement.of(s.cfg).split else sum(e.states.resident_bytes for e in plan.engines)
     share = min(0.95, math.floor((hw.usable_bytes - resident) / hw.memory_bytes * 20) / 20)
     if share < 0.05 or abs(share - rollout_share(s.cfg, s.cluster)) < 1e-9:
         return []
@@ -131,7 +132,7 @@ def fitting_share(s: Setting, plan: Plan, shapes: Shapes) -> list[str]:
 
 def wider_tensor_parallel(s: Setting, shapes: Shapes) -> list[str]:
     tp = s.cfg.rollout.tensor_parallel_size * 2
-    if s.cfg.placement.mode == "split" or s.cluster.gpus_per_node % tp or shapes.policy.num_heads % tp:
+    if Placement.of(s.cfg).split or s.cluster.gpus_per_node % tp or shapes.policy.num_heads % tp:
         return []
     return [f"rollout.tensor_parallel_size={tp}"]
 
@@ -143,7 +144,7 @@ def section_shape(section: str, shapes: Shapes):
 def next_sequence_parallel(s: Setting, section: str, shapes: Shapes, current: int) -> int | None:
     """The smallest SP size above ``current`` that ``section``'s model and the training ranks allow
     (None under split placement, which SP does not support yet, or when there is none)."""
-    if s.cfg.placement.mode == "split":
+    if Placement.of(s.cfg).split:
         return None
     train_ranks, _ = ranks(s.cfg, s.cluster)
     return next((n for n in sequence_parallel_sizes(section_shape(section, shapes), train_ranks) if n > current), None)
@@ -273,7 +274,7 @@ def find_faster(setting: Setting, shapes: Shapes, mfu: float | None = None,
 
 def sequence_parallel_limits(s: Setting, shapes: Shapes) -> str:
     """Which SP sizes the trained engines' models and training ranks allow, and why no larger one."""
-    if s.cfg.placement.mode == "split":
+    if Placement.of(s.cfg).split:
         return "sequence parallelism does not run under placement.mode=split yet"
     train_ranks, _ = ranks(s.cfg, s.cluster)
     by_shape: dict = {}

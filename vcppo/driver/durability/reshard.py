@@ -27,6 +27,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from vcppo.config.placement import Placement
 from vcppo.driver.durability import manifest
 from vcppo.driver.durability.checkpoint import CheckpointError
 from vcppo.engines.engine_setup import CHECKPOINT_TAG, checkpoint_zero_stage, resolve_zero_stage
@@ -135,7 +136,7 @@ def prepare(point: Path, run_dir: Path, cfg, rank_is_main: bool, world_size: int
     wrote = written_world_size(point)
     if not wrote or wrote == world_size:
         return {}
-    if cfg.placement.mode == "split":
+    if Placement.of(cfg).split:
         raise CheckpointError(f"checkpoint {point} was written by {wrote} training rank(s) and this split run has "
                               f"{world_size}: with placement.mode=split a run resumes only on the training ranks "
                               "that checkpointed it")

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 from vcppo.driver.durability import checkpoint as ckpt
 from vcppo.driver.durability import disk_space, manifest, reshard
-from vcppo.driver.context import RunContext
 from vcppo.driver.state import Phase, RunState
 from vcppo.driver.durability.resume_checks import write_run_config
 from vcppo.driver.durability.run_records import metrics_size
 from vcppo.driver.durability.restore_engine import restore_engine
-from vcppo.driver.step.sources import ExperienceSource
 from vcppo.engines import collectives
+
+if TYPE_CHECKING:  # what is saved: the run's parts and its source, built above durability
+    from vcppo.driver.context import RunContext
+    from vcppo.driver.step.sources import ExperienceSource
 
 
 def save_checkpoint(ctx: RunContext, state: RunState, source: ExperienceSource) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vcppo.config.placement import Placement
 from vcppo.driver.context import RunContext
 from vcppo.driver.state import Phase, RunState
 from vcppo.driver.placement.remote_source import RemoteSource
@@ -67,7 +68,8 @@ class ColocatedSource:
 
 
 def make_source(ctx: RunContext, plan: StepPlan) -> ExperienceSource:
-    """The run's source: colocated, or the rollout ranks of a split run."""
-    if ctx.dist.role == "train":
-        return RemoteSource(ctx)
-    return ColocatedSource.for_run(ctx, plan)
+    """The run's source: this rank's own engine where it samples (colocated), else the rollout ranks'
+    (the training ranks of a split run)."""
+    if Placement.of(ctx.cfg).samples_on(ctx.dist.role):
+        return ColocatedSource.for_run(ctx, plan)
+    return RemoteSource(ctx)

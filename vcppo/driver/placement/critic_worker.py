@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from vcppo.config.placement import CRITIC
 from vcppo.driver.durability.checkpoint import peek_state, rng_state, set_rng_state
 from vcppo.driver.context import init_run_distributed, seed_process
 from vcppo.driver.placement.critic_protocol import (Command, CriticStep, Done, Failed, Ready, StartCritic, StopCritic,
@@ -119,7 +120,7 @@ def serve_critic(cfg: Config, run_dir: Path) -> None:
     """A critic rank's whole life in a split run; returns when its actor rank says stop."""
     dist = init_run_distributed(cfg)
     seed_process(cfg)
-    server = CriticServer(cfg, dist, D.get_critic_link(), Timeline(run_dir if cfg.logging.timeline else None, "critic"))
+    server = CriticServer(cfg, dist, D.get_critic_link(), Timeline(run_dir if cfg.logging.timeline else None, CRITIC))
     clean = False
     try:
         server.serve()

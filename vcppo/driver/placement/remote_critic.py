@@ -15,6 +15,7 @@ import torch
 
 from vcppo.driver.placement.critic_protocol import (Command, CriticStep, Done, Failed, Ready, StartCritic, StopCritic,
                                           UpdateDone, Values)
+from vcppo.engines import dist as D
 from vcppo.experience import CriticResult, Rollout
 
 
@@ -85,3 +86,11 @@ class RemoteCritic:
     def close(self) -> None:
         self.link.send(StopCritic())
         self.link.flush()
+
+
+def start_remote_critic(resume_point: Path | None) -> RemoteCritic:
+    """This training rank's critic, on its critic rank (``placement.critic_ranks``): asked to build its
+    engine from ``resume_point`` (None: a fresh start), which it does while this rank builds the actor."""
+    remote = RemoteCritic(D.get_critic_link())
+    remote.start(resume_point)
+    return remote

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from vcppo.config.placement import ROLLOUT
 from vcppo.driver.context import init_run_distributed, load_prompt_set, make_scorer, pad_token_id
 from vcppo.driver.step.experience_maker import ExperienceMaker
 from vcppo.driver.step.step_plan import wants_sampler_logprobs
@@ -51,7 +52,7 @@ class RolloutServer:
                                           dtype=cfg.model.dtype)
         self.maker = ExperienceMaker(cfg, self.dist, self.prompts, self.engine, self.scorer, pad_token_id(tokenizer),
                                      logprobs=wants_sampler_logprobs(cfg, self.dist.device))
-        self.timeline = Timeline(run_dir if cfg.logging.timeline else None, "rollout")
+        self.timeline = Timeline(run_dir if cfg.logging.timeline else None, ROLLOUT)
         self.phase, self.next_step, self.trainer_done, self.version = Phase.PPO, 1, 0, 0
         self.started = self.stopped = False  # nothing is sampled before the trainer's Start
 

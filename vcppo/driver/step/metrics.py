@@ -1,7 +1,7 @@
 """What a step reports: phase timings, the collapse diagnostics over the global batch, validation."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -9,7 +9,6 @@ import torch
 from vcppo.algos import stats
 from vcppo.algos.kl import kl_estimate, sequence_mean_kl
 from vcppo.algos.mismatch import mismatch_stats, tis_weights
-from vcppo.driver.context import RunContext
 from vcppo.engines.collectives import gather_cat
 from vcppo.driver.step.samples import pick_samples
 from vcppo.driver.step.step_plan import Source, StepPlan
@@ -17,6 +16,9 @@ from vcppo.driver.state import Phase
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.validation import SAMPLES_KEY
 from vcppo.experience import Advantages, BeforeUpdate, CriticResult, Rollout
+
+if TYPE_CHECKING:  # the step reads the run's parts; the wiring that builds them sits above it
+    from vcppo.driver.context import RunContext
 
 
 def position_diagnostics(adv: torch.Tensor, mask: torch.Tensor, buckets: int) -> dict:

@@ -27,10 +27,11 @@ own, while this rank's actor trains), and hands back its targets and metrics aft
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
 from vcppo.driver.step.advantages import estimate
 from vcppo.driver.state import RunState
-from vcppo.driver.context import RunContext
 from vcppo.driver.step.metrics import kl_metrics, log_samples, step_metrics
 from vcppo.driver.step.reward import RewardAssembly
 from vcppo.driver.step.timeline import PhaseTimer
@@ -40,6 +41,9 @@ from vcppo.driver.step.update import update_actor
 from vcppo.engines.collectives import global_sum
 from vcppo.experience import ActorBatch, BeforeUpdate, Rollout
 from vcppo.config.schema import AlgorithmConfig
+
+if TYPE_CHECKING:  # the step reads the run's parts; the wiring that builds them sits above it
+    from vcppo.driver.context import RunContext
 
 
 def kl_coef_now(state: RunState, alg: AlgorithmConfig) -> float:

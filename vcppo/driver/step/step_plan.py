@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from vcppo.config.placement import Placement
 from vcppo.config.rules import logprob_users
 from vcppo.driver.state import Phase
 from vcppo.methods import uses_critic
@@ -100,10 +101,6 @@ def one_optimizer_step(optim: UpdateConfig) -> bool:
     return optim.ppo_epochs == 1 and optim.ppo_mini_batches == 1
 
 
-def critic_on_own_ranks(cfg: Config) -> bool:
-    return cfg.placement.mode == "split" and cfg.placement.critic_ranks > 0
-
-
 def wants_sampler_logprobs(cfg: Config, device) -> bool:
     """Whether a training step asks vLLM for the sampled tokens' logprobs (``rollout.sampler_logprobs``).
     null (auto): when a config key uses them, or when the sampler runs in bf16 / fp16
@@ -148,7 +145,7 @@ def ppo_plan(cfg: Config, device=None) -> StepPlan:
         entropy = Source.PASS
     else:
         entropy = Source.UPDATE if one_step else Source.NONE
-    remote = critic_on_own_ranks(cfg)
+    remote = Placement.of(cfg).critic_apart
     v_old = _v_old(cfg, cfg.algorithm.lambda_critic, overlap=remote)
     return StepPlan(phase=Phase.PPO, pi_old=pi_old, v_old=v_old, entropy=entropy,
                     critic_first=v_old is Source.UPDATE, kl_in_reward=kl_in_reward,
@@ -165,4 +162,4 @@ def pretrain_plan(cfg: Config, device=None) -> StepPlan:
                     critic_first=v_old is Source.UPDATE, kl_in_reward=False, kl_in_loss=False,
                     actor_trains=False, lambda_critic=lam,
                     sampler_logprobs=device is not None and wants_sampler_logprobs(cfg, device),
-                    critic_remote=critic_on_own_ranks(cfg))
+                    critic_remote=Placement.of(cfg).critic_apart)

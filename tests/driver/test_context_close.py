@@ -1,4 +1,4 @@
-"""RunContext.close (driver.teardown): after an error every part closes and the run's own error stays the one the
+"""RunContext.close (driver.context.close_parts): after an error every part closes and the run's own error stays the one the
 user sees; after a clean run a failing part is raised."""
 from types import SimpleNamespace
 
