@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Episodes with feedback (docs/results.md, "Which method for which regime?"): guess/ built as `vcppo demo
-# demo_guess` builds it (data, the small model, SFT until greedy validation solves half the numbers), then
-# the sweep regimes_episodes: VC-PPO at 16 x 4 and 64 x 1, PPO, GRPO, RLOO and REINFORCE++-baseline on
-# `guess` episodes, 3 seeds (vcppo/configs/sweeps/regimes_episodes.yaml). Everything goes under guess/ and
-# runs/ in the working directory; a finished stage or run is skipped on a rerun.
+# Episodes with feedback (docs/results.md, "Which method for which regime?"): guess/ and chain_tools/ built
+# as `vcppo demo demo_guess` and `vcppo demo demo_chain_tools` build them (data, the small model, SFT), then
+# the sweep regimes_episodes (VC-PPO at 16 x 4 and 64 x 1, PPO, GRPO, RLOO and REINFORCE++-baseline on
+# `guess`) and the sweep regimes_tools (VC-PPO at 16 x 4 and 64 x 1, GRPO and RLOO on `chain_tools`), 3
+# seeds each (vcppo/configs/sweeps/). Everything goes under guess/, chain_tools/ and runs/ in the working
+# directory; a finished stage or run is skipped on a rerun.
 #   launch/regimes_episodes.sh [--dry-run]
-# One run at a time (18 runs).
+# One run at a time (18 + 12 runs).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VCPPO="${VCPPO:-$( [ -x "$REPO/.venv/bin/vcppo" ] && echo "$REPO/.venv/bin/vcppo" || echo vcppo )}"
@@ -13,5 +14,10 @@ if [[ " $* " != *" --dry-run "* ]]; then
   [ -f guess/data/train.parquet ] || "$VCPPO" data make --task guess --out guess/data
   [ -f guess/init-small/config.json ] || "$VCPPO" model make --size small --out guess/init-small
   [ -f guess/sft/sft_summary.json ] || "$VCPPO" sft demo_guess demo.workdir=guess logging.wandb=false
+  [ -f chain_tools/data/train.parquet ] || "$VCPPO" data make --task chain_tools --out chain_tools/data
+  [ -f chain_tools/init-small/config.json ] || "$VCPPO" model make --size small --out chain_tools/init-small
+  [ -f chain_tools/sft/sft_summary.json ] || "$VCPPO" sft demo_chain_tools demo.workdir=chain_tools \
+    logging.wandb=false
 fi
 "$VCPPO" sweep regimes_episodes --keep-going "$@"
+"$VCPPO" sweep regimes_tools --keep-going "$@"

@@ -188,15 +188,6 @@ def test_the_driver_is_its_wiring_and_three_packages():
     assert not any(any((PKG / "driver" / pkg).glob("*/__init__.py")) for pkg in DRIVER_PACKAGES)  # one level
 
 
-def test_placement_sits_above_the_step_and_durability():
-    """Inside driver/, the step and durability never import placement/: a placement (colocated, split, the
-    critic's own ranks) builds on the step, which meets it only through its protocols (sources.py,
-    critic_side.py)."""
-    up = [f"{src} -> {dst}" for src, dsts in import_graph().items() for dst in dsts
-          if src.startswith(("vcppo.driver.step.", "vcppo.driver.durability.")) and dst.startswith("vcppo.driver.placement")]
-    assert not up, up
-
-
 def test_the_run_state_is_the_bottom_of_the_driver():
     """Phase and RunState (driver/state.py) import nothing of the driver: every part of it may read them."""
     assert not {m for m in import_graph()["vcppo.driver.state"] if m.startswith("vcppo.")}
@@ -244,3 +235,16 @@ def test_placement_is_asked_not_read():
             if PLACEMENT_READ.search(line.split("#")[0]) and not line.lstrip().startswith(("#", '"', "'"))]
     assert not hits, hits
     assert PLACEMENT_READ.search('if cfg.placement.mode == "split":') and PLACEMENT_READ.search('if dist.role != "train":')
+
+
+def test_one_gae_pass_per_step():
+    """The step estimates the advantages in one call (``estimate``, whose one GAE pass also gives the
+    critic's targets); ``critic_targets`` runs only on the critic's side, for a critic on ranks of its
+    own; no other driver module runs a GAE scan (tests/driver/test_methods_table.py counts the calls)."""
+    step = PKG / "driver" / "step"
+    assert len(re.findall(r"\bestimate\(", (step / "rl_step.py").read_text())) == 1
+    calls = {p.name: len(re.findall(r"\bcritic_targets\(", p.read_text())) for p in step.glob("*.py")}
+    assert {k: v for k, v in calls.items() if v} == {"advantages.py": 1, "critic_side.py": 1}  # its def, its one call
+    scans = [str(p.relative_to(PKG)) for p in (PKG / "driver").rglob("*.py")
+             if re.search(r"decoupled_gae\(|estimators\.gae\(", p.read_text())]
+    assert scans == ["driver/step/advantages.py"], scans

@@ -133,8 +133,19 @@ def test_regimes_episodes_runs_every_method_on_guess_episodes_at_64_a_step():
         ("reinforce_plus_plus_baseline", 16, 4)]}
 
 
+def test_regimes_tools_runs_the_critic_and_the_groups_on_chain_tools_episodes():
+    runs = expand(load_sweep("regimes_tools")[1])
+    settings = {}
+    for r in runs:
+        last = lambda key, default=None: last_override(r["overrides"], key, default)  # noqa: E731
+        prompts, n = int(last("trainer.prompts_per_step")), int(last("rollout.n_samples_per_prompt"))
+        assert prompts * n == 64 and last("rollout.env") == "tools" and last("trainer.total_steps") == "20"
+        settings.setdefault((r["preset"], prompts, n), set()).add(last("trainer.seed"))
+    assert settings == {s: {"0", "1", "2"} for s in [("vcppo", 16, 4), ("vcppo", 64, 1), ("grpo", 16, 4), ("rloo", 16, 4)]}
+
+
 @pytest.mark.parametrize("script,runs", [("regimes_samples", 18), ("regimes_critic_updates", 9), ("regimes_reuse", 18),
-                                         ("regimes_episodes", 18)])
+                                         ("regimes_episodes", 30)])
 def test_regimes_dry_run_lists_every_run_and_builds_nothing(script, runs, tmp_path):
     res = subprocess.run([str(REPO / f"launch/{script}.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
                          capture_output=True, text=True, timeout=300)
