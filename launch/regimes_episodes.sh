@@ -19,5 +19,7 @@ if [[ " $* " != *" --dry-run "* ]]; then
   [ -f chain_tools/sft/sft_summary.json ] || "$VCPPO" sft demo_chain_tools demo.workdir=chain_tools \
     logging.wandb=false
 fi
-"$VCPPO" sweep regimes_episodes --keep-going "$@"
-"$VCPPO" sweep regimes_tools --keep-going "$@"
+rc=0  # a failed run of the first sweep does not keep the second from running
+"$VCPPO" sweep regimes_episodes --keep-going "$@" || rc=$?
+"$VCPPO" sweep regimes_tools --keep-going "$@" || rc=$?
+exit $rc

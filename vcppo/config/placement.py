@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from vcppo.config.schema import Config, ConfigError
 
 TRAIN, CRITIC, ROLLOUT, BOTH = "train", "critic", "rollout", "both"  # a rank's role
-COLOCATED, SPLIT = "colocated", "split"  # placement.mode
+SPLIT = "split"  # placement.mode: "colocated" (the default) or this
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Roles:
 class Placement:
     """The run's placement (``Placement.of(cfg)``); ``world`` below is the number of launched ranks
     (GPUs, for the planner)."""
-    mode: str            # COLOCATED or SPLIT
+    mode: str            # "colocated" or SPLIT
     rollout_ranks: int   # split: ranks that only sample
     critic_ranks: int    # split: ranks that hold only the critic (0: the critic trains beside the actor)
     max_staleness: int   # split: how many steps sampling may run ahead of training
@@ -141,7 +141,7 @@ class Placement:
         return {"split_rollout_ranks": self.rollout_ranks, "split_critic_ranks": self.critic_ranks}
 
     def describe(self) -> str:
-        """The start-up line's account of a split run's ranks."""
+        """The start-up line's account of a split run's ranks (a split run's training rank says it)."""
         return f"split placement: {self.rollout_ranks} rollout rank(s) sample" + \
             (f", {self.critic_ranks} critic rank(s) hold the critic" if self.critic_ranks else "")
 

@@ -1,5 +1,5 @@
 """The wiring of a training run: process group, seeds, data, logger, reward, the engines, the run
-directory's lock and its resume point.
+directory's lock and its resume point, and closing them in order (:func:`close_parts`).
 
 :class:`RunContext` is built once per run (:meth:`RunContext.create`) and handed to the phases
 (value pretraining, PPO); it holds no training logic (sampling is
@@ -125,9 +125,9 @@ def init_run_distributed(cfg: Config) -> DistInfo:
     placement = Placement.of(cfg)
     if D.get_info() is None:  # before the group and DeepSpeed's shm segments exist: a clean exit leaves none
         world = launch_env.launched_world_size()
-        placement.check_ranks(world, cfg.trainer.prompts_per_step)
         if not placement.split:
             check_sequence_parallel_ranks(cfg, world)
+        placement.check_ranks(world, cfg.trainer.prompts_per_step)
     return D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s,
                               **placement.dist_args())
 

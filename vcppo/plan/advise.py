@@ -131,7 +131,10 @@ class Plan:
 def ranks(cfg: Config, cluster: Cluster) -> tuple[int, int]:
     """(training ranks, rollout ranks) of the run; with ``placement.critic_ranks`` the training
     ranks are the actor's (the critic has as many of its own)."""
-    return Placement.of(cfg).ranks(cluster.world)
+    try:
+        return Placement.of(cfg).ranks(cluster.world)
+    except ConfigError as e:
+        raise ConfigError(f"{e} ({cluster.world} GPUs: {cluster.gpus_per_node} per node x {cluster.nodes} nodes)") from None
 
 
 def sequence_parallel(engine_cfg) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from vcppo.config.placement import Placement
 from vcppo.driver.state import Phase, RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.step.sampling import share_of_step
@@ -150,7 +151,7 @@ class RemoteSource:
         done = state.phase_step
         total = self.cfg.trainer.total_steps if phase == Phase.PPO else self.cfg.value_pretrain.steps
         held = [self._fetch(("batch", phase, j))
-                for j in held_after_checkpoint(phase, done, total, self.cfg.trainer.max_staleness)]
+                for j in held_after_checkpoint(phase, done, total, Placement.of(self.cfg).max_staleness)]
         if held:
             torch.save({"batches": [_batch_record(m) for m in held]}, stage / INFLIGHT)
         return held[-1].prompt_state if held else self.consumed_state

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from vcppo.config.placement import ROLLOUT
+from vcppo.config.placement import ROLLOUT, Placement
 from vcppo.driver.context import init_run_distributed, load_prompt_set, make_scorer, pad_token_id
 from vcppo.driver.step.experience_maker import ExperienceMaker
 from vcppo.driver.step.step_plan import wants_sampler_logprobs
@@ -61,7 +61,7 @@ class RolloutServer:
         return self.cfg.value_pretrain.steps if self.phase != Phase.PPO else self.cfg.trainer.total_steps
 
     def can_sample(self) -> bool:
-        ahead = lookahead(self.phase, self.cfg.trainer.max_staleness)
+        ahead = lookahead(self.phase, Placement.of(self.cfg).max_staleness)
         return self.started and self.next_step <= self.total() and may_sample(self.next_step, self.trainer_done, ahead)
 
     def message_waiting(self) -> bool:
