@@ -21,7 +21,8 @@ class SimulatedRun(RolloutServer):
 
     def __init__(self, max_staleness: int, total_steps: int, trainer_ahead: bool, val_every: int = 0):
         self.cfg = SimpleNamespace(trainer=SimpleNamespace(max_staleness=max_staleness, total_steps=total_steps),
-                                   value_pretrain=SimpleNamespace(steps=0))
+                                   value_pretrain=SimpleNamespace(steps=0),
+                                   placement=SimpleNamespace(mode="split", rollout_ranks=1, critic_ranks=0))
         self.bridge, self.timeline = self, Timeline(None, "rollout")
         self.prompts, self.initial_prompt_state = SimpleNamespace(load_state_dict=lambda state: None), None
         self.phase, self.next_step, self.trainer_done, self.version = Phase.PPO, 1, 0, 0
