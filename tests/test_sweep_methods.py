@@ -119,29 +119,21 @@ def test_regimes_reuse_splits_only_the_actors_update_into_4_and_8_steps():
     assert settings == {(p, k): {"0", "1", "2"} for p in ("vcppo", "grpo", "gspo") for k in (4, 8)}
 
 
-def test_regimes_episodes_runs_every_method_on_guess_episodes_at_64_a_step():
-    runs = expand(load_sweep("regimes_episodes")[1])
-    settings = {}
+@pytest.mark.parametrize("sweep,env,steps,settings", [
+    ("regimes_episodes", "guess", "30", [("vcppo", 16, 4), ("vcppo", 64, 1), ("ppo", 16, 4), ("grpo", 16, 4),
+                                         ("rloo", 16, 4), ("reinforce_plus_plus_baseline", 16, 4)]),
+    ("regimes_tools", "tools", "20", [("vcppo", 16, 4), ("vcppo", 64, 1), ("grpo", 16, 4), ("rloo", 16, 4)])])
+def test_regimes_episode_sweeps_run_every_method_at_64_episodes_a_step(sweep, env, steps, settings):
+    runs = expand(load_sweep(sweep)[1])
+    seen = {}
     for r in runs:
         last = lambda key, default=None: last_override(r["overrides"], key, default)  # noqa: E731
         prompts, n = int(last("trainer.prompts_per_step")), int(last("rollout.n_samples_per_prompt"))
-        assert prompts * n == 64 and last("rollout.env") == "guess" and last("rollout.max_turns") == "4"
+        assert prompts * n == 64 and last("rollout.env") == env and last("rollout.max_turns") == "4"
+        assert last("trainer.total_steps") == steps
         assert last("model.critic_init", "policy") == "policy"  # no reward model for episodes
-        settings.setdefault((r["preset"], prompts, n), set()).add(last("trainer.seed"))
-    assert settings == {s: {"0", "1", "2"} for s in [
-        ("vcppo", 16, 4), ("vcppo", 64, 1), ("ppo", 16, 4), ("grpo", 16, 4), ("rloo", 16, 4),
-        ("reinforce_plus_plus_baseline", 16, 4)]}
-
-
-def test_regimes_tools_runs_the_critic_and_the_groups_on_chain_tools_episodes():
-    runs = expand(load_sweep("regimes_tools")[1])
-    settings = {}
-    for r in runs:
-        last = lambda key, default=None: last_override(r["overrides"], key, default)  # noqa: E731
-        prompts, n = int(last("trainer.prompts_per_step")), int(last("rollout.n_samples_per_prompt"))
-        assert prompts * n == 64 and last("rollout.env") == "tools" and last("trainer.total_steps") == "20"
-        settings.setdefault((r["preset"], prompts, n), set()).add(last("trainer.seed"))
-    assert settings == {s: {"0", "1", "2"} for s in [("vcppo", 16, 4), ("vcppo", 64, 1), ("grpo", 16, 4), ("rloo", 16, 4)]}
+        seen.setdefault((r["preset"], prompts, n), set()).add(last("trainer.seed"))
+    assert seen == {s: {"0", "1", "2"} for s in settings}
 
 
 @pytest.mark.parametrize("script,runs", [("regimes_samples", 18), ("regimes_critic_updates", 9), ("regimes_reuse", 18),

@@ -115,15 +115,15 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
     the state of the checkpoint the run resumes from, in ``resume_point`` (None: a fresh start).
     ``remote_critic``: starts the critic on ranks of its own, where the placement puts it there
     (:func:`vcppo.driver.placement.remote_critic.start_remote_critic`)."""
-    alg, temperature = cfg.algorithm, cfg.rollout.temperature
+    alg, temperature, placement = cfg.algorithm, cfg.rollout.temperature, Placement.of(cfg)
     ckpt = (lambda role: resume_point / role) if resume_point is not None else (lambda role: None)
     rollout = None  # split placement: the rollout ranks sample (driver/placement/rollout_worker.py)
-    if Placement.of(cfg).samples_on(dist.role):
+    if placement.samples_on(dist.role):
         rollout = make_rollout_engine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
                                       max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
                                       dtype=cfg.model.dtype, lora_rank=adapter_sync_rank(cfg), log=log.info)
     remote = None
-    if uses_critic(alg.advantage_estimator) and Placement.of(cfg).critic_apart:  # they start while the actor does here
+    if uses_critic(alg.advantage_estimator) and placement.critic_apart:  # they start while the actor does here
         if remote_critic is None:
             raise RuntimeError("the critic has ranks of its own (placement.critic_ranks), but the run gave no "
                                "remote critic to start")
