@@ -94,6 +94,35 @@ def test_regimes_samples_gives_every_setting_64_responses_and_the_critics_no_gro
     assert [r["name"].rsplit("seed", 1)[1] for r in runs] == [s for s in "012" for _ in range(6)]  # seed-major
 
 
+def test_regimes_length_runs_the_samples_settings_on_the_long_chain():
+    runs = expand(load_sweep("regimes_length")[1])
+    shapes = {}
+    for r in runs:
+        last = lambda key: last_override(r["overrides"], key)  # noqa: E731
+        prompts, n = int(last("trainer.prompts_per_step")), int(last("rollout.n_samples_per_prompt"))
+        assert prompts * n == 64 and last("trainer.total_steps") == "50"
+        assert last("data.train_files") == "chain_long/data/train.parquet" and last("model.policy_path") == "chain_long/sft"
+        assert int(last("rollout.max_response_tokens")) >= 207  # the longest SFT trace of 24 operands
+        assert (last("algorithm.lambda_actor") == "0.8") == (r["preset"] == "vcppo")
+        shapes.setdefault((r["preset"], prompts, n), set()).add(last("trainer.seed"))
+    assert shapes == {s: {"0", "1", "2"} for s in [("vcppo", 64, 1), ("vcppo", 16, 4), ("grpo", 16, 4)]}
+
+
+def test_chain_build_makes_the_directory_and_operand_count_it_is_given(tmp_path):
+    """Every stage's command names the directory; data gets the operand count (a stand-in CLI records the calls)."""
+    fake = tmp_path / "vcppo"
+    fake.write_text('#!/bin/sh\necho "$@" >> calls.txt\n')
+    fake.chmod(0o755)
+    res = subprocess.run([str(REPO / "launch/chain_build.sh"), "chain_long", "24"], cwd=tmp_path,
+                         env={**ENV, "VCPPO": str(fake)}, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert [c.split()[:2] for c in calls] == [["data", "make"], ["model", "make"], ["sft", "demo"], ["rm", "demo"]]
+    assert "--out chain_long/data" in calls[0] and "--operands 24" in calls[0] and "--difficulty 1" in calls[0]
+    assert "--out chain_long/init-small" in calls[1]
+    assert all("demo.workdir=chain_long" in c for c in calls[2:])
+
+
 def test_regimes_critic_updates_varies_only_the_critic_at_64_by_1():
     runs = expand(load_sweep("regimes_critic_updates")[1])
     assert len(runs) == 9
@@ -137,7 +166,7 @@ def test_regimes_episode_sweeps_run_every_method_at_64_episodes_a_step(sweep, en
 
 
 @pytest.mark.parametrize("script,runs", [("regimes_samples", 18), ("regimes_critic_updates", 9), ("regimes_reuse", 18),
-                                         ("regimes_episodes", 30)])
+                                         ("regimes_episodes", 30), ("regimes_length", 9)])
 def test_regimes_dry_run_lists_every_run_and_builds_nothing(script, runs, tmp_path):
     res = subprocess.run([str(REPO / f"launch/{script}.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
                          capture_output=True, text=True, timeout=300)
