@@ -106,7 +106,8 @@ def test_regimes_length_runs_the_samples_settings_on_the_long_chain():
         lam = last("algorithm.lambda_actor") if r["preset"] == "vcppo" else None
         shapes.setdefault((r["preset"], prompts, n, lam), set()).add(last("trainer.seed"))
     assert shapes == {s: {"0", "1", "2"} for s in [("vcppo", 64, 1, "0.8"), ("vcppo", 16, 4, "0.8"),
-                                                   ("vcppo", 64, 1, "0.95"), ("grpo", 16, 4, None)]}
+                                                   ("vcppo", 64, 1, "0.95"), ("vcppo", 64, 1, "1.0"),
+                                                   ("grpo", 16, 4, None)]}
 
 
 def test_chain_build_makes_the_directory_and_operand_count_it_is_given(tmp_path):
@@ -169,7 +170,7 @@ def test_regimes_episode_sweeps_run_every_method_at_64_episodes_a_step(sweep, en
 
 
 @pytest.mark.parametrize("script,runs", [("regimes_samples", 18), ("regimes_critic_updates", 9), ("regimes_reuse", 21),
-                                         ("regimes_episodes", 30), ("regimes_length", 12)])
+                                         ("regimes_episodes", 30), ("regimes_length", 15)])
 def test_regimes_dry_run_lists_every_run_and_builds_nothing(script, runs, tmp_path):
     res = subprocess.run([str(REPO / f"launch/{script}.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
                          capture_output=True, text=True, timeout=300)
