@@ -148,4 +148,6 @@ def test_v_old_from_the_critic_update_changes_no_loss_gradient_weight_or_advanta
             # Its true gradient is 0 (a bias on every key shifts all scores of a query equally, and
             # softmax ignores that); AdamW turns the ~1e-10 rounding noise into lr-sized steps.
             continue
-        torch.testing.assert_close(w_upd[name], w, rtol=1e-5, atol=1e-3 * critic_cfg.lr, msg=name)
+        # AdamW divides each gradient by its own running scale, so an element whose gradient is small turns
+        # float rounding into up to ~1e-3 lr of weight (AMD AVX2); a wrong V_old moves weights by ~lr.
+        torch.testing.assert_close(w_upd[name], w, rtol=1e-5, atol=1e-2 * critic_cfg.lr, msg=name)
