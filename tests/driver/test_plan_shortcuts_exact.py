@@ -149,5 +149,5 @@ def test_v_old_from_the_critic_update_changes_no_loss_gradient_weight_or_advanta
             # softmax ignores that); AdamW turns the ~1e-10 rounding noise into lr-sized steps.
             continue
         # AdamW divides each gradient by its own running scale, so an element whose gradient is small turns
-        # float rounding into up to ~1e-3 lr of weight (AMD AVX2); a wrong V_old moves weights by ~lr.
+        # float rounding into ~1e-3 lr of weight (1.3e-3 seen on an AVX2 host); a wrong V_old moves weights by ~lr.
         torch.testing.assert_close(w_upd[name], w, rtol=1e-5, atol=1e-2 * critic_cfg.lr, msg=name)
