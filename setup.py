@@ -21,6 +21,7 @@ COMMON = [
     "pyarrow>=15",
     "numpy",
     "pyyaml",
+    "gguf==0.19.0",                # `vcppo model import`: transformers reads GGUF files with it
 ]
 
 setup(

