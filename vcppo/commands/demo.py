@@ -1,6 +1,8 @@
 """`vcppo demo [CONFIG] [key=value ...]`: the whole pipeline on one machine, from nothing to a report.
 
     data -> small model -> SFT cold start -> [reward model] -> value pretraining + VC-PPO -> eval -> report
+    with demo.fetch (`vcppo demo demo_real`):
+    pretrained model -> data (+ a held-out harder split) -> eval -> value pretraining + VC-PPO -> eval -> report
 
 The reward-model stage runs only for a preset whose critic starts from it (``model.critic_init:
 reward_model``, e.g. ``vcppo demo model.critic_init=reward_model``, the paper's PPO baseline).
@@ -35,11 +37,63 @@ def _run(stage: str, args: list[str], log: list) -> None:
     log.append({"stage": stage, "seconds": round(time.time() - t0, 1), "command": "vcppo " + " ".join(args)})
 
 
+def _data_args(d) -> list[str]:
+    args = ["--task", d.task]
+    for flag, value in (("--difficulty", d.difficulty), ("--operands", d.operands)):
+        args += [flag, str(value)] if value is not None else []
+    return args
+
+
+def heldout_spec(value: str) -> tuple[str, int, int]:
+    """``demo.heldout`` ('TASK:DIFFICULTY:OPERANDS') as its three parts; a malformed value is one line."""
+    parts = value.split(":")
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        raise SystemExit(f"demo.heldout: expected 'TASK:DIFFICULTY:OPERANDS' (e.g. arith_words:3:3), got {value!r}")
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def _evaluate(stage: str, config: str, model: Path, data: Path, out: Path, log: list) -> dict:
+    if not out.exists():
+        _run(stage, ["eval", config, f"eval.model_path={model}", f"eval.data_files={data}",
+                     f"eval.output_json={out}"], log)
+    return json.loads(out.read_text())
+
+
+def real_pipeline(cfg, config: str, log: list) -> dict:
+    """A pretrained model (``demo.fetch``), trained as it is: fetch, data (+ held-out split), eval, RL,
+    eval. Returns ``{"base" | "rl": {"test" | "heldout": metrics}}``."""
+    d, w = cfg.demo, Path(cfg.demo.workdir)
+    model, data_dir, run_dir = Path(cfg.model.policy_path), Path(cfg.data.train_files).parent, run_dir_of(cfg)
+    if not (model / "config.json").exists():
+        _run("model", ["model", "fetch", d.fetch, "--out", str(model)], log)
+    if not Path(cfg.data.train_files).exists():
+        _run("data", ["data", "make", *_data_args(d), "--n", str(d.train_rows), "--n-eval", str(cfg.eval.max_prompts),
+                      "--format", "verl", "--out", str(data_dir)], log)
+    files = {"test": Path(cfg.eval.data_files)}
+    if d.heldout:
+        task, difficulty, operands = heldout_spec(d.heldout)
+        files["heldout"] = w / "data" / "heldout.parquet"
+        if not files["heldout"].exists():
+            _run("data-heldout", ["data", "make", "--task", task, "--difficulty", str(difficulty), "--operands",
+                                  str(operands), "--split", "test", "--n", str(cfg.eval.max_prompts),
+                                  "--format", "verl", "--out", str(files["heldout"])], log)
+    out = {"base": {name: _evaluate(f"eval-base-{name}", config, model, f, run_dir / f"{name}_base.json", log)
+                    for name, f in files.items()}}
+    if not (run_dir / "final_metrics.json").exists():
+        _run("train", ["train", config], log)
+    final = run_dir / "final" / "actor"
+    out["rl"] = {name: _evaluate(f"eval-rl-{name}", config, final, f, run_dir / f"{name}_rl.json", log)
+                 for name, f in files.items()}
+    return out
+
+
 def main(argv: list[str]) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     cfg = load_command_config(argv, "demo", default_config="demo")
     d, w = cfg.demo, Path(cfg.demo.workdir)
     config = str(save_config(cfg, w, name="demo_config.yaml"))
+    if d.fetch:
+        return _real_main(cfg, config)
     data_dir, init = Path(cfg.data.train_files).parent, Path(cfg.sft.init_model)
     sft, rm, run_dir = Path(cfg.sft.output_dir), Path(cfg.rm.output_dir), run_dir_of(cfg)
     log: list = []
@@ -81,4 +135,19 @@ def main(argv: list[str]) -> int:
           f"-> RL {r['val/pass@1_greedy']:.3f}; report: {run_dir / 'report' / 'report.md'}")
     if sft_warning:
         print(f"=== WARNING (see above): {sft_warning}")
+    return 0
+
+
+def _real_main(cfg, config: str) -> int:
+    t0, log, run_dir = time.time(), [], run_dir_of(cfg)
+    figures = real_pipeline(cfg, config, log)
+    _run("report", ["report", str(run_dir), "--title", f"vcppo demo ({cfg.preset}, {cfg.demo.fetch})"], log)
+    summary = {"minutes": round((time.time() - t0) / 60, 1), "host": machine_info(), "stages": log,
+               "test": figures}
+    (run_dir / "demo_summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"\n=== demo done in {summary['minutes']} min ({cfg.demo.fetch}); report: {run_dir / 'report' / 'report.md'}")
+    print("| split | metric | before | after RL |\n|---|---|---|---|")
+    for name in figures["base"]:
+        for key in ("val/pass@1_greedy", "val/pass@1", "val/response_length_sampled"):
+            print(f"| {name} | {key[4:]} | {figures['base'][name][key]:.3f} | {figures['rl'][name][key]:.3f} |")
     return 0

