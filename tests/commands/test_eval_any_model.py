@@ -144,7 +144,7 @@ class AddingRollout:
 @pytest.mark.parametrize("name", ["verl/test.parquet", "verl.jsonl", "plain.parquet", "plain.jsonl"])
 def test_every_format_reaches_the_scorer(art, name, monkeypatch, tmp_path):
     monkeypatch.setattr(evaluate, "make_rollout_engine", AddingRollout)
-    out = tmp_path / "m.json"
+    out = tmp_path / "not_yet" / "m.json"  # a folder that does not exist yet is made, not a lost evaluation
     assert main(["eval", str(art / "model"), str(art / name), "eval.n_samples=2", "eval.k=[1,2]",
                  "reward.num_workers=0", f"eval.output_json={out}"]) == 0
     m = json.loads(out.read_text())

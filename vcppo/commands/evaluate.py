@@ -208,6 +208,8 @@ def main(argv: list[str]) -> int:
     check_model_dir(cfg.eval.model_path, "config key 'eval.model_path'")
     for path in split_paths(cfg.eval.data_files):
         check_data_path(path, "config key 'eval.data_files'")
+    if cfg.eval.output_json:  # before any engine starts: an evaluation is never lost for want of a folder
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.eval.output_json)), exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vcppo-benchmark-") as workdir:
         if cfg.eval.benchmark:
             cfg = with_benchmarks(cfg, workdir)
