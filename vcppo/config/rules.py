@@ -232,6 +232,12 @@ def _check_episodes(cfg: Config) -> None:
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         raise ConfigError(f"config key 'rollout.env': {r.env!r} is neither a built-in env (guess, tools) nor an "
                           f"importable 'module:Class' ({str(e).splitlines()[0][:160]})") from None
+    if r.env == "tools":  # its tool list, its python tool's limits and sandbox, before any engine starts
+        from vcppo.envs.tools import ToolEnv
+        try:
+            ToolEnv(**dict(r.env_args))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"config key 'rollout.env_args': {str(e).splitlines()[0]}") from None
     refused = (("rollout.tensor_parallel_size", r.tensor_parallel_size > 1, "a tensor-parallel sampler"),
                ("reward.model_path", bool(cfg.reward.model_path), "a reward model (it would score the episode's "
                                                                     "observations as the policy's text)"),
