@@ -188,6 +188,13 @@ def _check_reward_sources(cfg: Config) -> None:
         raise ConfigError(f"config key 'trainer.dynamic_sampling' cannot be true with reward.combine={mode!r}: "
                           "dynamic sampling keeps the groups whose RULE rewards differ (the reward model "
                           "scores later, on the training ranks), so it would drop groups the model tells apart")
+    sandboxed = [(f"reward.functions_by_source.{src}", fn) for src, fn in r.functions_by_source.items()]
+    for key, fn in [("reward.function", r.function), *sandboxed]:
+        if isinstance(fn, str) and fn.startswith("vcppo.rewards.code"):
+            from vcppo.sandbox.bwrap import sandbox_problem
+            if problem := sandbox_problem():
+                raise ConfigError(f"config key '{key}': the code reward runs programs in a sandbox, which cannot "
+                                  f"start here: {problem}")
 
 
 def _check_placement(cfg: Config) -> None:

@@ -1,0 +1,96 @@
+"""The bwrap sandbox itself (vcppo.sandbox.bwrap), real bwrap: programs in, what they may do out;
+hostile programs end within their limits and leave no process behind. The escapes through the
+tools env: tests/envs/test_tools_escapes.py."""
+import os
+import threading
+import time
+import uuid
+
+import psutil
+import pytest
+
+from vcppo.sandbox.bwrap import OUTPUT_READ_BYTES, Limits, run, sandbox_problem, tasks_of_uid
+
+
+def _marked(marker: str) -> list:
+    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or ())]
+
+
+def _marking(code: str, marker: str) -> str:
+    """``code`` run again with ``marker`` on its command line (so its processes can be found)."""
+    return (f"import os, sys\nif len(sys.argv) == 1:\n    os.execv(sys.executable, [sys.executable, '-I', '-S', "
+            f"sys.argv[0], {marker!r}])\n{code}")
+
+
+def test_the_sandbox_starts_here():
+    assert sandbox_problem() is None
+
+
+def test_stdin_in_stdout_out():
+    done = run("import sys; print(sys.stdin.read().upper())", stdin="abc\n")
+    assert (done.stdout, done.exit_code, done.timed_out, done.sandboxed) == ("ABC\n\n", 0, False, True)
+
+
+def test_limits_are_checked():
+    with pytest.raises(ValueError, match="'timeout_s' must be a positive number"):
+        Limits(timeout_s=float("inf"))
+
+
+def test_infinite_loop_ends_at_the_timeout():
+    start = time.monotonic()
+    done = run("while True: pass", limits=Limits(timeout_s=1.0))
+    assert done.timed_out and done.exit_code is None and time.monotonic() - start < 3.0
+
+
+def test_fork_bomb_is_held_by_the_process_limit_and_leaves_nothing():
+    marker = f"vcppo-bomb-{uuid.uuid4().hex}"
+    seen = []
+    watcher_done = threading.Event()
+
+    def watch():  # the most processes the bomb had at once
+        while not watcher_done.is_set():
+            seen.append(len(_marked(marker)))
+            time.sleep(0.05)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        done = run(_marking("while True:\n    try:\n        os.fork()\n    except OSError:\n        pass", marker),
+                   limits=Limits(timeout_s=2.0, max_processes=8))
+    finally:
+        watcher_done.set()
+        watcher.join()
+    assert done.timed_out and 2 <= max(seen) <= 8, seen
+    time.sleep(0.5)
+    assert not _marked(marker)
+
+
+def test_huge_output_ends_at_the_file_limit():
+    done = run("import sys\nwhile True: sys.stdout.write('x' * 65536)", limits=Limits(max_file_mb=2))
+    assert not done.timed_out and done.exit_code != 0 and "File too large" in done.stderr
+    assert len(done.stdout) == OUTPUT_READ_BYTES
+
+
+def test_host_files_are_not_there():
+    done = run("import os; print(os.path.exists('/etc/passwd'), os.path.exists(os.path.expanduser('~')), "
+               "os.listdir('/'))")
+    assert done.stdout.startswith("False False") and "etc" not in done.stdout
+
+
+def test_process_limit_counts_for_the_sandboxed_program():
+    done = run("import subprocess\nps = [subprocess.Popen(['sleep', '2']) for _ in range(12)]\nprint('all started')",
+               limits=Limits(max_processes=6))
+    assert "all started" not in done.stdout and "Resource temporarily unavailable" in done.stderr
+
+
+def test_tasks_of_uid_counts_threads():
+    before = tasks_of_uid(os.getuid())
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        assert tasks_of_uid(os.getuid()) >= before + 3
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
