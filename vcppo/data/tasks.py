@@ -43,6 +43,7 @@ from typing import Iterable, Sequence
 
 import vcppo.data.tasks_chain as tasks_chain
 import vcppo.data.tasks_chain_tools as tasks_chain_tools
+import vcppo.data.tasks_code as tasks_code
 import vcppo.data.tasks_guess as tasks_guess
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -52,9 +53,10 @@ _SPLIT_BUCKETS = {"val": range(0, 5), "test": range(5, 10), "train": range(10, 1
 # chain (vcppo.data.tasks_chain): difficulty = max digits per operand, operands = max operands.
 # chain_tools (vcppo.data.tasks_chain_tools, multi-turn): as chain, with a calculator to call.
 # guess (vcppo.data.tasks_guess, multi-turn): difficulty = N (the numbers 1..N), operands = K turns.
-DEFAULT_DIFFICULTY = {"add": 7, "add_running": 7, "chain": 4, "chain_tools": 1, "guess": 16}
+# code (vcppo.data.tasks_code, scored by running the program): difficulty = digits of a constant, operands = inputs.
+DEFAULT_DIFFICULTY = {"add": 7, "add_running": 7, "chain": 4, "chain_tools": 1, "guess": 16, "code": 2}
 DEFAULT_OPERANDS = {"add": 2, "add_running": 2, "chain": 12, "chain_tools": tasks_chain_tools.DEFAULT_MAX_OPERANDS,
-                    "guess": 4}
+                    "guess": 4, "code": 2}
 
 # a+b+carry_in=sum d<digit> c<carry_out>, and in add_running a trailing r<answer digits so far>
 _LINE_RE = re.compile(r"^(\d(?:\+\d)+)\+(\d+)=(\d+) d(\d) c(\d+)(?: r(\d+))?$")
@@ -265,7 +267,7 @@ class TaskSpec:
         return [rng.randint(lo, hi) for _ in range(self.operands)]
 
 
-TASKS = ("add", "add_running", "chain", "chain_tools", "guess")
+TASKS = ("add", "add_running", "chain", "chain_tools", "guess", "code")
 
 
 def make_spec(task: str = "add", difficulty: int | None = None, operands: int | None = None) -> TaskSpec:
@@ -301,6 +303,8 @@ def generate(
         return tasks_chain.generate_rows(split, n, spec.operands, spec.difficulty, seed, split_of)
     if spec.name == "chain_tools":  # multi-turn: a calculator answers the policy's calls (rollout.env=tools)
         return tasks_chain_tools.generate_rows(split, n, spec.operands, spec.difficulty, seed, split_of)
+    if spec.name == "code":  # scored by running the program (vcppo.rewards.code)
+        return tasks_code.generate_rows(split, n, spec.operands, spec.difficulty, seed, split_of)
     if spec.name == "guess":  # multi-turn: an environment answers each turn (rollout.env=guess)
         return tasks_guess.generate_rows(split, n, spec.difficulty, spec.operands, seed)
     rng = random.Random(f"{spec.name}|{spec.difficulty}|{spec.operands}|{split}|{seed}")
