@@ -60,8 +60,20 @@ def test_fork_bomb_is_held_by_the_process_limit_and_leaves_nothing():
         watcher_done.set()
         watcher.join()
     assert done.timed_out and 2 <= max(seen) <= 8, seen
-    time.sleep(0.5)
-    assert not _marked(marker)
+    assert not _marked(marker)  # gone when run() returns
+
+
+def test_a_program_that_leaves_a_daemon_leaves_nothing():
+    marker = f"vcppo-daemon-{uuid.uuid4().hex}"
+    daemon = (f"import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+              f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)', {marker!r}])\n"
+              f"    os._exit(0)\nimport time; time.sleep(0.3); print('bye')")
+    try:
+        assert run(daemon).stdout == "bye\n"
+        assert not _marked(marker)
+    finally:
+        for p in _marked(marker):
+            p.kill()
 
 
 def test_huge_output_ends_at_the_file_limit():

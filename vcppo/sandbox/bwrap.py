@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import resource
 import shutil
 import signal
@@ -125,8 +126,9 @@ def _filesystem(prefix: Path, code: Path, tmpfs_bytes: int) -> list[str]:
     return args + ["--chdir", "/work"]
 
 
-def bwrap_command(code: Path, limits: Limits) -> list[str]:
-    """The ``bwrap`` command line that runs the program at host path ``code`` (module docstring)."""
+def bwrap_command(code: Path, limits: Limits, info_fd: int) -> list[str]:
+    """The ``bwrap`` command line that runs the program at host path ``code`` (module docstring);
+    bwrap writes the host pid of the sandbox's init (``child-pid``) to ``info_fd``."""
     exe, prefix = _interpreter()
     if os.getuid() == 0:  # no user namespace: the launcher drops to nobody, so the process limit holds
         spaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
@@ -135,7 +137,7 @@ def bwrap_command(code: Path, limits: Limits) -> list[str]:
     else:
         spaces, program = ["--unshare-all"], [str(exe), "-I", "-S", "/code/main.py"]
     return [_bwrap(), *_filesystem(prefix, code, limits.max_file_mb << 20), *spaces, "--hostname", "sandbox",
-            "--clearenv", "--die-with-parent", "--new-session", "--", *program]
+            "--clearenv", "--die-with-parent", "--new-session", "--info-fd", str(info_fd), "--", *program]
 
 
 def tasks_of_uid(uid: int) -> int:
@@ -179,8 +181,10 @@ def sandbox_problem() -> str | None:
 
 def run(code: str, stdin: str = "", limits: Limits = Limits(), allow_unsandboxed: bool = False) -> RunResult:
     """Run ``code`` (a Python program) with ``stdin`` under ``limits``: in the sandbox, or with
-    ``allow_unsandboxed`` as a plain child process (module docstring)."""
+    ``allow_unsandboxed`` as a plain child process (module docstring). When it returns, no process
+    of the sandbox is left."""
     scratch = Path(tempfile.mkdtemp(prefix="vcppo-sandbox-"))
+    info_r, info_w = os.pipe()
     try:
         code_path = scratch / "main.py"
         code_path.write_text(code, errors="replace")
@@ -190,26 +194,56 @@ def run(code: str, stdin: str = "", limits: Limits = Limits(), allow_unsandboxed
             (scratch / "work").mkdir()
             command, cwd, env = [os.path.realpath(sys.executable), "-I", "-S", str(code_path)], scratch / "work", None
         else:
-            command, cwd, env = bwrap_command(code_path, limits), scratch, {}
+            command, cwd, env = bwrap_command(code_path, limits, info_w), scratch, {}
         nproc = limits.max_processes if os.getuid() == 0 else limits.max_processes + tasks_of_uid(os.getuid())
         with open(scratch / "stdin", "rb") as inp, open(scratch / "out", "wb") as out, \
                 open(scratch / "err", "wb") as err:
-            code_, timed_out = _wait(command, cwd, env, inp, out, err, limits, nproc)
-        return RunResult(_read(scratch / "out"), _read(scratch / "err"), code_, timed_out, not allow_unsandboxed)
+            proc = _start(command, cwd, env, (inp, out, err), limits, nproc, info_w)
+            os.close(info_w)
+            info_w = -1
+            exit_code, timed_out = _wait(proc, limits.timeout_s, info_r)
+        return RunResult(_read(scratch / "out"), _read(scratch / "err"), exit_code, timed_out, not allow_unsandboxed)
     finally:
+        for fd in (info_r, info_w):
+            if fd >= 0:
+                os.close(fd)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _wait(command, cwd, env, inp, out, err, limits: Limits, nproc: int) -> tuple[int | None, bool]:
-    """Start ``command`` in a process group of its own, wait up to the timeout, kill the group."""
+def _start(command, cwd, env, stdio, limits: Limits, nproc: int, info_w: int) -> subprocess.Popen:
+    """``command`` in a process group of its own, under the rlimits."""
     try:
-        proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=inp, stdout=out, stderr=err, close_fds=True,
-                                start_new_session=True, preexec_fn=_limiter(limits, nproc))
+        return subprocess.Popen(command, cwd=cwd, env=env, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
+                                close_fds=True, pass_fds=(info_w,), start_new_session=True,
+                                preexec_fn=_limiter(limits, nproc))
     except OSError as e:
         raise SandboxUnavailable(f"cannot start {command[0]}: {e.strerror or e}") from None
+
+
+def _sandbox_init(info_r: int) -> int | None:
+    """The host pid of the sandbox's init, from bwrap's info (None before bwrap wrote it)."""
+    os.set_blocking(info_r, False)
     try:
-        return proc.wait(timeout=limits.timeout_s), False
+        text = os.read(info_r, 4096).decode(errors="replace")
+    except BlockingIOError:
+        return None
+    match = re.search(r'"child-pid"\s*:\s*(\d+)', text)
+    return int(match.group(1)) if match else None
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, info_r: int) -> tuple[int | None, bool]:
+    """Wait up to ``timeout_s``; past it kill the sandbox's init first (its PID namespace dies with it,
+    and bwrap, its parent, reaps it, then exits), then bwrap's process group."""
+    try:
+        return proc.wait(timeout=timeout_s), False
     except subprocess.TimeoutExpired:
+        init = _sandbox_init(info_r)
+        if init is not None:
+            try:
+                os.kill(init, signal.SIGKILL)  # bwrap is alive and has not reaped it: the pid is still its
+                proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
         return None, True
     finally:
         try:
