@@ -105,3 +105,17 @@ def test_episode_of_calls_then_an_answer():
     assert (turn.tool_calls, turn.tool_errors, turn.terminated) == (2, 1, False)
     final = checked_turn(env.step("<think>12*7=84</think>\\boxed{84}"))
     assert (final.reward, final.terminated, final.solved) == (1.0, True, True)
+
+
+def test_a_code_episode_tries_its_program_then_answers_it():
+    """Code rows in episodes: the python tool runs a draft, the final answer is scored by running it
+    against the row's cases (answer_reward)."""
+    cases = json.dumps({"inputs": ["2 3\n", "7 1\n"], "outputs": ["6\n", "7\n"]})
+    program = "a,b=map(int,input().split())\nprint(a*b)"
+    for final, reward in ((program, 1.0), (program.replace("a*b", "a+b"), -1.0)):
+        env = make_env("tools", tools=["python"], answer_reward="vcppo.rewards.code:score")
+        env.reset({"answer": cases}, seed=0)
+        draft = checked_turn(env.step(_python_call("a, b = 2, 3\nprint(a*b)")))
+        assert draft.observation == "<tool_response>\n6\n</tool_response>"
+        done = checked_turn(env.step(f"<think>\n</think>\n```python\n{final}\n```"))
+        assert (done.reward, done.terminated, done.solved) == (reward, True, reward > 0)

@@ -28,6 +28,7 @@ import math
 import operator
 import re
 
+from vcppo.rewards.loading import load_reward_fn
 from vcppo.sandbox.bwrap import Limits, run, sandbox_problem
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -150,20 +151,25 @@ def parse_tool_calls(text: str) -> list[tuple[str, dict] | str]:
 
 
 class ToolEnv:
-    """The env (module docstring). ``tools``: the names offered (None: ``DEFAULT_TOOLS``); the
-    ``python_*`` arguments and ``allow_unsandboxed_python``: the python tool's (:func:`python_tool`)."""
+    """The env (module docstring). ``tools``: the names offered (None: ``DEFAULT_TOOLS``);
+    ``answer_reward``: ``"module:function"`` that scores the final answer against the row's ``answer``
+    (None: the built-in math verifier; ``vcppo.rewards.code:score`` for code rows, whose program the
+    policy may first try with the python tool); the ``python_*`` arguments and
+    ``allow_unsandboxed_python``: the python tool's (:func:`python_tool`)."""
 
-    def __init__(self, tools: list[str] | None = None, max_turns: int = 8, **python_args):
+    def __init__(self, tools: list[str] | None = None, max_turns: int = 8, answer_reward: str | None = None,
+                 **python_args):
         names = list(DEFAULT_TOOLS if tools is None else tools)
         unknown = [n for n in names if n not in TOOLS]
         if unknown:
             raise ValueError(f"tools env: unknown tool {unknown[0]!r}; built-in tools: {', '.join(TOOLS)}")
         bad = [k for k in python_args if k not in PYTHON_ARGS]
         if bad:
-            raise ValueError(f"tools env: unknown argument {bad[0]!r}; arguments: tools, max_turns, "
+            raise ValueError(f"tools env: unknown argument {bad[0]!r}; arguments: tools, max_turns, answer_reward, "
                              f"{', '.join(PYTHON_ARGS)}")
         self.tools = {n: python_tool(**python_args) if n == "python" else calculator for n in names}
         self.max_turns = int(max_turns)
+        self.answer_reward = load_reward_fn(answer_reward) if answer_reward is not None else None
         self.answer, self.turn = None, 0
 
     def reset(self, row: dict, seed: int) -> tuple[str, dict]:
@@ -186,7 +192,7 @@ class ToolEnv:
         self.turn += 1
         calls = parse_tool_calls(action)
         if not calls:
-            reward = float(score(action, self.answer))
+            reward = float((self.answer_reward or score)(action, self.answer))
             return "", reward, True, False, {"solved": reward > 0}
         if self.turn >= self.max_turns:
             return "out of turns", -1.0, False, True, {"tool_calls": len(calls)}

@@ -198,7 +198,7 @@ def run(code: str, stdin: str = "", limits: Limits = Limits(), allow_unsandboxed
         nproc = limits.max_processes if os.getuid() == 0 else limits.max_processes + tasks_of_uid(os.getuid())
         with open(scratch / "stdin", "rb") as inp, open(scratch / "out", "wb") as out, \
                 open(scratch / "err", "wb") as err:
-            proc = _start(command, cwd, env, (inp, out, err), limits, nproc, info_w)
+            proc = _start(command, cwd, env, (inp, out, err), limits, nproc, () if allow_unsandboxed else (info_w,))
             os.close(info_w)
             info_w = -1
             exit_code, timed_out = _wait(proc, limits.timeout_s, info_r)
@@ -210,11 +210,11 @@ def run(code: str, stdin: str = "", limits: Limits = Limits(), allow_unsandboxed
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _start(command, cwd, env, stdio, limits: Limits, nproc: int, info_w: int) -> subprocess.Popen:
+def _start(command, cwd, env, stdio, limits: Limits, nproc: int, pass_fds: tuple) -> subprocess.Popen:
     """``command`` in a process group of its own, under the rlimits."""
     try:
         return subprocess.Popen(command, cwd=cwd, env=env, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
-                                close_fds=True, pass_fds=(info_w,), start_new_session=True,
+                                close_fds=True, pass_fds=pass_fds, start_new_session=True,
                                 preexec_fn=_limiter(limits, nproc))
     except OSError as e:
         raise SandboxUnavailable(f"cannot start {command[0]}: {e.strerror or e}") from None
