@@ -93,3 +93,10 @@ def test_hostile_programs_in_the_reward_pool_are_counted_and_contained():
     assert (metrics["reward/num_timeouts"], metrics["reward/num_failures"]) == (1.0, 1.0)
     time.sleep(0.5)
     assert not _marked(marker)
+
+
+def test_verl_code_sources_route_here_under_verl_parity():
+    truth = [GroundTruth(ADD, {"data_source": source}) for source in ("apps", "taco", "openai/gsm8k")]
+    program = _fenced("a, b = map(int, input().split())\nprint(abs(a) + b)")  # passes 2 of 3 cases
+    rewards, _ = RewardScorer(verl_parity=True)([program] * 3, truth)
+    assert rewards[:2] == [pytest.approx(2 / 3)] * 2 and rewards[2] == 0.0  # gsm8k: verl's strict rule
