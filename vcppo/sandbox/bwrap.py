@@ -72,6 +72,10 @@ class Limits:
     def cpu_s(self) -> int:
         return int(math.ceil(self.timeout_s)) + 1
 
+    @property
+    def file_bytes(self) -> int:
+        return int(self.max_file_mb * 2 ** 20)
+
 
 @dataclass
 class RunResult:
@@ -136,7 +140,7 @@ def bwrap_command(code: Path, limits: Limits, info_fd: int) -> list[str]:
         program = [str(exe), "-I", "-S", "-c", _DROP_TO_NOBODY, "/code/main.py"]
     else:
         spaces, program = ["--unshare-all"], [str(exe), "-I", "-S", "/code/main.py"]
-    return [_bwrap(), *_filesystem(prefix, code, limits.max_file_mb << 20), *spaces, "--hostname", "sandbox",
+    return [_bwrap(), *_filesystem(prefix, code, limits.file_bytes), *spaces, "--hostname", "sandbox",
             "--clearenv", "--die-with-parent", "--new-session", "--info-fd", str(info_fd), "--", *program]
 
 
@@ -156,7 +160,7 @@ def tasks_of_uid(uid: int) -> int:
 def _limiter(limits: Limits, nproc: int):
     """The rlimits, set in the child before ``bwrap`` (or the unsandboxed program) starts."""
     def apply():
-        memory, fsize = limits.memory_mb << 20, limits.max_file_mb << 20
+        memory, fsize = int(limits.memory_mb * 2 ** 20), limits.file_bytes
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
@@ -195,7 +199,7 @@ def run(code: str, stdin: str = "", limits: Limits = Limits(), allow_unsandboxed
             command, cwd, env = [os.path.realpath(sys.executable), "-I", "-S", str(code_path)], scratch / "work", None
         else:
             command, cwd, env = bwrap_command(code_path, limits, info_w), scratch, {}
-        nproc = limits.max_processes if os.getuid() == 0 else limits.max_processes + tasks_of_uid(os.getuid())
+        nproc = int(limits.max_processes) + (0 if os.getuid() == 0 else tasks_of_uid(os.getuid()))
         with open(scratch / "stdin", "rb") as inp, open(scratch / "out", "wb") as out, \
                 open(scratch / "err", "wb") as err:
             proc = _start(command, cwd, env, (inp, out, err), limits, nproc, () if allow_unsandboxed else (info_w,))
