@@ -44,7 +44,7 @@ def _marked(marker: str) -> list[psutil.Process]:
     return found
 
 
-def _gone(marker: str, within_s: float = 3.0) -> bool:
+def _gone(marker: str, within_s: float = 5.0) -> bool:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         if not _marked(marker):

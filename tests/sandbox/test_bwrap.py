@@ -39,7 +39,7 @@ def test_limits_are_checked():
 def test_infinite_loop_ends_at_the_timeout():
     start = time.monotonic()
     done = run("while True: pass", limits=Limits(timeout_s=1.0))
-    assert done.timed_out and done.exit_code is None and time.monotonic() - start < 3.0
+    assert done.timed_out and done.exit_code is None and time.monotonic() - start < 6.0
 
 
 def test_fork_bomb_is_held_by_the_process_limit_and_leaves_nothing():
