@@ -140,3 +140,5 @@ def test_a_sandbox_that_cannot_start_stops_the_run_before_engines(monkeypatch):
         bwrap.sandbox_problem.cache_clear()
     with pytest.raises(ConfigError, match=r"'rollout.env_args': tools env: unknown argument 'python_timeout'"):
         load_config("vcppo", ["rollout.env=tools", "rollout.env_args.python_timeout=3"])
+    with pytest.raises(ConfigError, match=r"'rollout.env_args': cannot import module 'no_such_module'"):
+        load_config("vcppo", ["rollout.env=tools", "rollout.env_args.answer_reward=no_such_module:score"])

@@ -33,10 +33,10 @@ def _python_call(code: str, **extra) -> str:
 
 
 def test_python_tool_limits_time_and_memory_from_env_args():
-    env = make_env("tools", tools=["python"], python_timeout_s=0.5, python_memory_mb=128)
+    env = make_env("tools", tools=["python"], python_timeout_s=2.5, python_memory_mb=128)
     env.reset({"answer": "0"}, seed=0)
     assert checked_turn(env.step(_python_call("print(6*7)"))).observation == "<tool_response>\n42\n</tool_response>"
-    assert "timed out after 0.5 s" in checked_turn(env.step(_python_call("while True: pass"))).observation
+    assert "timed out after 2.5 s" in checked_turn(env.step(_python_call("while True: pass"))).observation
     assert "MemoryError" in checked_turn(env.step(_python_call("x = bytearray(2 * 1024 ** 3)"))).observation
 
 
@@ -84,6 +84,8 @@ def test_bad_env_args_name_the_argument():
         make_env("tools", tools=["python"], python_timeout=3)
     with pytest.raises(ValueError, match="'memory_mb' must be a positive number"):
         make_env("tools", tools=["python"], python_memory_mb=0)
+    with pytest.raises(ValueError, match="allow_unsandboxed_python must be true or false, got 'false'"):
+        make_env("tools", tools=["python"], allow_unsandboxed_python="false")  # a truthy string never unsandboxes
 
 
 def test_parse_calls_and_errors():

@@ -243,7 +243,7 @@ def _check_episodes(cfg: Config) -> None:
         from vcppo.envs.tools import ToolEnv
         try:
             ToolEnv(**dict(r.env_args))
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, ImportError, AttributeError) as e:
             raise ConfigError(f"config key 'rollout.env_args': {str(e).splitlines()[0]}") from None
     refused = (("rollout.tensor_parallel_size", r.tensor_parallel_size > 1, "a tensor-parallel sampler"),
                ("reward.model_path", bool(cfg.reward.model_path), "a reward model (it would score the episode's "

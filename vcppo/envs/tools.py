@@ -108,6 +108,8 @@ def python_tool(python_timeout_s: float = 2.0, python_memory_mb: int = 256, pyth
                 python_max_file_mb: int = 16, allow_unsandboxed_python: bool = False) -> PythonTool:
     """The env's ``python`` tool from its arguments; ValueError (one line) where the sandbox cannot
     start and ``allow_unsandboxed_python`` is not set."""
+    if not isinstance(allow_unsandboxed_python, bool):
+        raise ValueError(f"tools env: {UNSANDBOXED_KEY} must be true or false, got {allow_unsandboxed_python!r}")
     try:
         limits = Limits(python_timeout_s, python_memory_mb, python_max_processes, python_max_file_mb)
     except ValueError as e:
