@@ -111,7 +111,7 @@ def _bwrap() -> str:
         raise SandboxUnavailable(str(e).splitlines()[0]) from None
 
 
-def _filesystem(prefix: Path, code: Path, tmpfs_bytes: int) -> list[str]:
+def _filesystem(prefix: Path, code_fd: int, tmpfs_bytes: int) -> list[str]:
     args = ["--ro-bind", "/usr", "/usr"]
     for name in _MERGED_DIRS:
         host = Path("/") / name
@@ -123,15 +123,15 @@ def _filesystem(prefix: Path, code: Path, tmpfs_bytes: int) -> list[str]:
         for parent in reversed(prefix.parents[:-1]):  # a root-only /root must not hide the prefix
             args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind", str(prefix), str(prefix)]
-    args += ["--perms", "0755", "--dir", "/code", "--ro-bind", str(code), "/code/main.py",
+    args += ["--perms", "0755", "--dir", "/code", "--perms", "0644", "--ro-bind-data", str(code_fd), "/code/main.py",
              "--proc", "/proc", "--dev", "/dev"]
     for path in ("/tmp", "/work"):
         args += ["--perms", "01777", "--size", str(tmpfs_bytes), "--tmpfs", path]
     return args + ["--chdir", "/work"]
 
 
-def bwrap_command(code: Path, limits: Limits, info_fd: int) -> list[str]:
-    """The ``bwrap`` command line that runs the program at host path ``code`` (module docstring);
+def bwrap_command(code_fd: int, limits: Limits, info_fd: int) -> list[str]:
+    """The ``bwrap`` command line that runs the program bwrap reads from ``code_fd`` (module docstring);
     bwrap writes the host pid of the sandbox's init (``child-pid``) to ``info_fd``."""
     exe, prefix = _interpreter()
     if os.getuid() == 0:  # no user namespace: the launcher drops to nobody, so the process limit holds
@@ -140,7 +140,7 @@ def bwrap_command(code: Path, limits: Limits, info_fd: int) -> list[str]:
         program = [str(exe), "-I", "-S", "-c", _DROP_TO_NOBODY, "/code/main.py"]
     else:
         spaces, program = ["--unshare-all"], [str(exe), "-I", "-S", "/code/main.py"]
-    return [_bwrap(), *_filesystem(prefix, code, limits.file_bytes), *spaces, "--hostname", "sandbox",
+    return [_bwrap(), *_filesystem(prefix, code_fd, limits.file_bytes), *spaces, "--hostname", "sandbox",
             "--clearenv", "--die-with-parent", "--new-session", "--info-fd", str(info_fd), "--", *program]
 
 
@@ -186,32 +186,37 @@ def sandbox_problem() -> str | None:
 def run(code: str, stdin: str = "", limits: Limits = Limits(), allow_unsandboxed: bool = False) -> RunResult:
     """Run ``code`` (a Python program) with ``stdin`` under ``limits``: in the sandbox, or with
     ``allow_unsandboxed`` as a plain child process (module docstring). When it returns, no process
-    of the sandbox is left."""
-    scratch = Path(tempfile.mkdtemp(prefix="vcppo-sandbox-"))
+    of the sandbox is left; its files are unlinked temporary files, so a caller killed mid-run
+    leaves none either."""
+    files = [tempfile.TemporaryFile(prefix="vcppo-sandbox-") for _ in range(4)]  # code, stdin, stdout, stderr
+    src, inp, out, err = files
     info_r, info_w = os.pipe()
+    workdir = None
     try:
-        code_path = scratch / "main.py"
-        code_path.write_text(code, errors="replace")
-        code_path.chmod(0o644)
-        (scratch / "stdin").write_text(stdin, errors="replace")
+        for f, text in ((src, code), (inp, stdin)):
+            f.write(text.encode("utf-8", errors="replace"))
+            f.seek(0)
         if allow_unsandboxed:
-            (scratch / "work").mkdir()
-            command, cwd, env = [os.path.realpath(sys.executable), "-I", "-S", str(code_path)], scratch / "work", None
+            workdir = tempfile.mkdtemp(prefix="vcppo-unsandboxed-")
+            command = [os.path.realpath(sys.executable), "-I", "-S", f"/dev/fd/{src.fileno()}"]
+            cwd, env, fds = workdir, None, (src.fileno(),)
         else:
-            command, cwd, env = bwrap_command(code_path, limits, info_w), scratch, {}
+            command, cwd, env = bwrap_command(src.fileno(), limits, info_w), "/", {}
+            fds = (src.fileno(), info_w)
         nproc = int(limits.max_processes) + (0 if os.getuid() == 0 else tasks_of_uid(os.getuid()))
-        with open(scratch / "stdin", "rb") as inp, open(scratch / "out", "wb") as out, \
-                open(scratch / "err", "wb") as err:
-            proc = _start(command, cwd, env, (inp, out, err), limits, nproc, () if allow_unsandboxed else (info_w,))
-            os.close(info_w)
-            info_w = -1
-            exit_code, timed_out = _wait(proc, limits.timeout_s, info_r)
-        return RunResult(_read(scratch / "out"), _read(scratch / "err"), exit_code, timed_out, not allow_unsandboxed)
+        proc = _start(command, cwd, env, (inp, out, err), limits, nproc, fds)
+        os.close(info_w)
+        info_w = -1
+        exit_code, timed_out = _wait(proc, limits.timeout_s, info_r)
+        return RunResult(_read(out), _read(err), exit_code, timed_out, not allow_unsandboxed)
     finally:
         for fd in (info_r, info_w):
             if fd >= 0:
                 os.close(fd)
-        shutil.rmtree(scratch, ignore_errors=True)
+        for f in files:
+            f.close()
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _start(command, cwd, env, stdio, limits: Limits, nproc: int, pass_fds: tuple) -> subprocess.Popen:
@@ -257,6 +262,6 @@ def _wait(proc: subprocess.Popen, timeout_s: float, info_r: int) -> tuple[int | 
         proc.wait()
 
 
-def _read(path: Path) -> str:
-    with open(path, "rb") as f:
-        return f.read(OUTPUT_READ_BYTES).decode("utf-8", errors="replace")
+def _read(f) -> str:
+    f.seek(0)
+    return f.read(OUTPUT_READ_BYTES).decode("utf-8", errors="replace")
