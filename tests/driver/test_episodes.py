@@ -170,3 +170,19 @@ def test_validation_reports_the_share_of_episodes_that_called_a_tool():
     assert m["val/pass@1_greedy"] == 0.5 and m["val/tool_use_greedy"] == 0.5
     assert m["val/pass@1"] == 0.5 and m["val/tool_use_sampled"] == 1.0  # one sample each, both called
     assert (m["val/a/tool_use_greedy"], m["val/b/tool_use_greedy"]) == (1.0, 0.0)  # per group too
+
+
+def test_an_unsandboxed_python_tool_is_said_in_the_log_once(capsys):
+    """rollout.env_args.allow_unsandboxed_python (from the config or a row): one warning line per run."""
+    cfg = cfg_for()
+    cfg.rollout.env, cfg.rollout.env_args = "tools", {"tools": ["calculator"], "max_turns": 2}
+    runner = EpisodeRunner(cfg, ScriptedSampler([]), EnvRunner(0, 5.0), 512)
+    runner.start(rows("7"), 2, 0, "ppo")
+    assert "UNSANDBOXED" not in capsys.readouterr().out
+    from vcppo.rewards.routing import GroundTruth
+    info = {"extra_info": {"env_args": {"allow_unsandboxed_python": True}}}  # a row's own env arguments
+    unsandboxed = [{**r, "answer": GroundTruth(r["answer"], info)} for r in rows("7", "8")]
+    runner.start(unsandboxed, 2, 0, "ppo")
+    runner.start(unsandboxed, 2, 1, "ppo")
+    assert capsys.readouterr().out.count("allow_unsandboxed_python=true: the python tool runs model-written code "
+                                         "UNSANDBOXED") == 1

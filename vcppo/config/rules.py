@@ -188,6 +188,13 @@ def _check_reward_sources(cfg: Config) -> None:
         raise ConfigError(f"config key 'trainer.dynamic_sampling' cannot be true with reward.combine={mode!r}: "
                           "dynamic sampling keeps the groups whose RULE rewards differ (the reward model "
                           "scores later, on the training ranks), so it would drop groups the model tells apart")
+    sandboxed = [(f"reward.functions_by_source.{src}", fn) for src, fn in r.functions_by_source.items()]
+    for key, fn in [("reward.function", r.function), *sandboxed]:
+        if isinstance(fn, str) and fn.startswith("vcppo.rewards.code"):
+            from vcppo.sandbox.bwrap import sandbox_problem
+            if problem := sandbox_problem():
+                raise ConfigError(f"config key '{key}': the code reward runs programs in a sandbox, which cannot "
+                                  f"start here: {problem}")
 
 
 def _check_placement(cfg: Config) -> None:
@@ -232,6 +239,12 @@ def _check_episodes(cfg: Config) -> None:
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         raise ConfigError(f"config key 'rollout.env': {r.env!r} is neither a built-in env (guess, tools) nor an "
                           f"importable 'module:Class' ({str(e).splitlines()[0][:160]})") from None
+    if r.env == "tools":  # its tool list, its python tool's limits and sandbox, before any engine starts
+        from vcppo.envs.tools import ToolEnv
+        try:
+            ToolEnv(**dict(r.env_args))
+        except (TypeError, ValueError, ImportError, AttributeError) as e:
+            raise ConfigError(f"config key 'rollout.env_args': {str(e).splitlines()[0]}") from None
     refused = (("rollout.tensor_parallel_size", r.tensor_parallel_size > 1, "a tensor-parallel sampler"),
                ("reward.model_path", bool(cfg.reward.model_path), "a reward model (it would score the episode's "
                                                                     "observations as the policy's text)"),

@@ -88,7 +88,7 @@ def to_verl_rows(rows: list[dict], data_source: str, split: str) -> list[dict]:
         extra = {k: v for k, v in row.items() if k not in ("prompt", "answer", "solution")}
         out.append({"data_source": data_source,
                     "prompt": [{"role": "user", "content": row["prompt"]}],
-                    "ability": "math",
+                    "ability": "code" if row.get("task") == "code" else "math",
                     "reward_model": {"style": "rule", "ground_truth": row["answer"]},
                     "extra_info": {"split": split, "index": index, **extra},
                     "solution": row["solution"]})

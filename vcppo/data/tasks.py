@@ -44,6 +44,7 @@ from typing import Iterable, Sequence
 import vcppo.data.tasks_arith as tasks_arith
 import vcppo.data.tasks_chain as tasks_chain
 import vcppo.data.tasks_chain_tools as tasks_chain_tools
+import vcppo.data.tasks_code as tasks_code
 import vcppo.data.tasks_guess as tasks_guess
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -53,12 +54,13 @@ _SPLIT_BUCKETS = {"val": range(0, 5), "test": range(5, 10), "train": range(10, 1
 # chain (vcppo.data.tasks_chain): difficulty = max digits per operand, operands = max operands.
 # chain_tools (vcppo.data.tasks_chain_tools, multi-turn): as chain, with a calculator to call.
 # guess (vcppo.data.tasks_guess, multi-turn): difficulty = N (the numbers 1..N), operands = K turns.
+# code (vcppo.data.tasks_code, scored by running the program): difficulty = digits of a constant, operands = inputs.
 # arith, arith_words (vcppo.data.tasks_arith, for a pretrained instruct model): difficulty = digits per
-# number, operands = numbers in the sum.
-DEFAULT_DIFFICULTY = {"add": 7, "add_running": 7, "chain": 4, "chain_tools": 1, "guess": 16, "arith": 2,
-                      "arith_words": 2}
+# number at most, operands = numbers in the sum.
+DEFAULT_DIFFICULTY = {"add": 7, "add_running": 7, "chain": 4, "chain_tools": 1, "guess": 16, "code": 2,
+                      "arith": 2, "arith_words": 2}
 DEFAULT_OPERANDS = {"add": 2, "add_running": 2, "chain": 12, "chain_tools": tasks_chain_tools.DEFAULT_MAX_OPERANDS,
-                    "guess": 4, "arith": 2, "arith_words": 2}
+                    "guess": 4, "code": 2, "arith": 2, "arith_words": 2}
 
 # a+b+carry_in=sum d<digit> c<carry_out>, and in add_running a trailing r<answer digits so far>
 _LINE_RE = re.compile(r"^(\d(?:\+\d)+)\+(\d+)=(\d+) d(\d) c(\d+)(?: r(\d+))?$")
@@ -269,7 +271,7 @@ class TaskSpec:
         return [rng.randint(lo, hi) for _ in range(self.operands)]
 
 
-TASKS = ("add", "add_running", "chain", "chain_tools", "guess", "arith", "arith_words")
+TASKS = ("add", "add_running", "chain", "chain_tools", "guess", "code", "arith", "arith_words")
 
 
 def make_spec(task: str = "add", difficulty: int | None = None, operands: int | None = None) -> TaskSpec:
@@ -305,6 +307,8 @@ def generate(
         return tasks_chain.generate_rows(split, n, spec.operands, spec.difficulty, seed, split_of)
     if spec.name == "chain_tools":  # multi-turn: a calculator answers the policy's calls (rollout.env=tools)
         return tasks_chain_tools.generate_rows(split, n, spec.operands, spec.difficulty, seed, split_of)
+    if spec.name == "code":  # scored by running the program (vcppo.rewards.code)
+        return tasks_code.generate_rows(split, n, spec.operands, spec.difficulty, seed, split_of)
     if spec.name in tasks_arith.PROMPTS:  # plain words, for a pretrained instruct model
         return tasks_arith.generate_rows(spec.name, split, n, spec.difficulty, spec.operands, seed, split_of)
     if spec.name == "guess":  # multi-turn: an environment answers each turn (rollout.env=guess)

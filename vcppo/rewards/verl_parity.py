@@ -25,7 +25,10 @@ a truncated response is scored on what it holds.
 (``verl/utils/reward_score/__init__.py``) routes: ``openai/gsm8k``; ``lighteval/MATH``,
 ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500``; ``math_dapo``, ``math``,
 ``math_dapo_reasoning`` and every source starting with ``aime`` (the key ``aime*``:
-:class:`vcppo.rewards.routing.SourceTable`).
+:class:`vcppo.rewards.routing.SourceTable`). verl's code sources (``codecontests``, ``apps``,
+``codeforces``, ``taco``), which it scores by the share of test cases passed, go to
+:func:`vcppo.rewards.code.pass_rate`: the same measure, not bit for bit (our sandbox and our output
+comparison, not ``prime_code``'s).
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ VERL_DATA_SOURCES: dict[str, str] = {
     "math": f"{_HERE}:math_dapo",
     "math_dapo_reasoning": f"{_HERE}:math_dapo",
     "aime*": f"{_HERE}:math_dapo",
+    **{source: "vcppo.rewards.code:pass_rate" for source in ("codecontests", "apps", "codeforces", "taco")},
 }
 
 

@@ -28,6 +28,7 @@ import torch
 from vcppo.engines import collectives
 from vcppo.envs.base import Turn
 from vcppo.envs.worker import EnvRunner, EpisodeKey
+from vcppo.envs.tools import UNSANDBOXED_KEY
 from vcppo.experience import Rollout, make_layout
 from vcppo.config.schema import Config
 
@@ -122,6 +123,7 @@ class EpisodeRunner:
         self.cfg, self.rollout, self.envs, self.max_model_len = cfg, rollout, envs, max_model_len
         self.encode = ObservationEncoder(rollout.tokenizer)
         self.env_seconds = 0.0  # spent waiting on env turns, over the runner's life
+        self.said_unsandboxed = False
 
     def start(self, rows: list[dict], n: int, seed: int, key: str) -> list[Episode]:
         """``n`` episodes per row; ``key``: the phase's seed key (``ppo``, ``ppo/retry1``, ``val``)."""
@@ -130,10 +132,18 @@ class EpisodeRunner:
         for i, row in enumerate(rows):
             info = tuple(sorted(env_row(row).items(), key=lambda kv: kv[0]))
             args = tuple(sorted(env_args_of(dict(r.env_args), row).items()))
+            self._say_if_unsandboxed(dict(args))
             for j in range(n):
                 ident = EpisodeKey(f"{key}/{seed}/{i}/{j}", r.env, args, info, seed * 1009 + i * 31 + j)
                 out.append(Episode(i, ident, list(row["prompt_ids"])))
         return out
+
+    def _say_if_unsandboxed(self, args: dict) -> None:
+        """Once per run, in its log: the python tool runs model code without the sandbox."""
+        if args.get(UNSANDBOXED_KEY) and not self.said_unsandboxed:
+            self.said_unsandboxed = True
+            print(f"[vcppo] WARNING: {UNSANDBOXED_KEY}=true: the python tool runs model-written code UNSANDBOXED, "
+                  "with this trainer's user, environment, files and network", flush=True)
 
     def room(self, e: Episode) -> int:
         """The tokens the episode may still take (``rollout.max_response_tokens`` and the context)."""
