@@ -33,11 +33,13 @@ def bpe():
 
 def tiny_source(kind: str, vocab_size: int, seed: int = 0):
     """A random fp32 model, every tensor (norms and biases included) moved off its init value so a
-    tensor read into the wrong place changes the logits."""
+    tensor read into the wrong place changes the logits; rope theta and the norm's epsilon are not
+    the defaults, so an import that lost them changes them too."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-              num_key_value_heads=1, vocab_size=vocab_size, max_position_embeddings=512, rms_norm_eps=1e-5,
-              initializer_range=0.2, tie_word_embeddings=kind == "llama")
+              num_key_value_heads=1, vocab_size=vocab_size, max_position_embeddings=512, rms_norm_eps=1e-3,
+              initializer_range=0.2, tie_word_embeddings=kind == "llama",
+              rope_parameters={"rope_type": "default", "rope_theta": 100000.0})  # SmolLM2's theta, not the default
     torch.manual_seed(seed)
     model = (LlamaForCausalLM(LlamaConfig(**kw)) if kind == "llama" else Qwen2ForCausalLM(Qwen2Config(**kw))).float()
     with torch.no_grad():
