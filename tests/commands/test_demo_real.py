@@ -59,3 +59,25 @@ def test_real_pipeline_stages_and_a_second_call_reruns_nothing(tmp_path, monkeyp
 def test_a_malformed_heldout_is_one_line(value):
     with pytest.raises(SystemExit, match="demo.heldout: expected 'TASK:DIFFICULTY:OPERANDS'"):
         demo.heldout_spec(value)
+
+
+
+@pytest.mark.parametrize("flags,native", [("fpu avx2 avx512f avx512_bf16", True), ("fpu avx2 amx_bf16", True),
+                                          ("fpu avx2 fma", False)])
+def test_native_bf16_is_read_from_the_cpu_flags(tmp_path, flags, native):
+    from vcppo.engines.engine_setup import cpu_has_native_bf16
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert cpu_has_native_bf16(str(info)) is native
+    assert cpu_has_native_bf16(str(tmp_path / "missing")) is False
+
+
+@pytest.mark.parametrize("native,expected", [(True, "bfloat16"), (False, "float32")])
+def test_demo_real_trains_in_bf16_only_where_the_cpu_has_it(monkeypatch, capsys, native, expected):
+    from vcppo.engines import engine_setup
+
+    monkeypatch.setattr(engine_setup, "cpu_has_native_bf16", lambda: native)
+    cfg = demo.cpu_dtype(load_command_config(["demo_real"], "demo", default_config="demo"))
+    assert cfg.model.dtype == expected
+    assert ("no native bf16" in capsys.readouterr().out) is not native

@@ -87,9 +87,24 @@ def real_pipeline(cfg, config: str, log: list) -> dict:
     return out
 
 
+def cpu_dtype(cfg):
+    """``cfg`` with ``model.dtype`` float32 where the preset asks for bf16 on a CPU that has no bf16
+    arithmetic (an AVX2 host emulates it: slower than fp32), said in one line."""
+    import dataclasses
+
+    import torch
+
+    from vcppo.engines.engine_setup import cpu_has_native_bf16
+
+    if cfg.model.dtype != "bfloat16" or torch.cuda.is_available() or cpu_has_native_bf16():
+        return cfg
+    print("vcppo demo: this CPU has no native bf16 (AVX-512 BF16 / AMX): training in float32 instead", flush=True)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="float32"))
+
+
 def main(argv: list[str]) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    cfg = load_command_config(argv, "demo", default_config="demo")
+    cfg = cpu_dtype(load_command_config(argv, "demo", default_config="demo"))
     d, w = cfg.demo, Path(cfg.demo.workdir)
     config = str(save_config(cfg, w, name="demo_config.yaml"))
     if d.fetch:
