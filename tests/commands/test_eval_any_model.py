@@ -152,6 +152,17 @@ def test_every_format_reaches_the_scorer(art, name, monkeypatch, tmp_path):
     assert m["val/pass@1"] == 0.5 and m["val/pass@2"] == 1.0
 
 
+def test_samples_jsonl_holds_every_greedy_response(art, monkeypatch, tmp_path):
+    monkeypatch.setattr(evaluate, "make_rollout_engine", AddingRollout)
+    out, samples = tmp_path / "m.json", tmp_path / "new" / "samples.jsonl"
+    assert main(["eval", str(art / "model"), str(art / "plain.parquet"), "eval.n_samples=2", "eval.k=[1,2]",
+                 "reward.num_workers=0", f"eval.output_json={out}", f"eval.samples_jsonl={samples}"]) == 0
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(records) == 6 and all(r["correct"] for r in records)
+    assert {"prompt", "response", "correct", "length"} <= set(records[0]) and records[0]["response"]
+    assert "samples" not in json.loads(out.read_text())  # the metrics file holds metrics only
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_eval_a_model_make_dir_on_a_verl_file(art, tmp_path):

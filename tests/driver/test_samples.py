@@ -85,7 +85,7 @@ def test_validation_hands_its_greedy_samples_to_samples_jsonl(tmp_path):
     cfg = load_config("vcppo", ["logging.log_samples=1", "trainer.val_k=[1]", "trainer.val_n_samples=1"])
     metrics = validate_run(cfg, _Engine(), rows, _Scorer(), dist, step=3)
     assert metrics["val/pass@1_greedy"] == 0.5 and metrics[SAMPLES_KEY] == [
-        {"prompt": "q0", "response": "answer 0", "reward": 1.0, "score": 1.0, "correct": True, "truncated": False,
+        {"prompt": "q0", "answer": "0", "response": "answer 0", "reward": 1.0, "score": 1.0, "correct": True, "truncated": False,
          "length": 2, "adv_mean": None, "adv_min": None, "adv_max": None}]
     off = load_config("vcppo", ["trainer.val_k=[1]", "trainer.val_n_samples=1"])
     assert SAMPLES_KEY not in validate_run(off, _Engine(), rows, _Scorer(), dist, step=3)

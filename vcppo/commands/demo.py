@@ -55,7 +55,7 @@ def heldout_spec(value: str) -> tuple[str, int, int]:
 def _evaluate(stage: str, config: str, model: Path, data: Path, out: Path, log: list) -> dict:
     if not out.exists():
         _run(stage, ["eval", config, f"eval.model_path={model}", f"eval.data_files={data}",
-                     f"eval.output_json={out}"], log)
+                     f"eval.output_json={out}", f"eval.samples_jsonl={out.with_suffix('.samples.jsonl')}"], log)
     return json.loads(out.read_text())
 
 

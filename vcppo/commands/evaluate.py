@@ -31,7 +31,7 @@ from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.durability.model_export import export_checkpoint, is_checkpoint
 from vcppo.driver.step.episodes import episode_runner
-from vcppo.driver.step.validation import evaluate
+from vcppo.driver.step.validation import SAMPLES_KEY, evaluate
 from vcppo.engines import dist as D
 from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.models.hub import parse_id
@@ -208,8 +208,9 @@ def main(argv: list[str]) -> int:
     check_model_dir(cfg.eval.model_path, "config key 'eval.model_path'")
     for path in split_paths(cfg.eval.data_files):
         check_data_path(path, "config key 'eval.data_files'")
-    if cfg.eval.output_json:  # before any engine starts: an evaluation is never lost for want of a folder
-        os.makedirs(os.path.dirname(os.path.abspath(cfg.eval.output_json)), exist_ok=True)
+    for out in (cfg.eval.output_json, cfg.eval.samples_jsonl):  # before any engine starts: an evaluation is
+        if out:                                                   # never lost for want of a folder
+            os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vcppo-benchmark-") as workdir:
         if cfg.eval.benchmark:
             cfg = with_benchmarks(cfg, workdir)
@@ -220,6 +221,10 @@ def main(argv: list[str]) -> int:
             cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, model_path=str(model)))
         metrics = evaluate_policy(cfg)
     if metrics is not None:
+        samples = metrics.pop(SAMPLES_KEY, [])
+        if cfg.eval.samples_jsonl:
+            with open(cfg.eval.samples_jsonl, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in samples)
         print(json.dumps(metrics, indent=1))
         print(markdown_table(metrics, cfg.eval.k))
         if cfg.eval.output_json:
@@ -281,7 +286,7 @@ def evaluate_policy(cfg: Config) -> dict | None:
     try:
         scorer = make_scorer(cfg)
         metrics = evaluate(rollout, rows, scorer, dist=dist, sampling=cfg.rollout, n_samples=e.n_samples,
-                           ks=e.k, seed=cfg.trainer.seed, groups=groups,
+                           ks=e.k, seed=cfg.trainer.seed, groups=groups, text_samples=len(rows) if e.samples_jsonl else 0,
                            episodes=episode_runner(cfg, rollout, scorer.num_workers))
         clean = True
     finally:

@@ -71,6 +71,8 @@ class EvalConfig:
     n_samples: int = _f(8, "Samples per prompt for pass@k (0: greedy only).", low=0, resume="free")
     k: List[int] = _f([1, 4, 8], "k values of the unbiased pass@k estimator (<= n_samples).", resume="free")
     output_json: Optional[str] = _f(None, "Also write the metrics to this JSON file.", resume="free")
+    samples_jsonl: Optional[str] = _f(None, "Also write every greedy response (prompt, response, correct, length) "
+                                      "to this JSONL file.", resume="free")
 
 
 @dataclass

@@ -84,7 +84,8 @@ def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScore
 def _text_sample(row: dict, sample: Scored) -> dict:
     """A greedy validation response as a record of samples.jsonl (no advantages: nothing trains on it)."""
     correct = float(sample.correct)
-    return {"prompt": str(row.get("prompt", "")), "response": sample.text, "reward": correct, "score": correct,
+    return {"prompt": str(row.get("prompt", "")), "answer": str(row.get("answer", "")), "response": sample.text,
+            "reward": correct, "score": correct,
             "correct": sample.correct, "truncated": sample.truncated,
             "length": sample.length, "adv_mean": None, "adv_min": None, "adv_max": None}
 
