@@ -202,11 +202,17 @@ class RunContext:
             universal = reshard.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, collectives.all_gather_object) \
                 if point is not None else {}
             resumed = peek_state(point) if point is not None else None
-            # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
-            sent = rewind_metrics(run_dir, resumed) if (own and dist.is_main) else set()
-            log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None, already_sent=sent)
+            # records past the checkpoint (without one: every record) are replayed: cut them (main
+            # rank, before the logger opens); a checkpoint of another run leaves this run's records be
+            sent = rewind_metrics(run_dir, resumed) if ((own or point is None) and dist.is_main) else set()
+            # records sent by an attempt that sealed no checkpoint: its wandb run goes on too
+            log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None or bool(sent),
+                              already_sent=sent)
             for note in notes:
                 log.info(note)
+            if sent:
+                log.info(f"metrics.jsonl: {len(sent)} record(s) of steps past the last sealed checkpoint "
+                         f"({point or 'none yet'}) removed; the run records them again as it replays them")
             if dist.is_main:
                 record_config(cfg, run_dir, point, resumed, changes, log.info)
             log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "
