@@ -37,6 +37,11 @@ def _rank(rank, port, out, end):
     with open("/proc/self/maps") as f:  # mapped by this rank, its name already gone
         out[f"mapped{rank}"] = f"{segment} (deleted)" in f.read()
     out[f"named{rank}"] = segment.exists()
+    import deepspeed.comm
+    import torch
+    summed = torch.full((1024,), rank + 1.0)
+    deepspeed.comm.inference_all_reduce(summed)  # DeepSpeed's shm all-reduce, through the mapped segments
+    out[f"sum{rank}"] = summed.tolist() == [3.0] * 1024
     collectives.barrier()
     if end == "error":  # an error exit, as the CLI's: no shutdown, no teardown
         os._exit(1)
@@ -58,5 +63,6 @@ def test_a_two_rank_cpu_run_leaves_no_segment_however_it_ends(end):
     assert [p.exitcode for p in ctx.processes] == ([0, 0] if end == "clean" else [1, 1])
     assert out["mapped0"] and out["mapped1"], "DeepSpeed's shm all-reduce did not map its segments"
     assert not out["named0"] and not out["named1"]  # removed once both ranks had mapped both
+    assert out["sum0"] and out["sum1"]  # and the all-reduce works without the names
     left = [p for p in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_*")]
     assert left == []
