@@ -120,10 +120,10 @@ def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunSt
 def init_run_distributed(cfg: Config) -> DistInfo:
     """The run's process groups: one world, or (split placement) this rank's role world and the
     bridge (:mod:`vcppo.engines.bridge`). The rank counts are checked on every rank before anything
-    starts: a config error then exits before DeepSpeed's CPU shm collective makes its /dev/shm
-    segments, which only a clean end of a run removes."""
+    starts: a config error then exits before any process group or DeepSpeed shm segment exists (an
+    error after it leaves none either: :func:`vcppo.engines.dist.init_distributed`)."""
     placement = Placement.of(cfg)
-    if D.get_info() is None:  # before the group and DeepSpeed's shm segments exist: a clean exit leaves none
+    if D.get_info() is None:  # before the group exists: the peers are not waited for
         world = launch_env.launched_world_size()
         if not placement.split:
             check_sequence_parallel_ranks(cfg, world)
