@@ -100,6 +100,20 @@ def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resum
                          resume=resume, use_tensorboard=lg.tensorboard, already_sent=already_sent)
 
 
+def open_records(cfg: Config, run_dir: Path, dist: DistInfo, point: Path | None, resumed: RunState | None,
+                 replays: bool) -> MetricsLogger:
+    """The run's logger, once the records of the steps it replays are cut (``replays``: it resumes
+    from its own checkpoint ``point``, or starts without one, so every record is replayed): main rank,
+    before the logger opens (:func:`rewind_metrics`). The stopped run sent those to wandb already, so
+    they are not sent again, and a run that stopped before its first checkpoint goes on in wandb."""
+    sent = rewind_metrics(run_dir, resumed) if (replays and dist.is_main) else set()
+    log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None or bool(sent), already_sent=sent)
+    if sent:
+        log.info(f"metrics.jsonl: {len(sent)} record(s) of steps past the last sealed checkpoint "
+                 f"({point or 'none yet'}) removed; the run records them again as it replays them")
+    return log
+
+
 def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunState | None, changes: list,
                   say) -> None:
     """Main rank, once the resume is accepted: ``config.yaml`` is this segment's config, and
@@ -202,17 +216,9 @@ class RunContext:
             universal = reshard.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, collectives.all_gather_object) \
                 if point is not None else {}
             resumed = peek_state(point) if point is not None else None
-            # records past the checkpoint (without one: every record) are replayed: cut them (main
-            # rank, before the logger opens); a checkpoint of another run leaves this run's records be
-            sent = rewind_metrics(run_dir, resumed) if ((own or point is None) and dist.is_main) else set()
-            # records sent by an attempt that sealed no checkpoint: its wandb run goes on too
-            log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None or bool(sent),
-                              already_sent=sent)
+            log = open_records(cfg, run_dir, dist, point, resumed, replays=own or point is None)
             for note in notes:
                 log.info(note)
-            if sent:
-                log.info(f"metrics.jsonl: {len(sent)} record(s) of steps past the last sealed checkpoint "
-                         f"({point or 'none yet'}) removed; the run records them again as it replays them")
             if dist.is_main:
                 record_config(cfg, run_dir, point, resumed, changes, log.info)
             log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "
