@@ -64,7 +64,7 @@ def test_export_refuses_an_input_model_as_out_before_writing(tmp_path, capsys, k
         before = _listing(models[key])
         assert cli_main(["model", "export", str(point), "--out", str(out)]) == 2
         err = capsys.readouterr().err
-        assert f"is the run's {key}" in err and len(err.strip().splitlines()) == 1, err
+        assert f" the run's {key} (" in err and len(err.strip().splitlines()) == 1, err
         assert _listing(models[key]) == before  # nothing written
 
 

@@ -89,7 +89,8 @@ def refuse_input_out(config: dict, out: str | Path) -> None:
             continue
         source = _resolved(value)
         if target == source or source in target.parents:
-            raise CheckpointError(f"--out {out} is the run's {key} ({value}): exporting there would overwrite "
+            where = "is" if target == source else "is inside"
+            raise CheckpointError(f"--out {out} {where} the run's {key} ({value}): exporting there would overwrite "
                                   "what the run was trained from, and its resume would read the new files; choose "
                                   "another directory")
 
