@@ -45,6 +45,7 @@ def pytest_sessionfinish(session, exitstatus):
             reporter.write_sep("=", line, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+
 # The longest test files (seconds each under `make test`'s two workers), collected first: pytest-xdist's
 # loadfile hands files out in collection order, and starting the longest first keeps one worker from
 # running a long file alone at the end (longest-first scheduling).
