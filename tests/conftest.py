@@ -1,4 +1,5 @@
-"""Shared test set-up: CPU determinism, the `gpu` marker gate, and tiny local artifacts."""
+"""Shared test set-up: CPU determinism, the `gpu` marker gate, tiny local artifacts, and the session's
+/dev/shm check (a DeepSpeed segment left behind fails it)."""
 import os
 
 import pytest
@@ -18,6 +19,31 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # and a process on two OpenMP threads beside another spins its threads against the other's
 # (docs/history.md has the timings). Subprocesses inherit it; torchrun sets the same for its ranks.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+SHM_SNAPSHOT = pytest.StashKey[tuple]()
+
+
+def pytest_sessionstart(session):
+    from tests import shm_check
+    session.config.stash[SHM_SNAPSHOT] = shm_check.start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A DeepSpeed shm segment the session's runs left in /dev/shm (a killed rank's in the faults
+    tier, an error exit's) fails the session (tests/shm_check.py); once, in the controller of an
+    xdist run."""
+    if hasattr(session.config, "workerinput") or SHM_SNAPSHOT not in session.config.stash:
+        return
+    from tests import shm_check
+    left = shm_check.finish(session.config.stash[SHM_SNAPSHOT])
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        line = (f"{len(left)} DeepSpeed shm segment(s) left in /dev/shm by this session (removed now): "
+                + ", ".join(p.name for p in left))
+        if reporter is not None:
+            reporter.write_sep("=", line, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # The longest test files (seconds each under `make test`'s two workers), collected first: pytest-xdist's

@@ -99,6 +99,8 @@ class Rollout(Layout):
                                        not ask for them (``rollout.sampler_logprobs``)
         has_rule         (B,)   float  1.0 where the row's data_source has a rule of its own
                                        (``reward.functions_by_source``); None without such rules
+        response_lengths (B,)   float  each sample's length (:func:`response_lengths`: model and
+                                       observation tokens); taken from the layout when not given
     """
     scores: Tensor
     token_rewards: Tensor
@@ -107,6 +109,11 @@ class Rollout(Layout):
     truncated: Tensor
     sampler_logprobs: Optional[Tensor] = None
     has_rule: Optional[Tensor] = None
+    response_lengths: Optional[Tensor] = None
+
+    def __post_init__(self):
+        if self.response_lengths is None:
+            self.response_lengths = response_lengths(self)
 
     @classmethod
     def unscored(cls, layout: Layout) -> "Rollout":
@@ -116,6 +123,21 @@ class Rollout(Layout):
         zeros = torch.zeros(B, device=dev)
         return cls(**layout.layout_fields(), scores=zeros, token_rewards=torch.zeros_like(layout.response_mask),
                    group=torch.arange(B, device=dev), correct=zeros.clone(), truncated=zeros.clone())
+
+
+def response_lengths(layout: Layout) -> Tensor:
+    """(B,) float32: the length of each sample, the one definition every length rule reads (DAPO's
+    overlong penalty, VAPO's length-adaptive lambda, the response/length metrics): its tokens after
+    the prompt, model AND observation tokens of an episode.
+
+    Why both: ``rollout.max_response_tokens`` budgets an episode in these tokens (an episode is cut,
+    ``truncated``, when they fill it), and so does the context; a length compared with that budget
+    must count what the budget counts. The policy mask's sum (model tokens only) would leave an
+    episode that ran out of budget unpenalised. VAPO's horizon 1 / (1 - lambda) = alpha * length then
+    spans the whole episode: on an episode with observations (which GAE steps over without decay)
+    its lambda is a little closer to 1 than one from model tokens, the side VAPO's rule errs to for
+    long sequences. Single responses have no observation tokens: both counts agree."""
+    return layout.attention_mask[:, layout.prompt_len:].sum(1).to(torch.float32)
 
 
 def last_token_index(response_mask: Tensor) -> Tensor:

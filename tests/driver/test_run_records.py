@@ -76,3 +76,22 @@ def test_a_directory_in_place_of_metrics_is_set_aside(tmp_path):
     check_run_records(tmp_path, said.append)
     assert len(said) == 1 and "metrics.jsonl is not a readable file" in said[0]
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_records_past_the_checkpoint_or_without_one_are_cut_with_their_samples(tmp_path):
+    from vcppo.driver.durability.run_records import rewind_metrics
+    from vcppo.driver.state import RunState
+
+    lines = [json.dumps({"phase": p, "step": s}) + "\n" for p, s in (("value_pretrain", 1), ("value_pretrain", 2))]
+    (tmp_path / "metrics.jsonl").write_text("".join(lines))
+    (tmp_path / "samples.jsonl").write_text("".join(lines))
+    # resumed from the checkpoint after step 1: step 2 is replayed
+    assert rewind_metrics(tmp_path, RunState(phase="value_pretrain", metrics_bytes=len(lines[0]))) == \
+        {("value_pretrain", 2)}
+    assert (tmp_path / "metrics.jsonl").read_text() == lines[0] == (tmp_path / "samples.jsonl").read_text()
+    # no checkpoint sealed: the run starts over and replays every step
+    assert rewind_metrics(tmp_path, None) == {("value_pretrain", 1)}
+    assert (tmp_path / "metrics.jsonl").read_text() == "" == (tmp_path / "samples.jsonl").read_text()
+    # a checkpoint older than the byte count records nothing to cut back to
+    (tmp_path / "metrics.jsonl").write_text(lines[0])
+    assert rewind_metrics(tmp_path, RunState(phase="ppo")) == set() and (tmp_path / "metrics.jsonl").read_text()

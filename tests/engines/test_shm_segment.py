@@ -1,7 +1,8 @@
 """DeepSpeed's CPU shm all-reduce buffer (~66 MiB a rank in /dev/shm, used where the deepspeed launcher
-started the ranks): a clean shutdown removes this rank's segment, where before every such run left one
-per rank until reboot."""
+started the ranks): its name is removed as soon as every rank has mapped it, so no end of a run (clean,
+an error exit, SIGKILL) leaves one until reboot."""
 import os
+from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
@@ -24,7 +25,7 @@ def test_unlink_removes_the_name_and_tolerates_a_missing_one(tmp_path):
     unlink_shm_segment(None)     # the op never ran (one rank)
 
 
-def _rank(rank, port, out):
+def _rank(rank, port, out, end):
     # LOCAL_SIZE: what the deepspeed launcher sets, and what turns DeepSpeed's shm all-reduce on
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", LOCAL_SIZE="2")
@@ -33,16 +34,35 @@ def _rank(rank, port, out):
     from vcppo.engines import launch_env
     dist.init_distributed("cpu")
     segment = launch_env.shm_segment(rank)
+    with open("/proc/self/maps") as f:  # mapped by this rank, its name already gone
+        out[f"mapped{rank}"] = f"{segment} (deleted)" in f.read()
+    out[f"named{rank}"] = segment.exists()
+    import deepspeed.comm
+    import torch
+    summed = torch.full((1024,), rank + 1.0)
+    deepspeed.comm.inference_all_reduce(summed)  # DeepSpeed's shm all-reduce, through the mapped segments
+    out[f"sum{rank}"] = summed.tolist() == [3.0] * 1024
     collectives.barrier()
-    out[f"during{rank}"] = segment.exists()
+    if end == "error":  # an error exit, as the CLI's: no shutdown, no teardown
+        os._exit(1)
     dist.shutdown(wait_for_peers=True)
-    collectives.barrier()  # a no-op now: the group is gone
-    out[f"after{rank}"] = segment.exists()
 
 
 @pytest.mark.distributed
-def test_a_clean_two_rank_cpu_shutdown_leaves_no_segment():
-    out = mp.Manager().dict()
-    mp.start_processes(_rank, args=(free_port(), out), nprocs=2, start_method="spawn", join=True)
-    assert out["during0"] and out["during1"], "DeepSpeed's shm all-reduce did not create its segments"
-    assert not out["after0"] and not out["after1"]
+@pytest.mark.parametrize("end", ["clean", "error"])
+def test_a_two_rank_cpu_run_leaves_no_segment_however_it_ends(end):
+    out, port = mp.Manager().dict(), free_port()
+    ctx = mp.start_processes(_rank, args=(port, out, end), nprocs=2, start_method="spawn", join=False)
+    try:
+        for p in ctx.processes:
+            p.join(timeout=600)  # a loaded 2-core host starts two ranks slowly
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in ctx.processes] == ([0, 0] if end == "clean" else [1, 1])
+    assert out["mapped0"] and out["mapped1"], "DeepSpeed's shm all-reduce did not map its segments"
+    assert not out["named0"] and not out["named1"]  # removed once both ranks had mapped both
+    assert out["sum0"] and out["sum1"]  # and the all-reduce works without the names
+    left = [p for p in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_*")]
+    assert left == []

@@ -291,7 +291,7 @@ def evaluate_policy(cfg: Config) -> dict | None:
         clean = True
     finally:
         rollout.close(final=True)
-        D.shutdown(wait_for_peers=clean)  # a clean end meets the peers first (and frees DeepSpeed's shm buffer)
+        D.shutdown(wait_for_peers=clean)  # a clean end meets the peers first
     return metrics if dist.is_main else None
 
 

@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from vcppo.config.extends import read_yaml_chain
 from vcppo.config.paths import check_paths, commands_with_paths
-from vcppo.config.provenance import resume_classes
+from vcppo.config.provenance import CRITIC_CACHE_KEYS, resume_classes
 from vcppo.config.rules import check_critic_keys, validate
 from vcppo.models.hub import resolve_model_keys
 from vcppo.methods import uses_critic
@@ -276,8 +276,10 @@ def schema_markdown() -> str:
              "`vcppo <command> [CONFIG] [section.key=value ...]`, where CONFIG is a shipped preset "
              "name or a YAML file. A default `${a.b}` follows key `a.b` unless set. The resume column says "
              "what changing a key does when a run resumes (docs/robustness.md): "
-             + "; ".join(f"`{name}` {text}" for name, text in RESUME_CLASSES.items()) + ".", ""]
-    classes = resume_classes()
+             + "; ".join(f"`{name}` {text}" for name, text in RESUME_CLASSES.items()) + ". A class marked "
+             "(critic cache) is also in the key of the pretrained-critic cache (`value_pretrain.cache_dir`): "
+             "a run that changes it pretrains its critic again instead of reusing another run's.", ""]
+    classes = {k: c + (" (critic cache)" if k in CRITIC_CACHE_KEYS else "") for k, c in resume_classes().items()}
     root = Config()
     for sec in dataclasses.fields(root):
         value = getattr(root, sec.name)

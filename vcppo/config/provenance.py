@@ -33,20 +33,37 @@ HISTORY_FILE = "config_history.jsonl"
 ALLOW_KEY = "trainer.resume_allow_changes"
 
 
-def resume_classes(cls: type = Config, prefix: str = "", section_class: str | None = None) -> dict[str, str]:
-    """``{dotted key: class}`` of every leaf field; a section's own ``resume`` metadata (the sections
-    `vcppo train` does not read) wins over its fields'."""
+def schema_tags(cls: type = Config, prefix: str = "", section: dict | None = None) -> dict[str, dict]:
+    """``{dotted key: its field's metadata}`` for every leaf field; a section's own ``resume`` and
+    ``critic_cache`` (set in its metadata) win over its fields'."""
     out = {}
     for f in dataclasses.fields(cls):
         factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
         if factory is not None and dataclasses.is_dataclass(factory):
-            out.update(resume_classes(factory, f"{prefix}{f.name}.", f.metadata.get("resume", section_class)))
+            inherited = {k: f.metadata[k] for k in ("resume", "critic_cache") if k in f.metadata}
+            out.update(schema_tags(factory, f"{prefix}{f.name}.", {**inherited, **(section or {})}))
         else:
-            out[prefix + f.name] = section_class or f.metadata.get("resume")
+            out[prefix + f.name] = {**f.metadata, **(section or {})}
     return out
 
 
+def resume_classes(cls: type = Config) -> dict[str, str]:
+    """``{dotted key: class}`` of every leaf field; a section's own ``resume`` metadata (the sections
+    `vcppo train` does not read) wins over its fields'."""
+    return {key: tags.get("resume") for key, tags in schema_tags(cls).items()}
+
+
+def critic_cache_keys(cls: type = Config) -> tuple[str, ...]:
+    """The keys a pretrained critic depends on, from the same tags as the resume classes: every
+    ``math`` and ``fixed`` key but those tagged ``critic_cache=False`` (value pretraining never reads
+    them). So a key that changes what the run computes is in the critic cache's key by construction,
+    and a resume refuses a change of any of them."""
+    return tuple(key for key, tags in schema_tags(cls).items()
+                 if tags.get("resume") in ("math", "fixed") and tags.get("critic_cache", True))
+
+
 CLASSES = resume_classes()  # the schema does not change at run time
+CRITIC_CACHE_KEYS = critic_cache_keys()
 
 
 @dataclasses.dataclass(frozen=True)

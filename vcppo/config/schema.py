@@ -140,23 +140,26 @@ class AlgorithmConfig:
                                   "'rloo' (leave-one-out group baseline), 'reinforce_plus_plus' (token-level "
                                   "returns, normalised over the global batch), 'reinforce_plus_plus_baseline' (the "
                                   "same after subtracting the group's mean outcome). vcppo/methods.py names each "
-                                  "one's paper.", choices=tuple(ESTIMATORS), resume="math")
+                                  "one's paper.", choices=tuple(ESTIMATORS), resume="math", critic_cache=False)
     gamma: float = _f(1.0, "Discount factor.", low=0.0, high=1.0, resume="math")
     lambda_actor: float = _f(0.95, "GAE lambda of the actor's advantages (Decoupled-GAE, paper sec. 4.2).",
-                             low=0.0, high=1.0, resume="math")
+                             low=0.0, high=1.0, resume="math", critic_cache=False)
     lambda_critic: float = _f(1.0, "GAE lambda of the critic's targets; 1.0 = Monte-Carlo returns, no "
-                              "reward decay (Decoupled-GAE).", low=0.0, high=1.0, resume="math", critic=True)
-    length_adaptive_lambda: bool = _f(False, "VAPO: lambda_actor = 1 - 1/(alpha * length) per sequence.", resume="math")
+                              "reward decay (Decoupled-GAE).", low=0.0, high=1.0, resume="math", critic=True,
+                              critic_cache=False)  # value pretraining's is value_pretrain.lambda_critic
+    length_adaptive_lambda: bool = _f(False, "VAPO: lambda_actor = 1 - 1/(alpha * length) per sequence.",
+                                      resume="math", critic_cache=False)
     length_adaptive_alpha: float = _f(0.05, "alpha of the length-adaptive lambda (VAPO: 0.05).", low=0.0,
-                                      low_open=True, resume="math")
-    whiten_advantages: bool = _f(True, "Normalise the actor's advantages over the batch (std 1).", resume="math")
+                                      low_open=True, resume="math", critic_cache=False)
+    whiten_advantages: bool = _f(True, "Normalise the actor's advantages over the batch (std 1).",
+                                 resume="math", critic_cache=False)
     zero_mean_advantages: bool = _f(True, "When whitening, also subtract the mean (False only divides by the std, so "
-                                       "the mean's sign is kept).", resume="math")
-    eps_low: float = _f(0.2, "PPO ratio clip below 1 (1 - eps_low).", low=0.0, resume="math")
+                                       "the mean's sign is kept).", resume="math", critic_cache=False)
+    eps_low: float = _f(0.2, "PPO ratio clip below 1 (1 - eps_low).", low=0.0, resume="math", critic_cache=False)
     eps_high: float = _f(0.2, "PPO ratio clip above 1 (1 + eps_high); >eps_low is clip-higher (VAPO/DAPO).",
-                         low=0.0, resume="math")
+                         low=0.0, resume="math", critic_cache=False)
     dual_clip_c: Optional[float] = _f(None, "Dual-clip constant c > 1 for negative advantages (null: off).",
-                                      low=1.0, low_open=True, resume="math")
+                                      low=1.0, low_open=True, resume="math", critic_cache=False)
     loss_agg: str = _f("token-mean", "Loss aggregation over tokens / sequences; seq-mean-token-sum-norm divides "
                        "each sequence's token sum by rollout.max_response_tokens (Dr. GRPO: no length bias).",
                        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
@@ -164,36 +167,42 @@ class AlgorithmConfig:
     policy_loss: str = _f("ppo", "'ppo': the clipped surrogate per token; 'gspo': GSPO's length-normalised "
                           "sequence ratio, clipped per sequence (eps_low / eps_high; the paper: 3e-4 / 4e-4; "
                           "loss_agg seq-mean-token-mean). Either composes with any advantage_estimator.",
-                          choices=tuple(POLICY_LOSSES), resume="math")
+                          choices=tuple(POLICY_LOSSES), resume="math", critic_cache=False)
     kl_coef: float = _f(0.0, "KL coefficient vs the reference policy (paper: 0); >0 loads a reference "
-                        "engine. With kl_target set, the adaptive controller's starting value.", low=0.0, resume="math")
+                        "engine. With kl_target set, the adaptive controller's starting value.", low=0.0,
+                        resume="math", critic_cache=False)
     kl_in: str = _f("reward", "Where the KL goes: 'reward' (a per-token penalty subtracted from the reward, "
                     "PPO-RLHF; verl use_kl_in_reward) or 'loss' (a term of the actor's loss on its current "
-                    "logprobs, GRPO's way; verl use_kl_loss).", choices=("reward", "loss"), resume="math")
+                    "logprobs, GRPO's way; verl use_kl_loss).", choices=("reward", "loss"),
+                    resume="math", critic_cache=False)
     kl_estimator: str = _f("k3", "Per-token KL estimator: k1 (log-ratio), k2 (half its square), k3 (Schulman's "
                            "unbiased, >= 0) or low_var_kl (k3 clamped, verl's name); in the loss k2's "
                            "gradient is that of KL(pi || pi_ref) (vcppo/algos/kl.py).",
-                           choices=("k1", "k2", "k3", "low_var_kl"), resume="math")
+                           choices=("k1", "k2", "k3", "low_var_kl"), resume="math", critic_cache=False)
     kl_target: Optional[float] = _f(None, "Adaptive KL controller (Ziegler et al. 2019, as verl / OpenRLHF): "
                                     "the coefficient moves toward the value that holds the per-sample KL at "
-                                    "this target; null: a fixed kl_coef.", low=0.0, low_open=True, resume="math")
+                                    "this target; null: a fixed kl_coef.", low=0.0, low_open=True,
+                                    resume="math", critic_cache=False)
     kl_horizon: float = _f(10000.0, "Adaptive KL controller: samples over which the coefficient may change "
                            "by a factor of about e^0.2 (verl / OpenRLHF: 10000).", low=0.0, low_open=True,
-                           resume="math")
-    entropy_coef: float = _f(0.0, "Entropy bonus coefficient.", low=0.0, resume="math")
-    positive_lm_coef: float = _f(0.0, "VAPO positive-example LM loss weight (VAPO: 0.1).", low=0.0, resume="math")
-    grpo_scale_by_std: bool = _f(True, "GRPO: divide group-centred rewards by the group std.", resume="math")
+                           resume="math", critic_cache=False)
+    entropy_coef: float = _f(0.0, "Entropy bonus coefficient.", low=0.0, resume="math", critic_cache=False)
+    positive_lm_coef: float = _f(0.0, "VAPO positive-example LM loss weight (VAPO: 0.1).", low=0.0,
+                                 resume="math", critic_cache=False)
+    grpo_scale_by_std: bool = _f(True, "GRPO: divide group-centred rewards by the group std.",
+                                 resume="math", critic_cache=False)
     rollout_is_cap: Optional[float] = _f(None, "Truncated importance sampling for the sampler/trainer "
                                          "mismatch: the policy-gradient loss of each token is weighted by "
                                          "min(pi_old / pi_vLLM, cap); cap >= 1 (verl: 2); null: off.",
-                                         low=1.0, resume="math")
+                                         low=1.0, resume="math", critic_cache=False)
     mask_truncated: bool = _f(False, "DAPO overlong filtering: responses cut off at "
-                              "rollout.max_response_tokens are left out of the policy loss.", resume="math")
+                              "rollout.max_response_tokens are left out of the policy loss.",
+                              resume="math", critic_cache=False)
     old_logprobs_from_sampler: bool = _f(False, "Take pi_old (the ratio's denominator, and the policy side "
                                          "of the KL penalty) from the rollout engine's logprobs instead "
                                          "of an actor forward pass: one pass less per step. Trust it only "
                                          "where sampler and trainer agree (mismatch/ metrics of a run "
-                                         "without it); TIS is then inert.", resume="math")
+                                         "without it); TIS is then inert.", resume="math", critic_cache=False)
 
 
 @dataclass
@@ -252,8 +261,9 @@ class ValuePretrainConfig:
     ev_tolerance: float = _f(0.02, "Settled when explained variance changed by less than this ...", low=0.0,
                              resume="math")
     loss_tolerance: float = _f(0.05, "... and value loss changed by less than this fraction.", low=0.0, resume="math")
-    cache_dir: Optional[str] = _f(None, "Where reusable critic checkpoints live, keyed by a hash of policy, "
-                                  "data and critic config (default: <output_root>/critic_cache).", resume="free")
+    cache_dir: Optional[str] = _f(None, "Where reusable critic checkpoints live, keyed by a hash of every key "
+                                  "the pretrained critic depends on (marked 'critic cache' in docs/config.md; "
+                                  "default: <output_root>/critic_cache).", resume="free")
     reuse: bool = _f(True, "Reuse a matching pretrained critic instead of training it again.", resume="free")
 
 
@@ -265,7 +275,7 @@ class TrainerConfig:
     balance_batch: bool = _f(True, "Several ranks: redistribute whole prompt groups after sampling so every "
                              "rank trains on about the same number of real tokens.", resume="numerics")
     seed: int = _f(0, "Seed of data order, sampling and initialisation (numpy accepts [0, 2**32)).",
-                   low=0, high=2**32 - 1, resume="math")
+                   low=0, high=2**32 - 1, resume="math", critic_cache=False)  # a sweep's seeds share one critic
     output_root: str = _f("runs", "Directory under which run directories are created.", resume="free")
     run_name: Optional[str] = _f(None, "Run directory name (default: <preset>-seed<seed>, so re-running a command resumes its run).",
                                  resume="free")
@@ -283,10 +293,11 @@ class TrainerConfig:
     deterministic: bool = _f(False, "Deterministic torch algorithms (CPU runs are deterministic anyway).",
                              resume="numerics")
     dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop prompts whose samples all got the same "
-                                "reward and sample more prompts until the step's batch is full.", resume="math")
+                                "reward and sample more prompts until the step's batch is full.", resume="math",
+                                critic_cache=False)  # the PPO phase only
     dynamic_sampling_max_tries: int = _f(4, "Sampling rounds per step at most, the first included; a batch "
                                          "still short after them is filled up with dropped groups.", low=1,
-                                         resume="math")
+                                         resume="math", critic_cache=False)
     max_nonfinite_steps: int = _f(3, "Abort (exit 2, the last good checkpoint kept) after this many steps in a "
                                   "row with an optimizer step skipped for a non-finite loss, gradient norm or "
                                   "advantages.", low=1, resume="free")
@@ -350,7 +361,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "Policy / critic / tokenizer paths."})
     data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "Prompt datasets."})
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"doc": "vLLM sampling."})
-    actor: ActorConfig = field(default_factory=ActorConfig, metadata={"doc": "Policy optimisation."})
+    actor: ActorConfig = field(default_factory=ActorConfig, metadata={"doc": "Policy optimisation.",
+                                                                      "critic_cache": False})
     reference: EngineConfig = field(default_factory=EngineConfig, metadata={"doc": "Frozen reference policy "
                                                                              "(built when algorithm.kl_coef > 0)."})
     reward_model: EngineConfig = field(default_factory=EngineConfig, metadata={"doc": "Reward model engine "

@@ -25,15 +25,21 @@ RESUME_CLASSES = {
 
 
 def _f(default: Any, doc: str, *, resume: str, choices: tuple | None = None, low: float | None = None,
-       high: float | None = None, low_open: bool = False, critic: bool = False) -> Any:
+       high: float | None = None, low_open: bool = False, critic: bool = False,
+       critic_cache: bool = True) -> Any:
     """A schema field with its doc line, its valid range or choices, and ``resume``: what changing it
     on resume does (a key of :data:`RESUME_CLASSES`; required, so a new key must be classified).
     ``critic``: only a critic reads it (setting it for a method without one is an error); a section's
-    metadata may say so for every key inside it."""
+    metadata may say so for every key inside it.
+    ``critic_cache``: False for a ``math`` key that value pretraining never reads (the PPO phase's
+    algorithm and actor, the seed a sweep varies), so the pretrained critic does not depend on it. Every
+    other ``math`` and ``fixed`` key is in the critic cache's key (:mod:`vcppo.config.provenance`), so a
+    new key that changes what the run computes is in it unless it says otherwise; a section's metadata
+    may set it for every key inside it."""
     if resume not in RESUME_CLASSES:
         raise ValueError(f"resume={resume!r} is not one of {list(RESUME_CLASSES)}")
     meta = {"doc": doc, "choices": choices, "low": low, "high": high, "low_open": low_open, "resume": resume,
-            "critic": critic}
+            "critic": critic, "critic_cache": critic_cache}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)

@@ -100,6 +100,20 @@ def make_logger(cfg: Config, out_dir: Path, dist: DistInfo, run_name: str, resum
                          resume=resume, use_tensorboard=lg.tensorboard, already_sent=already_sent)
 
 
+def open_records(cfg: Config, run_dir: Path, dist: DistInfo, point: Path | None, resumed: RunState | None,
+                 replays: bool) -> MetricsLogger:
+    """The run's logger, once the records of the steps it replays are cut (``replays``: it resumes
+    from its own checkpoint ``point``, or starts without one, so every record is replayed): main rank,
+    before the logger opens (:func:`rewind_metrics`). The stopped run sent those to wandb already, so
+    they are not sent again, and a run that stopped before its first checkpoint goes on in wandb."""
+    sent = rewind_metrics(run_dir, resumed) if (replays and dist.is_main) else set()
+    log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None or bool(sent), already_sent=sent)
+    if sent:
+        log.info(f"metrics.jsonl: {len(sent)} record(s) of steps past the last sealed checkpoint "
+                 f"({point or 'none yet'}) removed; the run records them again as it replays them")
+    return log
+
+
 def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunState | None, changes: list,
                   say) -> None:
     """Main rank, once the resume is accepted: ``config.yaml`` is this segment's config, and
@@ -120,10 +134,10 @@ def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunSt
 def init_run_distributed(cfg: Config) -> DistInfo:
     """The run's process groups: one world, or (split placement) this rank's role world and the
     bridge (:mod:`vcppo.engines.bridge`). The rank counts are checked on every rank before anything
-    starts: a config error then exits before DeepSpeed's CPU shm collective makes its /dev/shm
-    segments, which only a clean end of a run removes."""
+    starts: a config error then exits before any process group or DeepSpeed shm segment exists (an
+    error after it leaves none either: :func:`vcppo.engines.dist.init_distributed`)."""
     placement = Placement.of(cfg)
-    if D.get_info() is None:  # before the group and DeepSpeed's shm segments exist: a clean exit leaves none
+    if D.get_info() is None:  # before the group exists: the peers are not waited for
         world = launch_env.launched_world_size()
         if not placement.split:
             check_sequence_parallel_ranks(cfg, world)
@@ -202,9 +216,7 @@ class RunContext:
             universal = reshard.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, collectives.all_gather_object) \
                 if point is not None else {}
             resumed = peek_state(point) if point is not None else None
-            # records past the checkpoint are replayed: cut them (main rank, before the logger opens)
-            sent = rewind_metrics(run_dir, resumed) if (own and dist.is_main) else set()
-            log = make_logger(cfg, run_dir, dist, run_dir.name, resume=resumed is not None, already_sent=sent)
+            log = open_records(cfg, run_dir, dist, point, resumed, replays=own or point is None)
             for note in notes:
                 log.info(note)
             if dist.is_main:

@@ -17,7 +17,6 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -43,7 +42,6 @@ _BRIDGE = None  # split placement: this rank's engines.bridge.Bridge (trainer 0 
 _CRITIC_LINK = None  # split placement with critic ranks: this training / critic rank's engines.bridge.CriticLink
 _CLOSERS: list[Callable[[], None]] = []
 _EVER_INITIALISED = False  # a process group was set up in this process (exit_process)
-_SHM_SEGMENT: Path | None = None  # DeepSpeed's CPU all-reduce segment of this rank (unlinked at shutdown)
 
 
 def init_distributed(device: str = "auto", split_rollout_ranks: int | None = None,
@@ -94,11 +92,22 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, rank=rank, world_size=world,
                                    init_method="env://", timeout=timedelta(seconds=timeout_s))
     if not cuda and world > 1:
-        global _SHM_SEGMENT
-        _SHM_SEGMENT = shm_segment(rank)
+        _release_shm_name(shm_segment(rank))
     _INFO = DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
                      backend=backend, is_main=(rank == 0))
     return _INFO
+
+
+def _release_shm_name(segment) -> None:
+    """Remove this rank's DeepSpeed shm segment NAME once every rank has mapped it. DeepSpeed's CPU
+    shm all-reduce opens its peers' segments by name only inside ``init_distributed`` (each rank
+    waits there until every peer's exists), so once every rank is past it (the barrier) no one
+    needs the names: the memory stays mapped in the ranks and goes back to the system when the last
+    of them ends, however it ends. Left there, a name outlives a run that ends by an error (a bad
+    data row, a config error found after start), ``os._exit`` or SIGKILL: ~66 MiB a rank in
+    /dev/shm until reboot."""
+    torch.distributed.barrier()
+    unlink_shm_segment(segment)
 
 
 def _init_split(rollout_ranks: int, critic_ranks: int, rank: int, world: int, local_rank: int, dev: torch.device,
@@ -209,7 +218,7 @@ def shutdown(wait_for_peers: bool = False) -> None:
     no rank tears its sockets down while a peer is still in its last collective (the suspect of a
     2-rank gloo abort at exit seen once in CI). Only on a clean end: a rank unwinding an error
     must not wait at a barrier its peers never reach."""
-    global _INFO, _BRIDGE, _CRITIC_LINK, _SHM_SEGMENT
+    global _INFO, _BRIDGE, _CRITIC_LINK
     while _CLOSERS:
         _CLOSERS.pop()()
     try:  # vLLM's TP/PP/world group wrappers (only present if an LLM was built)
@@ -237,11 +246,6 @@ def shutdown(wait_for_peers: bool = False) -> None:
             if not _is_invalid_pg(e):
                 raise
     _forget_deepspeed_groups()
-    if wait_for_peers:
-        # every peer met the barrier above, so it mapped this segment long ago; after an error one still
-        # starting up would wait for the name forever, so the segment stays there
-        unlink_shm_segment(_SHM_SEGMENT)
-    _SHM_SEGMENT = None
     _INFO = None
     _BRIDGE = None
     _CRITIC_LINK = None

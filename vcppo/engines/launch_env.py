@@ -122,15 +122,16 @@ def shm_segment(rank: int, root: Path = Path("/dev/shm")) -> Path:
     """Where DeepSpeed's CPU shm all-reduce keeps ``rank``'s buffer (~66 MiB): named by user, MASTER_ADDR
     and MASTER_PORT (deepspeed/ops/csrc/cpu/comm/shm.cpp). The op runs where every rank is local
     (LOCAL_SIZE, which the deepspeed launcher sets). DeepSpeed unlinks the buffer only in a teardown
-    that our ranks' ``os._exit`` skips: :func:`unlink_shm_segment` removes it, or it stays in /dev/shm,
-    RAM held until reboot."""
+    that our ranks' ``os._exit`` (and any error exit or SIGKILL) skips, so the name would stay in
+    /dev/shm, RAM held until reboot: :func:`vcppo.engines.dist.init_distributed` removes it with
+    :func:`unlink_shm_segment` as soon as every rank has mapped it."""
     addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     return root / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
 
 
 def unlink_shm_segment(segment: Path | None) -> None:
-    """Remove this rank's segment name (after a clean run's last barrier); peers that still map it keep
-    their mapping until they exit."""
+    """Remove this rank's segment name (once every rank has mapped it); the ranks keep their mappings
+    until they exit."""
     if segment is not None:
         try:
             segment.unlink()

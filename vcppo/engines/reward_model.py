@@ -13,7 +13,7 @@ import torch
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.packing import pack
-from vcppo.experience import Layout
+from vcppo.experience import Layout, response_lengths
 from vcppo.models.reward_model import VCPPO, load_score_module, reward_model_format
 from vcppo.config.schema import EngineConfig
 
@@ -35,7 +35,7 @@ class RewardModelEngine(DeepSpeedModelEngine):
     def _micro_scores(self, micro: Layout) -> tuple[torch.Tensor]:
         """(b, 1) scores of one micro-batch."""
         micro = micro.to(self.dist.device)
-        n = micro.response_mask.sum(1).long()
+        n = response_lengths(micro).long()  # an episode's observation tokens count: its last token is the end
         back = self.offset * (n > 0).long()  # an empty response is scored at its prompt's last token
         if self.pad_id is not None:
             last = micro.responses.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0]

@@ -2,22 +2,24 @@
 same for.
 
 A pretrained critic is determined by the policy, the data, the critic's init and optimiser, the
-pretraining and sampling settings, and the reward -- not by the RL algorithm or the seed. So every
+pretraining, sampling and episode settings, and the reward -- not by the RL algorithm or the seed:
+the schema's tags say which keys (:func:`vcppo.config.provenance.critic_cache_keys`). So every
 preset and seed of a sweep that starts from the same SFT model reuses one critic, stored under
 ``value_pretrain.cache_dir/<key>`` and published atomically (concurrent runs never read half a
 model).
 """
 from __future__ import annotations
 
-import dataclasses
+import functools
 import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 
+from vcppo.config.provenance import CRITIC_CACHE_KEYS, PATH_KEYS
 from vcppo.config.rules import combine_mode
-from vcppo.config.schema import Config, CriticConfig
+from vcppo.config.schema import Config
 
 COMPLETE_MARKER = "vcppo_pretrain.json"
 
@@ -32,12 +34,6 @@ def fingerprint_path(path: str) -> dict:
                        int(f.stat().st_mtime)) for f in files]}
 
 
-PLACEMENT_KEYS = ("zero_stage", "offload_params", "offload_optimizer")
-# critic fields newer than the cache format: they enter the key only when set away from their default
-LATER_DEFAULTS = {k: getattr(CriticConfig(), k) for k in ("head_lr_scale", "confidence_features", "confidence_lr_scale")}
-LATER_DEFAULTS["lora"] = dataclasses.asdict(CriticConfig().lora)  # a LoRA critic learns other weights
-
-
 def critic_source(cfg: Config) -> tuple[str, str]:
     """(init, directory) the critic is built from: the policy's backbone for ``critic_init: policy``
     (``model.critic_path`` names the RM / checkpoint of the other two kinds and is ignored here, even
@@ -46,44 +42,26 @@ def critic_source(cfg: Config) -> tuple[str, str]:
     return init, (cfg.model.policy_path if init == "policy" else cfg.model.critic_path)
 
 
-def critic_init_key(cfg: Config) -> list:
-    init, path = critic_source(cfg)
-    # a policy-initialised critic's directory is the policy, fingerprinted in the key already
-    return [init, None if init == "policy" or not path else fingerprint_path(path)]
+def key_value(cfg: Config, key: str):
+    """What ``key`` contributes to the cache key: its value as the run reads it (a path by its
+    files' fingerprint; ``model.critic_path`` nothing for a policy-initialised critic, which is the
+    policy; ``reward.combine`` with null resolved)."""
+    if key == "model.critic_path" and critic_source(cfg)[0] == "policy":
+        return None
+    if key == "reward.combine":
+        return combine_mode(cfg)
+    value = functools.reduce(getattr, key.split("."), cfg)
+    if key in PATH_KEYS and value:
+        return fingerprint_path(value)
+    return value
 
 
 def cache_key(cfg: Config) -> str:
-    relevant = {
-        "policy": fingerprint_path(cfg.model.policy_path),
-        "data": fingerprint_path(cfg.data.train_files),
-        # the chat-template switch spelled as the key always held it, so existing caches stay valid
-        "data_fields": [cfg.data.prompt_field, cfg.data.answer_field, cfg.data.max_prompt_tokens,
-                        {None: "auto", True: "true", False: "false"}[cfg.data.use_chat_template]],
-        # what the critic is built from (a policy-initialised critic ignores model.critic_path)
-        "critic_init": critic_init_key(cfg),
-        # where the critic's weights live (ZeRO stage, offload) does not change what it learns
-        "critic": {k: v for k, v in dataclasses.asdict(cfg.critic).items()
-                   # fields added later count only when set, so the keys of existing caches stay valid
-                   if k not in PLACEMENT_KEYS and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])},
-        "value_pretrain": {k: getattr(cfg.value_pretrain, k) for k in
-                           ("steps", "lambda_critic", "early_stop", "min_steps", "window", "ev_tolerance",
-                            "loss_tolerance")},
-        "rollout": [cfg.rollout.n_samples_per_prompt, cfg.rollout.temperature, cfg.rollout.top_p,
-                    cfg.rollout.max_response_tokens, cfg.rollout.stop],
-        "prompts_per_step": cfg.trainer.prompts_per_step,
-        "gamma": cfg.algorithm.gamma,
-        "reward": [cfg.reward.function, cfg.reward.correct_score, cfg.reward.wrong_score],
-    }
-    if cfg.reward.functions_by_source:  # only when set, like the overlong keys below
-        relevant["reward_by_source"] = [dict(cfg.reward.functions_by_source), cfg.data.reward_info_fields]
-    if cfg.reward.verl_parity:  # verl's scorers give other rewards on the same data (only when set)
-        relevant["verl_parity"] = True
-    if cfg.reward.model_path:  # the critic learns the reward the model gives (only when set, like the rest)
-        r = cfg.reward
-        relevant["reward_model"] = [fingerprint_path(r.model_path), combine_mode(cfg), r.rule_weight, r.model_weight,
-                                    r.normalize_model_scores]
-    if cfg.reward.overlong_buffer_tokens:  # only when on, so the keys of existing caches stay valid
-        relevant["overlong"] = [cfg.reward.overlong_buffer_tokens, cfg.reward.overlong_penalty]
+    """A hash of every key the pretrained critic depends on (:data:`CRITIC_CACHE_KEYS`: the
+    schema's ``math`` and ``fixed`` keys but those tagged ``critic_cache=False``), the same tags that
+    refuse a resume that changes one. A key added to the schema changes every cache key once (the
+    critic is pretrained again): reusing a critic the new key would have changed is the worse error."""
+    relevant = {key: key_value(cfg, key) for key in CRITIC_CACHE_KEYS}
     blob = json.dumps(relevant, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

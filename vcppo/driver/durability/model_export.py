@@ -8,16 +8,22 @@ partitions into full fp32 tensors (DeepSpeed's own ``zero_to_fp32`` reader), mer
 the weights they adapt (W + s B A, :func:`vcppo.engines.lora.merge_adapters`), and writes an HF
 causal-LM directory with the config, generation config and tokenizer files of the run's
 ``model.policy_path`` (:func:`vcppo.models.export.save_causal_lm`): what ``final/actor`` holds at the
-end of a run. The checkpoint is verified against its manifest first.
+end of a run. The checkpoint is verified against its manifest first, and ``--out`` is refused (one
+line, before anything is written) where writing would destroy something: the run's input models and
+data (``model.policy_path`` and the other path keys a run reads), or a run's ``checkpoints/``
+directory, which the run prunes and cleans of what it does not recognise as a checkpoint.
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 
-from vcppo.driver.durability.checkpoint import CheckpointError, checkpoint_problems
+from vcppo.config.load import SAVED_CONFIG
+from vcppo.config.provenance import CLASSES, PATH_KEYS
+from vcppo.driver.durability.checkpoint import CheckpointError, checkpoint_problems, checkpoint_root
 from vcppo.driver.durability.reshard import weights_only_loading
 from vcppo.driver.durability.resume_checks import RUN_CONFIG
 from vcppo.engines.engine_setup import CHECKPOINT_TAG, checkpoint_zero_stage
@@ -48,6 +54,47 @@ def engine_state(directory: Path) -> dict[str, torch.Tensor]:
     return {name: t.float() for name, t in state.items()}
 
 
+# what a run reads from disk and a change of which changes what it computes: its models and data
+INPUT_KEYS = tuple(k for k in PATH_KEYS if CLASSES[k] == "math")
+CHECKPOINTS = checkpoint_root("").name
+
+
+def _resolved(path: str | Path) -> Path:
+    return Path(os.path.realpath(os.path.expanduser(str(path))))
+
+
+def _is_run_checkpoints(directory: Path) -> bool:
+    return directory.name == CHECKPOINTS and ((directory.parent / SAVED_CONFIG).is_file()
+                                              or any(directory.glob("step_*")))
+
+
+def refuse_checkpoints_out(point: Path, out: str | Path) -> None:
+    """``--out`` inside the checkpoint being exported, or inside any run's ``checkpoints/``."""
+    target = _resolved(out)
+    for d in (target, *target.parents):
+        if d == _resolved(point) or _is_run_checkpoints(d):
+            what = "the checkpoint it exports" if d == _resolved(point) else (
+                f"the run's checkpoint directory {d}, which the run prunes and cleans of what is not one of its "
+                "checkpoints")
+            raise CheckpointError(f"--out {out} is inside {what}: choose a directory outside it")
+
+
+def refuse_input_out(config: dict, out: str | Path) -> None:
+    """``--out`` that is (or lies inside) one of the run's input models or data (its ``INPUT_KEYS``)."""
+    target = _resolved(out)
+    for key in INPUT_KEYS:
+        section, name = key.split(".")
+        value = (config.get(section) or {}).get(name)
+        if not isinstance(value, str) or not value:
+            continue
+        source = _resolved(value)
+        if target == source or source in target.parents:
+            where = "is" if target == source else "is inside"
+            raise CheckpointError(f"--out {out} {where} the run's {key} ({value}): exporting there would overwrite "
+                                  "what the run was trained from, and its resume would read the new files; choose "
+                                  "another directory")
+
+
 def export_checkpoint(point: str | Path, out: str | Path) -> Path:
     """Write checkpoint ``point``'s policy as an HF causal-LM directory ``out``; returns ``out``."""
     from transformers import AutoModelForCausalLM
@@ -59,6 +106,7 @@ def export_checkpoint(point: str | Path, out: str | Path) -> Path:
     if not is_checkpoint(point):
         raise CheckpointError(f"{point} is not a run's checkpoint (a checkpoints/step_N directory with state.json "
                               "and actor/)")
+    refuse_checkpoints_out(point, out)
     problems = checkpoint_problems(point)
     if problems:
         raise CheckpointError(f"checkpoint {point} is damaged: {'; '.join(problems[:5])}")
@@ -67,6 +115,7 @@ def export_checkpoint(point: str | Path, out: str | Path) -> Path:
     except (OSError, ValueError, KeyError) as e:
         raise CheckpointError(f"{point / RUN_CONFIG} cannot be read ({e}): the export needs the config that wrote "
                               "the checkpoint (its model.policy_path and LoRA settings)") from None
+    refuse_input_out(config, out)
     src = config["model"]["policy_path"]
     if not (Path(src) / "config.json").is_file():
         raise CheckpointError(f"{point} was written from model.policy_path {src}, which is not there any more: the "

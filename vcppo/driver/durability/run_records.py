@@ -8,7 +8,9 @@ because ``metrics.jsonl`` or ``config_history.jsonl`` is damaged.
   from their ``run_config.json``: one segment per config the checkpoints hold, marked ``rebuilt``.
 
 On resume ``metrics.jsonl`` is cut back to its size at the checkpoint, and ``samples.jsonl`` loses the
-samples of the steps cut (:func:`rewind_metrics`).
+samples of the steps cut (:func:`rewind_metrics`); a run that finds no checkpoint of its own starts
+from step 0 again, so every record there is of a step it replays (a kill, or a full disk, before the
+first checkpoint was sealed) and the file is cut to nothing. Each record is in the file once.
 """
 from __future__ import annotations
 
@@ -34,18 +36,19 @@ def metrics_size(run_dir: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
-def rewind_metrics(run_dir: Path, state: RunState) -> set[tuple]:
-    """Main rank, on resume, before the logger opens: cut metrics.jsonl back to what it held when
-    the checkpoint was sealed, so the replayed steps are not recorded twice. Returns the
-    ``(phase, step)`` of the records cut off: the killed run already sent those to wandb, so the
-    logger must not send them again."""
+def rewind_metrics(run_dir: Path, state: RunState | None) -> set[tuple]:
+    """Main rank, before the logger opens: cut metrics.jsonl back to what it held when the checkpoint
+    the run resumes from (``state``) was sealed, or to nothing when it starts without one (None), so
+    the replayed steps are not recorded twice. Returns the ``(phase, step)`` of the records cut off:
+    the stopped run already sent those to wandb, so the logger must not send them again."""
     path = Path(run_dir) / METRICS_FILE
-    if state.metrics_bytes is None or not path.exists() or path.stat().st_size <= state.metrics_bytes:
+    keep = 0 if state is None else state.metrics_bytes
+    if keep is None or not path.exists() or path.stat().st_size <= keep:
         return set()
     with open(path, "rb+") as f:
-        f.seek(state.metrics_bytes)
+        f.seek(keep)
         tail = f.read()
-        f.truncate(state.metrics_bytes)
+        f.truncate(keep)
     sent = set()
     for line in tail.decode("utf-8", "replace").splitlines():
         try:

@@ -59,8 +59,9 @@ def estimate(rollout: Rollout, rewards: torch.Tensor, values: torch.Tensor | Non
     plain ``lambda_actor``, not whitened."""
     lam_actor = None
     if for_update and alg.length_adaptive_lambda:
-        # VAPO: longer responses get lambda closer to 1 (less bias on long sequences).
-        lam_actor = length_adaptive_lambda(rollout.response_mask.sum(1), alg.length_adaptive_alpha)
+        # VAPO: longer responses get lambda closer to 1 (less bias on long sequences); an episode's
+        # length counts its observation tokens (vcppo.experience.response_lengths says why)
+        lam_actor = length_adaptive_lambda(rollout.response_lengths, alg.length_adaptive_alpha)
     x = EstimatorInput(rewards=rewards, mask=rollout.response_mask, group=rollout.group,
                        outcomes=rollout.token_rewards.sum(-1), values=values, gamma=alg.gamma,
                        lam_actor=alg.lambda_actor if lam_actor is None else lam_actor, lam_critic=lambda_critic,

@@ -29,8 +29,8 @@ def position_diagnostics(adv: torch.Tensor, mask: torch.Tensor, buckets: int) ->
             "adv/position_edges": [float(x) for x in profile.edges]}
 
 
-def _response_metrics(ctx: RunContext, batch: Rollout, mask: torch.Tensor) -> dict:
-    lengths = mask.sum(1)
+def _response_metrics(ctx: RunContext, batch: Rollout) -> dict:
+    lengths = gather_cat(batch.response_lengths)
     m = {"reward/mean": gather_cat(batch.scores).mean().item(),
          "reward/accuracy": gather_cat(batch.correct).mean().item(),
          "response/length_mean": lengths.mean().item()}
@@ -68,7 +68,7 @@ def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Befo
     ``critic``: the critic side's targets; a quantity the plan does not produce (no critic in
     GRPO, no pi_old in value pretraining) is not reported."""
     mask = gather_cat(rollout.response_mask)
-    m: dict[str, Any] = _response_metrics(ctx, rollout, mask)
+    m: dict[str, Any] = _response_metrics(ctx, rollout)
     raw = gather_cat(adv.raw_advantages)
     m["adv/mean"] = stats.masked_mean(raw, mask).item()
     m["adv/std"] = stats.masked_var(raw, mask).sqrt().item()

@@ -33,12 +33,13 @@ from vcppo.config.schema import Config
 
 
 def overlong_shaping(batch: Rollout, cfg: Config) -> torch.Tensor | None:
-    """(B,) DAPO's soft overlong punishment of each sample under the config; None when
-    ``reward.overlong_buffer_tokens`` is 0."""
+    """(B,) DAPO's soft overlong punishment of each sample under the config, by its length against
+    ``rollout.max_response_tokens`` (an episode's observation tokens count, as in the budget:
+    :func:`vcppo.experience.response_lengths`); None when ``reward.overlong_buffer_tokens`` is 0."""
     buffer = cfg.reward.overlong_buffer_tokens
     if not buffer:
         return None
-    return overlong_penalty(batch.response_mask.sum(1), cfg.rollout.max_response_tokens, buffer,
+    return overlong_penalty(batch.response_lengths, cfg.rollout.max_response_tokens, buffer,
                             cfg.reward.overlong_penalty)
 
 
