@@ -52,7 +52,7 @@ def export(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     from vcppo.models.factory import SIZES
 
     p = argparse.ArgumentParser(prog="vcppo model", description=__doc__,
@@ -77,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     inf.add_argument("path")
     _add_export(sub)
     _add_gguf(sub)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.cmd == "export":
         return export(args)
     if args.cmd in ("import", "fetch"):
