@@ -72,7 +72,8 @@ def test_hostile_programs_in_the_reward_pool_are_counted_and_contained():
     and is a counted timeout; no process of theirs survives; a right program still scores."""
     marker = f"vcppo-hostile-{uuid.uuid4().hex}"
     one = GroundTruth(json.dumps({"inputs": [""], "outputs": ["root"], "time_limit": 1}), {"data_source": "vcppo/code"})
-    many = GroundTruth(json.dumps({"inputs": [""] * 8, "outputs": ["x"] * 8, "time_limit": 1}),
+    # a pool limit well above one case's (a loaded host starts sandboxes slowly) and far below many cases'
+    many = GroundTruth(json.dumps({"inputs": [""] * 20, "outputs": ["x"] * 20, "time_limit": 1}),
                        {"data_source": "vcppo/code-partial"})  # partial credit runs every case
     add = GroundTruth(ADD, {"data_source": "vcppo/code"})
     texts = [_marking("while True:\n    try:\n        os.fork()\n    except OSError:\n        pass", marker),
@@ -83,7 +84,7 @@ def test_hostile_programs_in_the_reward_pool_are_counted_and_contained():
              _fenced("a, b = map(int, input().split())\nprint(a + b)")]
     scorer = RewardScorer(functions_by_source={"vcppo/code": "vcppo.rewards.code:score",
                                                "vcppo/code-partial": "vcppo.rewards.code:pass_rate"},
-                          num_workers=1, timeout_s=4.0)
+                          num_workers=1, timeout_s=8.0)
     try:
         rewards, metrics = scorer(texts, [one, one, one, one, many, add])
     finally:
