@@ -170,3 +170,36 @@ def test_validation_reports_the_share_of_episodes_that_called_a_tool():
     assert m["val/pass@1_greedy"] == 0.5 and m["val/tool_use_greedy"] == 0.5
     assert m["val/pass@1"] == 0.5 and m["val/tool_use_sampled"] == 1.0  # one sample each, both called
     assert (m["val/a/tool_use_greedy"], m["val/b/tool_use_greedy"]) == (1.0, 0.0)  # per group too
+
+
+def test_unreadable_text_from_the_policy_or_the_env_is_a_counted_error_not_a_crash(caplog):
+    """A JSON escape the policy can write ("\\ud800") comes back in the tool's answer as a lone
+    surrogate, and an env may answer with one (or with bytes read by surrogateescape): the tokenizer
+    cannot encode either. The policy reads the text escaped; each counts in env/text_errors."""
+    from vcppo.driver.step.episodes import episode_metrics
+    cfg = cfg_for()
+    cfg.rollout.env, cfg.rollout.env_args = "tools", {"tools": ["calculator"], "max_turns": 4}
+    call = '<tool_call>{"name": "calculator", "arguments": {"\\ud800": 1}}</tool_call>'
+    sampler = ScriptedSampler([[call], ["<think>\n</think>\n\\boxed{7}"]])
+    with caplog.at_level("WARNING"):
+        e = EpisodeRunner(cfg, sampler, EnvRunner(0, 5.0), 512).run(rows("7"), 1, 0, "ppo", 1.0, False)[0]
+    assert e.turns == 2 and e.solved and not e.failed and e.text_errors == 1
+    assert "\\ud800" in TOK.decode(sampler.calls[1]["prompts"][0])  # the escape, as the policy wrote it
+    assert "env 'tools'" in caplog.text and "turn 1" in caplog.text
+    cfg.rollout.env, cfg.rollout.env_args = "tests.envs.hostile:Surrogate", {}
+    sampler = ScriptedSampler([["a"], ["b"]])
+    e = EpisodeRunner(cfg, sampler, EnvRunner(0, 5.0), 512).run(rows("7"), 1, 0, "ppo", 1.0, False)[0]
+    assert e.turns == 2 and not e.failed and e.text_errors == 1 and e.rewards[-1][1] == 1.0
+    assert "half \\ud800 pair" in TOK.decode(sampler.calls[1]["prompts"][0])
+    assert episode_metrics([e], 0.0)["env/text_errors"] == 1.0
+
+
+def test_env_errors_are_logged_with_the_env_the_turn_and_the_message(caplog):
+    cfg = cfg_for()
+    cfg.rollout.env, cfg.rollout.env_args = "tests.envs.hostile:Raises", {}
+    with caplog.at_level("WARNING"):
+        EpisodeRunner(cfg, ScriptedSampler([["8"] * 8]), EnvRunner(0, 5.0), 512).run(
+            rows("10"), 8, 0, "ppo", 1.0, False)
+    lines = [r.getMessage() for r in caplog.records if "tests.envs.hostile:Raises" in r.getMessage()]
+    assert 1 <= len(lines) <= 5  # the first few, not one per episode
+    assert "turn 1" in lines[0] and "the env broke" in lines[0]

@@ -31,3 +31,12 @@ def test_hostile_envs_are_counted_and_the_rest_go_on(workers):
         assert (third.observation, third.reward, third.terminated) == ("ok 3", 1.0, True)
     finally:
         runner.close()
+
+
+def test_arguments_the_env_does_not_take_are_named_with_where_they_came_from():
+    """`rollout.env=tools` on guess rows (whose extra_info carries the guess env's arguments): every
+    episode fails, and the failure says which arguments and from where."""
+    runner = EnvRunner(num_workers=0, timeout_s=2.0)
+    out = runner.step([("a", EpisodeKey("e", "tools", (("n", 16),), (("answer", "1"),), 0))])[0]
+    assert isinstance(out, str) and "env 'tools' does not take the arguments {'n': 16}" in out
+    assert "extra_info" in out and runner.num_failures == 1

@@ -37,7 +37,11 @@ def _env_for(key: EpisodeKey):
     held = _envs.pop(key.episode, None)
     if held is not None and held[1] == len(key.actions):
         return held[0]
-    env = make_env(key.env, **dict(key.env_args))
+    try:
+        env = make_env(key.env, **dict(key.env_args))
+    except TypeError as e:  # the arguments are not the env's: say where they came from
+        raise TypeError(f"env {key.env!r} does not take the arguments {dict(key.env_args)} (rollout.env_args, "
+                        f"updated by the row's extra_info env_args / interaction_kwargs / tools_kwargs): {e}") from None
     observation, _ = checked_reset(env.reset(dict(key.row), key.seed))
     if observation:
         raise ValueError("env.reset returned an observation: the task is the data row's prompt here, so reset "

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vcppo.driver.step.env_errors import EnvErrorLog, readable
 from vcppo.engines import collectives
 from vcppo.envs.base import Turn
 from vcppo.envs.worker import EnvRunner, EpisodeKey
@@ -82,6 +83,7 @@ class Episode:
     failed: bool = False
     tool_calls: int = 0
     tool_errors: int = 0
+    text_errors: int = 0  # observations that were not valid Unicode (answered escaped)
 
     @property
     def turns(self) -> int:
@@ -121,6 +123,7 @@ class EpisodeRunner:
     def __init__(self, cfg: Config, rollout, envs: EnvRunner, max_model_len: int):
         self.cfg, self.rollout, self.envs, self.max_model_len = cfg, rollout, envs, max_model_len
         self.encode = ObservationEncoder(rollout.tokenizer)
+        self.errors = EnvErrorLog(cfg.rollout.env)
         self.env_seconds = 0.0  # spent waiting on env turns, over the runner's life
 
     def start(self, rows: list[dict], n: int, seed: int, key: str) -> list[Episode]:
@@ -189,6 +192,7 @@ class EpisodeRunner:
         out, so the episode is cut here (an episode always ends on a model token)."""
         last = len(e.tokens) - 1
         if isinstance(answer, str):  # the env failed: the episode ends, scored wrong, counted
+            self.errors.failed(e.turns, answer)
             e.rewards.append((last, self.cfg.reward.wrong_score))
             e.done = e.failed = True
             return
@@ -203,7 +207,11 @@ class EpisodeRunner:
             e.done = e.truncated = True
             return
         closed = e.tokens[-1] == self.rollout.tokenizer.eos_token_id
-        obs = self.encode(answer.observation, answer.role, closed=closed)
+        text, ok = readable(answer.observation)
+        if not ok:
+            e.text_errors += 1
+            self.errors.unreadable(e.turns)
+        obs = self.encode(text, answer.role, closed=closed)
         if len(e.tokens) + len(obs) >= min(self.cfg.rollout.max_response_tokens,
                                            self.max_model_len - len(e.prompt_ids)):
             e.done = e.truncated = True  # no room for the observation and a reply
@@ -242,6 +250,7 @@ def episode_metrics(episodes: list[Episode], env_seconds: float) -> dict:
             "env/tool_calls": float(sum(e.tool_calls for e in episodes)),
             "env/tool_errors": float(sum(e.tool_errors for e in episodes)),
             "env/failures": float(sum(e.failed for e in episodes)),
+            "env/text_errors": float(sum(e.text_errors for e in episodes)),
             "env/obs_tokens": float(total - model), "env/tokens": float(total), "env/seconds": env_seconds}
 
 
@@ -254,5 +263,6 @@ def summed_episode_metrics(figures: dict) -> dict:
     n = max(total["env/episodes"], 1.0)
     return {"env/turns_mean": total["env/turns"] / n, "env/tool_calls_mean": total["env/tool_calls"] / n,
             "env/tool_errors": total["env/tool_errors"], "env/failures": total["env/failures"],
+            "env/text_errors": total["env/text_errors"], "env/episodes": total["env/episodes"],
             "env/obs_token_frac": total["env/obs_tokens"] / max(total["env/tokens"], 1.0),
             "time/env_s": figures["env/seconds"], "time/episodes_s": figures["env/rollout_seconds"]}
