@@ -42,7 +42,7 @@ def _rank(rank, port, out):
 
 @pytest.mark.distributed
 def test_a_clean_two_rank_cpu_shutdown_leaves_no_segment():
-    out = mp.Manager().dict()
+    out = mp.get_context("spawn").Manager().dict()  # never a fork of this (large) process
     mp.start_processes(_rank, args=(free_port(), out), nprocs=2, start_method="spawn", join=True)
     assert out["during0"] and out["during1"], "DeepSpeed's shm all-reduce did not create its segments"
     assert not out["after0"] and not out["after1"]

@@ -55,3 +55,11 @@ class Spins(_Base):
     def step(self, action):
         while True:
             pass
+
+
+class ToolSleeps(_Base):
+    """A turn whose python tool call sleeps for two minutes (a tool child of the env worker)."""
+
+    def step(self, action):
+        from vcppo.envs.tools import python
+        return python("import time; time.sleep(120)", timeout_s=120), 0.0, True, False, {}

@@ -22,6 +22,8 @@ import re
 import subprocess
 import sys
 
+from vcppo.rewards.lifeline import limited
+
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
@@ -64,15 +66,10 @@ def python(code: str, timeout_s: float = 2.0, memory_mb: int = 256) -> str:
     error), cut to 1,000 characters."""
     if not isinstance(code, str):
         raise ToolError("code must be a string")
-
-    def limit():  # in the child, before exec
-        import resource
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2 ** 20, memory_mb * 2 ** 20))
-        resource.setrlimit(resource.RLIMIT_CPU, (int(timeout_s) + 1, int(timeout_s) + 1))
-
+    # limits and death with the worker set in the child: no preexec_fn, so the worker is never forked
+    command = limited([sys.executable, "-I", "-S", "-c", code], memory_mb * 2 ** 20, int(timeout_s) + 1)
     try:
-        done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
-                              timeout=timeout_s, preexec_fn=limit)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise ToolError(f"timed out after {timeout_s:g} s") from None
     out = done.stdout

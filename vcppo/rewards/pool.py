@@ -8,7 +8,8 @@ Why ``forkserver`` (``spawn`` where it is missing) and not ``fork``: the trainer
 DeepSpeed, CUDA contexts, communicator threads and gigabytes of weights. ``fork`` would copy that
 address space into every worker (and a forked child may not touch CUDA, nor hold a lock another
 thread had taken). Workers instead start from a clean interpreter that imports only the reward
-code; the fork server preloads it, so a replacement worker starts in milliseconds.
+code; the fork server preloads it, so a replacement worker starts in milliseconds. Every process
+of a pool dies with the trainer, SIGKILL included (:mod:`vcppo.rewards.lifeline`).
 
 Protocol: each worker owns a duplex pipe. The parent sends a chunk of samples; the worker answers
 once per sample, in order: ``("ok", reward)`` or ``("error", message)``. The parent times each
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
+from vcppo.rewards.lifeline import die_with_parent
 from vcppo.rewards.loading import load_reward_fn
 
 logger = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ def resolve_reward_fn(reward_fn: Callable | str) -> Callable:
 def _worker_main(conn: Connection, reward_fn: Callable | str, convert: Callable | None = float) -> None:
     """A worker's loop: chunks in, one answer per sample out (``convert``-ed: a float for a reward,
     None: as the function returned it); exits when the pipe closes."""
+    die_with_parent()  # the fork server (or, spawned, the trainer): it dies with the trainer
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     fn = resolve_reward_fn(reward_fn)
     conn.send(("ready", os.getpid()))
@@ -122,8 +125,9 @@ class RewardPool:
         self.convert = convert
         method = start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
         self._ctx = mp.get_context(method)
-        if method == "forkserver":  # workers fork from a server that already imported these
-            self._ctx.set_forkserver_preload(list(preload))
+        if method == "forkserver":  # workers fork from a server that already imported these; the
+            # lifeline first: the server dies with the trainer, and its workers with it
+            self._ctx.set_forkserver_preload(["vcppo.rewards.lifeline", *preload])
         self.num_timeouts = 0
         self.num_restarts = 0
         self._failed_starts = 0
