@@ -203,3 +203,18 @@ def test_env_errors_are_logged_with_the_env_the_turn_and_the_message(caplog):
     lines = [r.getMessage() for r in caplog.records if "tests.envs.hostile:Raises" in r.getMessage()]
     assert 1 <= len(lines) <= 5  # the first few, not one per episode
     assert "turn 1" in lines[0] and "the env broke" in lines[0]
+
+
+@pytest.mark.parametrize("env,says", [("Unseeded", True), ("Fine", False)])
+def test_a_user_env_that_is_not_deterministic_is_said_once(env, says, caplog):
+    """At its first episodes a user env replays one episode on a fresh instance: one line when the
+    answer differs (a resumed run would not repeat its episodes), nothing when it agrees."""
+    cfg = cfg_for()
+    cfg.rollout.env, cfg.rollout.env_args = f"tests.envs.hostile:{env}", {}
+    runner = EpisodeRunner(cfg, ScriptedSampler([["a", "b"], ["c", "d"], ["e", "f"]] * 2), EnvRunner(0, 5.0), 512)
+    with caplog.at_level("WARNING"):
+        runner.run(rows("1", "2"), 1, 0, "ppo", 1.0, False)
+        runner.run(rows("1", "2"), 1, 1, "ppo", 1.0, False)  # checked once
+    lines = [r.getMessage() for r in caplog.records if "not deterministic" in r.getMessage()]
+    assert len(lines) == (1 if says else 0) and runner.replay_checked
+    assert not says or f"tests.envs.hostile:{env}" in lines[0]

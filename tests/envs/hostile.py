@@ -63,3 +63,12 @@ class ToolSleeps(_Base):
     def step(self, action):
         from vcppo.envs.tools import python
         return python("import time; time.sleep(120)", timeout_s=120), 0.0, True, False, {}
+
+
+class Unseeded(_Base):
+    """Answers with a number from an unseeded generator: not deterministic in (row, seed, actions)."""
+
+    def step(self, action):
+        import random
+        self.turn += 1
+        return f"{random.random()}", 0.0, self.turn == 2, False, {}

@@ -40,3 +40,19 @@ def test_arguments_the_env_does_not_take_are_named_with_where_they_came_from():
     out = runner.step([("a", EpisodeKey("e", "tools", (("n", 16),), (("answer", "1"),), 0))])[0]
     assert isinstance(out, str) and "env 'tools' does not take the arguments {'n': 16}" in out
     assert "extra_info" in out and runner.num_failures == 1
+
+
+def test_turns_that_hang_time_out_side_by_side_across_the_pool():
+    """Four turns that hang among 32, on 2 workers with a 1 s limit: two rounds of timeouts (~2 s), not
+    four one after another on the worker that was sent them together."""
+    import time
+    runner = EnvRunner(num_workers=2, timeout_s=1.0)
+    try:
+        runner.step([("a", key("Fine", "warm"))])  # both workers started
+        started = time.perf_counter()
+        out = runner.step([("a", key("Hangs" if i < 4 else "Fine", f"e{i}")) for i in range(32)])
+        took = time.perf_counter() - started
+        assert [isinstance(o, str) for o in out] == [True] * 4 + [False] * 28 and runner.num_timeouts == 4
+        assert took < 3.2, f"{took:.1f} s for 4 timeouts of 1 s on 2 workers"
+    finally:
+        runner.close()

@@ -108,11 +108,13 @@ class RewardPool:
     """``num_workers`` processes scoring with ``reward_fn`` (a ``'module:function'`` path, or a
     callable that pickles by reference); see the module docstring. ``convert``: what a worker sends
     back of each answer (``float`` for a reward; None: the answer as returned, which must pickle:
-    the environments' turns, :mod:`vcppo.envs.worker`). ``preload``: modules the fork server imports."""
+    the environments' turns, :mod:`vcppo.envs.worker`). ``preload``: modules the fork server imports.
+    ``max_chunk``: the most items sent to a worker at once (1: a hang holds up no other item, and
+    hangs time out side by side, one per worker)."""
 
     def __init__(self, reward_fn: Callable | str, num_workers: int, timeout_s: float,
                  start_method: str | None = None, convert: Callable | None = float,
-                 preload: tuple[str, ...] = ("vcppo.rewards.verifier", "math_verify")):
+                 preload: tuple[str, ...] = ("vcppo.rewards.verifier", "math_verify"), max_chunk: int = 32):
         if num_workers < 1 or not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"RewardPool needs num_workers >= 1 and a finite timeout_s > 0, got "
                              f"{num_workers}, {timeout_s}")
@@ -122,7 +124,7 @@ class RewardPool:
             raise TypeError(f"reward function {reward_fn!r} cannot be sent to worker processes ({e}); "
                             "pass a 'module:function' path, or score serially (num_workers=0)") from None
         self.reward_fn, self.timeout_s, self.num_workers = reward_fn, float(timeout_s), num_workers
-        self.convert = convert
+        self.convert, self.max_chunk = convert, max_chunk
         method = start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
         self._ctx = mp.get_context(method)
         if method == "forkserver":  # workers fork from a server that already imported these; the
@@ -156,7 +158,7 @@ class RewardPool:
         """One outcome per item, in order."""
         results: list[Outcome | None] = [None] * len(items)
         pending = deque(range(len(items)))
-        chunk = max(1, min(32, -(-len(items) // (4 * self.num_workers))))
+        chunk = max(1, min(self.max_chunk, -(-len(items) // (4 * self.num_workers))))
         while pending or any(w.assigned for w in self._workers):
             self._dispatch(items, pending, chunk)
             by_conn = {w.conn: w for w in self._workers}

@@ -11,6 +11,7 @@ text escaped, which the policy can read, counts in ``env/text_errors``, and the 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 logger = logging.getLogger(__name__)
@@ -68,3 +69,25 @@ def step_summary(where: str, env: str, metrics: dict, first: str | None) -> str 
     parts = [f"{failures:.0f} of {episodes:.0f} episodes ended by env errors"] if failures else []
     parts += [f"{text:.0f} observations not valid Unicode"] if text else []
     return f"{where}: env {env!r}: " + ", ".join(parts) + (f"; first: {first}" if first else "")
+
+
+def check_replay(envs, episodes: list, env: str) -> bool:
+    """Replay one episode's turns on a fresh env (in ``envs``, the worker pool) and say in one line
+    if its last answer differs from the run's: an env must be deterministic in (row, seed, actions)
+    (:mod:`vcppo.envs.base`), or a resumed run and the pool's replays see other episodes. True once
+    an episode was replayed (False: none had an env answer yet, try again later)."""
+    done = [e for e in episodes if e.last_answer is not None]
+    if not done:
+        return False
+    e = max(done, key=lambda x: x.last_answer[0])  # the most turns: the most state to differ
+    n, had = e.last_answer
+    key = dataclasses.replace(e.key, episode=e.key.episode + "/replay", actions=tuple(e.actions[:n - 1]))
+    got = envs.step([(e.actions[n - 1], key)])[0]
+    fields = lambda t: (t.observation, t.reward, t.terminated, t.truncated)  # noqa: E731
+    if isinstance(got, str) or fields(got) != fields(had):
+        seen = got if isinstance(got, str) else repr(fields(got))[:200]
+        logger.warning("env %r is not deterministic: episode %s replayed on a fresh env answered turn %d with %s, "
+                       "the run had %s; a resumed run will not repeat its episodes, nor the worker pool an "
+                       "episode another worker began (an env must depend only on the row, the seed and the "
+                       "actions: docs/multiturn.md)", env, e.key.episode, n, seen, repr(fields(had))[:200])
+    return True

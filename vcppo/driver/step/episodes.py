@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vcppo.driver.step.env_errors import EnvErrorLog, readable
+from vcppo.driver.step.env_errors import EnvErrorLog, check_replay, readable
 from vcppo.engines import collectives
-from vcppo.envs.base import Turn
+from vcppo.envs.base import BUILTIN, Turn
 from vcppo.envs.worker import EnvRunner, EpisodeKey
 from vcppo.experience import Rollout, make_layout
 from vcppo.config.schema import Config
@@ -84,6 +84,7 @@ class Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     text_errors: int = 0  # observations that were not valid Unicode (answered escaped)
+    last_answer: tuple[int, Turn] | None = None  # (actions so far, the env's answer to the last of them)
 
     @property
     def turns(self) -> int:
@@ -124,6 +125,7 @@ class EpisodeRunner:
         self.cfg, self.rollout, self.envs, self.max_model_len = cfg, rollout, envs, max_model_len
         self.encode = ObservationEncoder(rollout.tokenizer)
         self.errors = EnvErrorLog(cfg.rollout.env)
+        self.replay_checked = cfg.rollout.env in BUILTIN  # a user env is replayed once, at its first episodes
         self.env_seconds = 0.0  # spent waiting on env turns, over the runner's life
 
     def start(self, rows: list[dict], n: int, seed: int, key: str) -> list[Episode]:
@@ -184,6 +186,8 @@ class EpisodeRunner:
             for (e, action), answer in zip(stepped, answers):
                 e.actions.append(action)
                 self.record(e, answer, last_turn=turn == r.max_turns - 1)
+        if not self.replay_checked:
+            self.replay_checked = check_replay(self.envs, episodes, self.cfg.rollout.env)
         return episodes
 
     def record(self, e: Episode, answer: Turn | str, last_turn: bool = False) -> None:
@@ -197,6 +201,7 @@ class EpisodeRunner:
             e.done = e.failed = True
             return
         e.rewards.append((last, answer.reward))
+        e.last_answer = (len(e.actions), answer)
         e.tool_calls += answer.tool_calls
         e.tool_errors += answer.tool_errors
         e.solved = e.solved or answer.solved
