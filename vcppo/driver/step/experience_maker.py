@@ -41,6 +41,7 @@ from vcppo.config.schema import Config
 
 logger = logging.getLogger(__name__)
 
+
 def sample_seed(seed: int, key: str, step: int, replica: int) -> int:
     """Sampling seed of one step of a phase on one rollout group: reproducible (resume gives the
     same samples), different across phases (``key``: :func:`~vcppo.driver.state.seed_key`),
@@ -94,8 +95,8 @@ class ExperienceMaker:
         if self.episodes is not None:
             metrics.update(summed_episode_metrics(self.episode_figures))
             self.episode_figures = {}
-            line = step_summary(f"{'PPO' if phase == Phase.PPO else 'value-pretraining'} step {step}", self.cfg.rollout.env, metrics,
-                                self.episodes.errors.take_step())
+            where = f"{'PPO' if phase == Phase.PPO else 'value-pretraining'} step {step}"
+            line = step_summary(where, self.cfg.rollout.env, metrics, self.episodes.errors.take_step())
             if line and self.dist.is_main:
                 logger.warning(line)
         metrics.update(step_reward_failures(self.scorer, tally))
