@@ -75,7 +75,7 @@ class EnvRunner:
             from vcppo.rewards.pool import RewardPool
             # one turn at a time: a turn that hangs holds up no other, and hangs time out side by side
             self._pool = RewardPool(f"{__name__}:env_turn", num_workers, timeout_s, convert=None,
-                                    preload=(__name__,), max_chunk=1)
+                                    preload=(__name__,), max_chunk=1, role="env")
 
     def step(self, turns: list[tuple[str, EpisodeKey]]) -> list[Turn | str]:
         """One :class:`Turn` per ``(action, key)``, or the failure's message (a str)."""

@@ -110,11 +110,13 @@ class RewardPool:
     back of each answer (``float`` for a reward; None: the answer as returned, which must pickle:
     the environments' turns, :mod:`vcppo.envs.worker`). ``preload``: modules the fork server imports.
     ``max_chunk``: the most items sent to a worker at once (1: a hang holds up no other item, and
-    hangs time out side by side, one per worker)."""
+    hangs time out side by side, one per worker). ``role``: what the pool computes, in its messages
+    and process names (``reward``, ``env``)."""
 
     def __init__(self, reward_fn: Callable | str, num_workers: int, timeout_s: float,
                  start_method: str | None = None, convert: Callable | None = float,
-                 preload: tuple[str, ...] = ("vcppo.rewards.verifier", "math_verify"), max_chunk: int = 32):
+                 preload: tuple[str, ...] = ("vcppo.rewards.verifier", "math_verify"), max_chunk: int = 32,
+                 role: str = "reward"):
         if num_workers < 1 or not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"RewardPool needs num_workers >= 1 and a finite timeout_s > 0, got "
                              f"{num_workers}, {timeout_s}")
@@ -124,7 +126,7 @@ class RewardPool:
             raise TypeError(f"reward function {reward_fn!r} cannot be sent to worker processes ({e}); "
                             "pass a 'module:function' path, or score serially (num_workers=0)") from None
         self.reward_fn, self.timeout_s, self.num_workers = reward_fn, float(timeout_s), num_workers
-        self.convert, self.max_chunk = convert, max_chunk
+        self.convert, self.max_chunk, self.role = convert, max_chunk, role
         method = start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
         self._ctx = mp.get_context(method)
         if method == "forkserver":  # workers fork from a server that already imported these; the
@@ -139,7 +141,7 @@ class RewardPool:
     def _start(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(target=_worker_main, args=(child, self.reward_fn, self.convert), daemon=True,
-                                    name="vcppo-reward")
+                                    name=f"vcppo-{self.role}")
         process.start()
         child.close()
         return _Worker(process, parent, started=time.monotonic())
@@ -200,12 +202,13 @@ class RewardPool:
         w.since = time.monotonic()
 
     def _worker_died(self, w: _Worker, results: list, pending: deque) -> None:
+        w.process.join(timeout=1)  # reaped, so its exit code is known
         if w.assigned:
-            results[w.assigned.popleft()] = ("error", f"reward worker died (exit code {w.process.exitcode})")
+            results[w.assigned.popleft()] = ("error", f"{self.role} worker died (exit code {w.process.exitcode})")
         elif not w.ready:
             self._failed_starts += 1
             if self._failed_starts >= MAX_FAILED_STARTS:
-                raise RuntimeError(f"reward worker processes exit at start-up ({self._failed_starts} in a "
+                raise RuntimeError(f"{self.role} worker processes exit at start-up ({self._failed_starts} in a "
                                    f"row, exit code {w.process.exitcode}); run with reward.num_workers=0 to "
                                    "see the error in this process")
         self._replace(w, pending)
@@ -214,7 +217,7 @@ class RewardPool:
         now = time.monotonic()
         for w in list(self._workers):
             if w.assigned and now - w.since > self.timeout_s:
-                results[w.assigned.popleft()] = ("timeout", f"no reward within {self.timeout_s:g} s")
+                results[w.assigned.popleft()] = ("timeout", f"no {self.role} answer within {self.timeout_s:g} s")
                 self.num_timeouts += 1
                 self._replace(w, pending)
             elif not w.ready and now - w.started > READY_TIMEOUT_S:
