@@ -97,7 +97,7 @@ class ExperienceMaker:
             self.episode_figures = {}
             where = f"{'PPO' if phase == Phase.PPO else 'value-pretraining'} step {step}"
             line = step_summary(where, self.cfg.rollout.env, metrics, self.episodes.errors.take_step())
-            if line and self.dist.is_main:
+            if line and self.dist.rank == 0:  # the first rank that runs episodes (split: rollout rank 0)
                 logger.warning(line)
         metrics.update(step_reward_failures(self.scorer, tally))
         metrics["reward/failures_total"] = collectives.global_sum(self.scorer.num_failures)
