@@ -19,6 +19,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # and a process on two OpenMP threads beside another spins its threads against the other's
 # (docs/history.md has the timings). Subprocesses inherit it; torchrun sets the same for its ranks.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# No multiprocessing default may fork a pytest worker: one holding vLLM, models and DeepSpeed can fail
+# to fork with ENOMEM (tests/test_no_fork.py). A helper that names no start method gets spawn.
+import multiprocessing  # noqa: E402
+
+multiprocessing.set_start_method("spawn", force=True)
 
 
 SHM_SNAPSHOT = pytest.StashKey[tuple]()

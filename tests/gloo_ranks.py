@@ -31,6 +31,6 @@ def _entry(rank, port, out, worker, args):
 
 
 def run_on_two_ranks(worker, *args) -> dict:
-    out = mp.Manager().dict()
+    out = mp.get_context("spawn").Manager().dict()  # never a fork of this (large) process
     mp.start_processes(_entry, args=(free_port(), out, worker, args), nprocs=2, start_method="spawn", join=True)
     return dict(out)

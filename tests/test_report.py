@@ -106,3 +106,18 @@ def test_a_multi_turn_run_gets_its_value_and_advantage_by_turn(tmp_path, drawn):
     single = tmp_path / "single"
     _write_run(single)
     assert main([str(single)]) == 0 and not (single / "report" / "by_turn.png").exists()
+
+
+def test_control_characters_of_logged_samples_reach_the_page_escaped(tmp_path):
+    """A sample may hold anything the policy wrote: NUL, BEL, a terminal escape sequence, a lone
+    surrogate. The page shows them as escapes: a terminal or viewer that prints report.md is not
+    driven by a sample, and the page is valid UTF-8."""
+    run = tmp_path / "runs" / "a"
+    _write_run(run)
+    sample = {"phase": "ppo", "step": 5, "prompt": "p\x00q", "response": "ring\x07 \x1b[2J\x1b]0;title\x07 \ud800 ok|",
+              "reward": 1.0, "length": 3}
+    (run / "samples.jsonl").write_text(json.dumps(sample) + "\n")
+    assert main([str(run), "--out", str(tmp_path / "rep")]) == 0
+    page = (tmp_path / "rep" / "report.md").read_bytes().decode("utf-8")
+    assert not [c for c in page if ord(c) < 32 and c != "\n" or c == "\x7f"]
+    assert "p\\x00q" in page and "ring\\x07 \\x1b[2J\\x1b]0;title\\x07 \\ud800 ok\\|" in page

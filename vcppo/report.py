@@ -201,9 +201,17 @@ def _markdown(title: str, summaries: list[dict], plots: list[tuple[str, str]]) -
     return "\n".join(lines)
 
 
+def visible(text: str) -> str:
+    """``text`` with every character that is not printable (control characters such as NUL, BEL and
+    ESC, format characters, lone surrogates) as its Python escape, ``\\x1b``: a sample cannot drive
+    the terminal or viewer that shows the page, and the page stays valid UTF-8."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _cell(text: str, limit: int = 300) -> str:
-    """Text for one markdown table cell: one line, pipes escaped, long text cut (its end kept)."""
-    text = " ".join(str(text).split()).replace("|", "\\|")
+    """Text for one markdown table cell: one line, control characters escaped, pipes escaped, long
+    text cut (its end kept)."""
+    text = visible(" ".join(str(text).split())).replace("|", "\\|")
     return text if len(text) <= limit else "..." + text[-limit:]
 
 

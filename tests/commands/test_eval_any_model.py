@@ -219,3 +219,34 @@ def test_several_files_are_reported_each_and_together(art, monkeypatch, tmp_path
     assert main(["eval", str(art / "model"), str(art / "plain.parquet"), "eval.n_samples=2", "eval.k=[1,2]",
                  "reward.num_workers=0", f"eval.output_json={out}"]) == 0
     assert not any(k.endswith("/num_prompts") and k != "val/num_prompts" for k in json.loads(out.read_text()))
+
+
+def test_a_missing_model_is_said_in_one_line_not_read_as_yaml_or_a_hub_id(art, capsys):
+    """Bare `vcppo eval` names what is missing (not a download hint for the default policy path);
+    `vcppo eval DATA` says the model is missing (not that the parquet is bad YAML)."""
+    bare = _fails(capsys)
+    assert "MODEL_DIR and DATA are missing" in bare and "hf download" not in bare
+    data_only = _fails(capsys, art / "plain.parquet")
+    assert f"MODEL_DIR is missing: {art / 'plain.parquet'} is a data file" in data_only and "YAML" not in data_only
+    assert "MODEL_DIR is missing" in _fails(capsys, art / "plain.jsonl")
+
+
+def test_an_episode_checkpoint_is_evaluated_on_its_runs_episodes(tmp_path, capsys):
+    """A checkpoint of a run with rollout.env: eval takes the env and its settings from the
+    checkpoint's run config (else it would score single-turn answers of a multi-turn policy); a
+    rollout.env on the command line wins."""
+    from vcppo.config.load import to_dict
+    from vcppo.config.schema import Config
+    from vcppo.driver.durability.model_export import CHECKPOINT_TAG, is_checkpoint
+    point = tmp_path / "checkpoints" / "step_000004"
+    (point / "actor" / CHECKPOINT_TAG).mkdir(parents=True)
+    (point / "state.json").write_text("{}")
+    run = Config()
+    run.rollout.env, run.rollout.env_args, run.rollout.max_turns = "guess", {"n": 16, "max_turns": 4}, 4
+    (point / "run_config.json").write_text(json.dumps({"config": to_dict(run)}))
+    assert is_checkpoint(point)
+    cfg = evaluate.with_run_episodes(Config(), str(point), [str(point), "data.parquet"])
+    assert (cfg.rollout.env, cfg.rollout.env_args, cfg.rollout.max_turns) == ("guess", {"n": 16, "max_turns": 4}, 4)
+    assert "episodes of env 'guess'" in capsys.readouterr().out
+    assert evaluate.with_run_episodes(Config(), str(point), [str(point), "d.parquet", "rollout.env=null"]).rollout.env \
+        is None

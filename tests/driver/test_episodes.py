@@ -186,3 +186,51 @@ def test_an_unsandboxed_python_tool_is_said_in_the_log_once(capsys):
     runner.start(unsandboxed, 2, 1, "ppo")
     assert capsys.readouterr().out.count("allow_unsandboxed_python=true: the python tool runs model-written code "
                                          "UNSANDBOXED") == 1
+
+
+def test_unreadable_text_from_the_policy_or_the_env_is_a_counted_error_not_a_crash(caplog):
+    """A JSON escape the policy can write ("\\ud800") comes back in the tool's answer as a lone
+    surrogate, and an env may answer with one (or with bytes read by surrogateescape): the tokenizer
+    cannot encode either. The policy reads the text escaped; each counts in env/text_errors."""
+    from vcppo.driver.step.episodes import episode_metrics
+    cfg = cfg_for()
+    cfg.rollout.env, cfg.rollout.env_args = "tools", {"tools": ["calculator"], "max_turns": 4}
+    call = '<tool_call>{"name": "calculator", "arguments": {"\\ud800": 1}}</tool_call>'
+    sampler = ScriptedSampler([[call], ["<think>\n</think>\n\\boxed{7}"]])
+    with caplog.at_level("WARNING"):
+        e = EpisodeRunner(cfg, sampler, EnvRunner(0, 5.0), 512).run(rows("7"), 1, 0, "ppo", 1.0, False)[0]
+    assert e.turns == 2 and e.solved and not e.failed and e.text_errors == 1
+    assert "\\ud800" in TOK.decode(sampler.calls[1]["prompts"][0])  # the escape, as the policy wrote it
+    assert "env 'tools'" in caplog.text and "turn 1" in caplog.text
+    cfg.rollout.env, cfg.rollout.env_args = "tests.envs.hostile:Surrogate", {}
+    sampler = ScriptedSampler([["a"], ["b"]])
+    e = EpisodeRunner(cfg, sampler, EnvRunner(0, 5.0), 512).run(rows("7"), 1, 0, "ppo", 1.0, False)[0]
+    assert e.turns == 2 and not e.failed and e.text_errors == 1 and e.rewards[-1][1] == 1.0
+    assert "half \\ud800 pair" in TOK.decode(sampler.calls[1]["prompts"][0])
+    assert episode_metrics([e], 0.0)["env/text_errors"] == 1.0
+
+
+def test_env_errors_are_logged_with_the_env_the_turn_and_the_message(caplog):
+    cfg = cfg_for()
+    cfg.rollout.env, cfg.rollout.env_args = "tests.envs.hostile:Raises", {}
+    with caplog.at_level("WARNING"):
+        EpisodeRunner(cfg, ScriptedSampler([["8"] * 8]), EnvRunner(0, 5.0), 512).run(
+            rows("10"), 8, 0, "ppo", 1.0, False)
+    lines = [r.getMessage() for r in caplog.records if "tests.envs.hostile:Raises" in r.getMessage()]
+    assert 1 <= len(lines) <= 5  # the first few, not one per episode
+    assert "turn 1" in lines[0] and "the env broke" in lines[0]
+
+
+@pytest.mark.parametrize("env,says", [("Unseeded", True), ("Fine", False)])
+def test_a_user_env_that_is_not_deterministic_is_said_once(env, says, caplog):
+    """At its first episodes a user env replays one episode on a fresh instance: one line when the
+    answer differs (a resumed run would not repeat its episodes), nothing when it agrees."""
+    cfg = cfg_for()
+    cfg.rollout.env, cfg.rollout.env_args = f"tests.envs.hostile:{env}", {}
+    runner = EpisodeRunner(cfg, ScriptedSampler([["a", "b"], ["c", "d"], ["e", "f"]] * 2), EnvRunner(0, 5.0), 512)
+    with caplog.at_level("WARNING"):
+        runner.run(rows("1", "2"), 1, 0, "ppo", 1.0, False)
+        runner.run(rows("1", "2"), 1, 1, "ppo", 1.0, False)  # checked once
+    lines = [r.getMessage() for r in caplog.records if "not deterministic" in r.getMessage()]
+    assert len(lines) == (1 if says else 0) and runner.replay_checked
+    assert not says or f"tests.envs.hostile:{env}" in lines[0]

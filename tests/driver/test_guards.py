@@ -59,3 +59,20 @@ class FakeScorer:
 
 def test_step_reward_failures_are_the_difference_since_the_tally():
     assert step_reward_failures(FakeScorer(), (1, 4)) == {"reward/step_failures": 4.0, "reward/step_scored": 6.0}
+
+
+def test_an_env_that_fails_every_episode_is_named_in_the_abort():
+    """Env failures count with the reward's; when every episode failed in the env, the abort names the
+    env and where its errors are, not the reward function."""
+    s = RunState(phase="ppo")
+    env_failed = {**ALL_FAILED, "env/failures": ALL_FAILED["reward/step_scored"]}
+    update_streaks(s, env_failed, T, "PPO step 1", env="tools")
+    with pytest.raises(RewardFailureError) as err:
+        update_streaks(s, env_failed, T, "PPO step 2", env="tools")
+    assert "the env 'tools' (rollout.env) failed every episode for 2 steps" in str(err.value)
+    assert "reward function" not in str(err.value) and "env 'tools' failed at turn" in str(err.value)
+    s = RunState(phase="ppo")
+    mixed = {**ALL_FAILED, "env/failures": 1.0}
+    update_streaks(s, mixed, T, "x", env="tools")
+    with pytest.raises(RewardFailureError, match="the reward function or the env 'tools'"):
+        update_streaks(s, mixed, T, "x", env="tools")

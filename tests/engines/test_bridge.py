@@ -91,7 +91,7 @@ def _bridge_member(rank, port, out):
 
 @pytest.mark.distributed
 def test_bridge_carries_control_weights_and_data_between_role_worlds():
-    out = mp.Manager().dict()
+    out = mp.get_context("spawn").Manager().dict()  # never a fork of this (large) process
     mp.start_processes(_bridge_member, args=(free_port(), out), nprocs=3, start_method="spawn", join=True)
     assert out["role_sum0"] == 1.0 and out["role_sum1"] == out["role_sum2"] == 2.0 + 3.0
     assert out["env0"] == ("0", "1", "train") and out["env2"] == ("1", "2", "rollout")
@@ -143,7 +143,7 @@ def _link_member(rank, port, out):
 
 @pytest.mark.distributed
 def test_critic_link_carries_objects_both_ways_between_an_actor_and_its_critic_rank():
-    out = mp.Manager().dict()
+    out = mp.get_context("spawn").Manager().dict()  # never a fork of this (large) process
     mp.start_processes(_link_member, args=(free_port(), out), nprocs=3, start_method="spawn", join=True)
     assert out["got0"] == [(1, i, 1000.0) for i in range(3)]
     assert out["got1"] == [(0, i, 0.0) for i in range(3)]

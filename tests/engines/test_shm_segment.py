@@ -51,7 +51,7 @@ def _rank(rank, port, out, end):
 @pytest.mark.distributed
 @pytest.mark.parametrize("end", ["clean", "error"])
 def test_a_two_rank_cpu_run_leaves_no_segment_however_it_ends(end):
-    out, port = mp.Manager().dict(), free_port()
+    out, port = mp.get_context("spawn").Manager().dict(), free_port()  # never a fork of this (large) process
     ctx = mp.start_processes(_rank, args=(port, out, end), nprocs=2, start_method="spawn", join=False)
     try:
         for p in ctx.processes:

@@ -30,6 +30,7 @@ from vcppo.config.paths import split_paths
 from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.durability.model_export import export_checkpoint, is_checkpoint
+from vcppo.driver.durability.resume_checks import RUN_CONFIG
 from vcppo.driver.step.episodes import episode_runner
 from vcppo.driver.step.validation import SAMPLES_KEY, evaluate
 from vcppo.engines import dist as D
@@ -91,8 +92,7 @@ def eval_argv(argv: list[str]) -> list[str]:
         raise ConfigError("MODEL is missing: name the model to evaluate (a model directory, a run's checkpoint or a "
                           f"hub id) before --benchmark\n{USAGE}")
     if len(positional) <= 1:
-        if positional and os.path.isfile(os.path.join(positional[0], "config.json")):
-            raise ConfigError(f"DATA is missing after MODEL_DIR {positional[0]}\n{USAGE}")
+        _refuse_missing_model(positional, overrides)
         return list(argv) + bench
     if len(positional) > 3:
         raise ConfigError(f"too many arguments: {positional}\n{USAGE}")
@@ -103,6 +103,21 @@ def eval_argv(argv: list[str]) -> list[str]:
     for path in split_paths(data):
         check_data_path(path, "DATA")
     return [config, f"eval.model_path={model}", f"eval.data_files={data}", *overrides]
+
+
+def _refuse_missing_model(positional: list[str], overrides: list[str]) -> None:
+    """Zero or one argument: a model without data, data without a model, or nothing at all (the
+    config's default model path is then no model the user named: no hint to download it)."""
+    if positional and os.path.isfile(os.path.join(positional[0], "config.json")):
+        raise ConfigError(f"DATA is missing after MODEL_DIR {positional[0]}\n{USAGE}")
+    if positional and positional[0].lower().endswith(DATA_SUFFIXES):
+        raise ConfigError(f"MODEL_DIR is missing: {positional[0]} is a data file; name the model to evaluate "
+                          f"before it\n{USAGE}")
+    default = Config().model.policy_path  # eval.model_path's default, in the base config
+    named = any(a.lstrip("+").startswith(("eval.model_path=", "model.policy_path=")) for a in overrides)
+    if not positional and not named and not os.path.exists(default):
+        raise ConfigError(f"MODEL_DIR and DATA are missing (nothing names a model, and the default {default} "
+                          f"does not exist here)\n{USAGE}")
 
 
 def _refuse_twice(overrides: list[str], keys: tuple[str, ...]) -> None:
@@ -215,6 +230,7 @@ def main(argv: list[str]) -> int:
         if cfg.eval.benchmark:
             cfg = with_benchmarks(cfg, workdir)
         if is_checkpoint(cfg.eval.model_path):  # exported (ZeRO shards joined, LoRA merged), then evaluated
+            cfg = with_run_episodes(cfg, cfg.eval.model_path, argv)
             model = export_checkpoint(cfg.eval.model_path, os.path.join(workdir, "model"))
             print(f"vcppo eval: {cfg.eval.model_path} is a run's checkpoint: exported its policy to evaluate it",
                   flush=True)
@@ -231,6 +247,28 @@ def main(argv: list[str]) -> int:
             with open(cfg.eval.output_json, "w") as f:
                 json.dump(metrics, f, indent=1)
     return 0
+
+
+EPISODE_KEYS = ("env", "env_args", "max_turns", "turn_max_tokens", "env_timeout_s")
+
+
+def with_run_episodes(cfg: Config, point: str, argv: list[str]) -> Config:
+    """``cfg`` evaluating checkpoint ``point`` on the episodes its run trained on: ``rollout.env``
+    and its settings (:data:`EPISODE_KEYS`) from the checkpoint's run config, unless the command
+    line sets ``rollout.env`` itself (``rollout.env=null``: single-turn)."""
+    if any(a.lstrip("+").startswith("rollout.env=") for a in argv):
+        return cfg
+    try:
+        with open(os.path.join(point, RUN_CONFIG)) as f:
+            run = json.load(f)["config"]["rollout"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return cfg  # a checkpoint without its run config: the command's settings
+    if not run.get("env"):
+        return cfg
+    print(f"vcppo eval: {point}'s run trained on episodes of env {run['env']!r}: evaluating the same episodes "
+          "(rollout.env=null: single-turn)", flush=True)
+    episodes = {k: run[k] for k in EPISODE_KEYS if k in run}
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, **episodes))
 
 
 def with_benchmarks(cfg: Config, workdir: str) -> Config:

@@ -40,7 +40,8 @@ def value_pretrain(ctx: RunContext, source: ExperienceSource, plan: StepPlan, st
         state.pretrain_ev.append(metrics["critic/explained_variance"])
         state.pretrain_loss.append(metrics.get("critic/value_loss", float("nan")))
         ctx.log.log(metrics, step=step, phase=Phase.VALUE_PRETRAIN)
-        update_streaks(state, metrics, ctx.cfg.trainer, f"value-pretraining step {step}", ctx.log.info)  # may abort
+        update_streaks(state, metrics, ctx.cfg.trainer, f"value-pretraining step {step}", ctx.log.info,
+                       ctx.cfg.rollout.env)  # may abort
         if ctx.cfg.trainer.save_every and step % ctx.cfg.trainer.save_every == 0 and step < vp.steps:
             save_checkpoint(ctx, state, source)
         if vp.early_stop and settled(state.pretrain_ev, state.pretrain_loss, vp):
@@ -80,7 +81,7 @@ def ppo_loop(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: R
         state.step = step
         ctx.log.log(metrics, step=step, phase=Phase.PPO)
         log_validations(ctx, source)  # split: those the rollout ranks finished during the step
-        update_streaks(state, metrics, cfg.trainer, f"PPO step {step}", ctx.log.info)  # may abort, before any save
+        update_streaks(state, metrics, cfg.trainer, f"PPO step {step}", ctx.log.info, cfg.rollout.env)  # may abort
         check_divergence(cfg, state, metrics, step, last_checkpoint(ctx.run_dir), ctx.log.info)  # may abort too
         if cfg.trainer.val_every and step % cfg.trainer.val_every == 0 and step != total:
             validate(ctx, source, step=step)

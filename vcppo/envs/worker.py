@@ -37,7 +37,11 @@ def _env_for(key: EpisodeKey):
     held = _envs.pop(key.episode, None)
     if held is not None and held[1] == len(key.actions):
         return held[0]
-    env = make_env(key.env, **dict(key.env_args))
+    try:
+        env = make_env(key.env, **dict(key.env_args))
+    except TypeError as e:  # the arguments are not the env's: say where they came from
+        raise TypeError(f"env {key.env!r} does not take the arguments {dict(key.env_args)} (rollout.env_args, "
+                        f"updated by the row's extra_info env_args / interaction_kwargs / tools_kwargs): {e}") from None
     observation, _ = checked_reset(env.reset(dict(key.row), key.seed))
     if observation:
         raise ValueError("env.reset returned an observation: the task is the data row's prompt here, so reset "
@@ -69,8 +73,9 @@ class EnvRunner:
         self._pool = None
         if num_workers > 0:
             from vcppo.rewards.pool import RewardPool
+            # one turn at a time: a turn that hangs holds up no other, and hangs time out side by side
             self._pool = RewardPool(f"{__name__}:env_turn", num_workers, timeout_s, convert=None,
-                                    preload=(__name__,))
+                                    preload=(__name__,), max_chunk=1, role="env")
 
     def step(self, turns: list[tuple[str, EpisodeKey]]) -> list[Turn | str]:
         """One :class:`Turn` per ``(action, key)``, or the failure's message (a str)."""

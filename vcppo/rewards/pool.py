@@ -8,7 +8,8 @@ Why ``forkserver`` (``spawn`` where it is missing) and not ``fork``: the trainer
 DeepSpeed, CUDA contexts, communicator threads and gigabytes of weights. ``fork`` would copy that
 address space into every worker (and a forked child may not touch CUDA, nor hold a lock another
 thread had taken). Workers instead start from a clean interpreter that imports only the reward
-code; the fork server preloads it, so a replacement worker starts in milliseconds.
+code; the fork server preloads it, so a replacement worker starts in milliseconds. Every process
+of a pool dies with the trainer, SIGKILL included (:mod:`vcppo.sandbox.lifeline`).
 
 Protocol: each worker owns a duplex pipe. The parent sends a chunk of samples; the worker answers
 once per sample, in order: ``("ok", reward)`` or ``("error", message)``. The parent times each
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
+from vcppo.sandbox.lifeline import die_with_parent
 from vcppo.rewards.loading import load_reward_fn
 
 logger = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ def resolve_reward_fn(reward_fn: Callable | str) -> Callable:
 def _worker_main(conn: Connection, reward_fn: Callable | str, convert: Callable | None = float) -> None:
     """A worker's loop: chunks in, one answer per sample out (``convert``-ed: a float for a reward,
     None: as the function returned it); exits when the pipe closes."""
+    die_with_parent()  # the fork server (or, spawned, the trainer): it dies with the trainer
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     fn = resolve_reward_fn(reward_fn)
     conn.send(("ready", os.getpid()))
@@ -105,11 +108,15 @@ class RewardPool:
     """``num_workers`` processes scoring with ``reward_fn`` (a ``'module:function'`` path, or a
     callable that pickles by reference); see the module docstring. ``convert``: what a worker sends
     back of each answer (``float`` for a reward; None: the answer as returned, which must pickle:
-    the environments' turns, :mod:`vcppo.envs.worker`). ``preload``: modules the fork server imports."""
+    the environments' turns, :mod:`vcppo.envs.worker`). ``preload``: modules the fork server imports.
+    ``max_chunk``: the most items sent to a worker at once (1: a hang holds up no other item, and
+    hangs time out side by side, one per worker). ``role``: what the pool computes, in its messages
+    and process names (``reward``, ``env``)."""
 
     def __init__(self, reward_fn: Callable | str, num_workers: int, timeout_s: float,
                  start_method: str | None = None, convert: Callable | None = float,
-                 preload: tuple[str, ...] = ("vcppo.rewards.verifier", "math_verify")):
+                 preload: tuple[str, ...] = ("vcppo.rewards.verifier", "math_verify"), max_chunk: int = 32,
+                 role: str = "reward"):
         if num_workers < 1 or not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"RewardPool needs num_workers >= 1 and a finite timeout_s > 0, got "
                              f"{num_workers}, {timeout_s}")
@@ -119,11 +126,12 @@ class RewardPool:
             raise TypeError(f"reward function {reward_fn!r} cannot be sent to worker processes ({e}); "
                             "pass a 'module:function' path, or score serially (num_workers=0)") from None
         self.reward_fn, self.timeout_s, self.num_workers = reward_fn, float(timeout_s), num_workers
-        self.convert = convert
+        self.convert, self.max_chunk, self.role = convert, max_chunk, role
         method = start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
         self._ctx = mp.get_context(method)
-        if method == "forkserver":  # workers fork from a server that already imported these
-            self._ctx.set_forkserver_preload(list(preload))
+        if method == "forkserver":  # workers fork from a server that already imported these; the
+            # lifeline first: the server dies with the trainer, and its workers with it
+            self._ctx.set_forkserver_preload(["vcppo.sandbox.lifeline", *preload])
         self.num_timeouts = 0
         self.num_restarts = 0
         self._failed_starts = 0
@@ -133,7 +141,7 @@ class RewardPool:
     def _start(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(target=_worker_main, args=(child, self.reward_fn, self.convert), daemon=True,
-                                    name="vcppo-reward")
+                                    name=f"vcppo-{self.role}")
         process.start()
         child.close()
         return _Worker(process, parent, started=time.monotonic())
@@ -152,7 +160,7 @@ class RewardPool:
         """One outcome per item, in order."""
         results: list[Outcome | None] = [None] * len(items)
         pending = deque(range(len(items)))
-        chunk = max(1, min(32, -(-len(items) // (4 * self.num_workers))))
+        chunk = max(1, min(self.max_chunk, -(-len(items) // (4 * self.num_workers))))
         while pending or any(w.assigned for w in self._workers):
             self._dispatch(items, pending, chunk)
             by_conn = {w.conn: w for w in self._workers}
@@ -194,12 +202,13 @@ class RewardPool:
         w.since = time.monotonic()
 
     def _worker_died(self, w: _Worker, results: list, pending: deque) -> None:
+        w.process.join(timeout=1)  # reaped, so its exit code is known
         if w.assigned:
-            results[w.assigned.popleft()] = ("error", f"reward worker died (exit code {w.process.exitcode})")
+            results[w.assigned.popleft()] = ("error", f"{self.role} worker died (exit code {w.process.exitcode})")
         elif not w.ready:
             self._failed_starts += 1
             if self._failed_starts >= MAX_FAILED_STARTS:
-                raise RuntimeError(f"reward worker processes exit at start-up ({self._failed_starts} in a "
+                raise RuntimeError(f"{self.role} worker processes exit at start-up ({self._failed_starts} in a "
                                    f"row, exit code {w.process.exitcode}); run with reward.num_workers=0 to "
                                    "see the error in this process")
         self._replace(w, pending)
@@ -208,7 +217,7 @@ class RewardPool:
         now = time.monotonic()
         for w in list(self._workers):
             if w.assigned and now - w.since > self.timeout_s:
-                results[w.assigned.popleft()] = ("timeout", f"no reward within {self.timeout_s:g} s")
+                results[w.assigned.popleft()] = ("timeout", f"no {self.role} answer within {self.timeout_s:g} s")
                 self.num_timeouts += 1
                 self._replace(w, pending)
             elif not w.ready and now - w.started > READY_TIMEOUT_S:

@@ -34,7 +34,6 @@ import functools
 import math
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -42,6 +41,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+from vcppo.sandbox.lifeline import limited
 
 NOBODY = 65534
 OUTPUT_READ_BYTES = 1 << 20  # what is read back of stdout / stderr
@@ -157,18 +158,6 @@ def tasks_of_uid(uid: int) -> int:
     return count
 
 
-def _limiter(limits: Limits, nproc: int):
-    """The rlimits, set in the child before ``bwrap`` (or the unsandboxed program) starts."""
-    def apply():
-        memory, fsize = int(limits.memory_mb * 2 ** 20), limits.file_bytes
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return apply
-
-
 @functools.lru_cache(maxsize=1)
 def sandbox_problem() -> str | None:
     """Why a sandboxed program cannot run on this host (one line), or None when it can (tried once
@@ -220,11 +209,16 @@ def run(code: str, stdin: str = "", limits: Limits = Limits(), allow_unsandboxed
 
 
 def _start(command, cwd, env, stdio, limits: Limits, nproc: int, pass_fds: tuple) -> subprocess.Popen:
-    """``command`` in a process group of its own, under the rlimits."""
+    """``command`` in a process group of its own, under the rlimits and dying with this process. Both are
+    set in the child by a small boot program (:func:`vcppo.sandbox.lifeline.limited`), not in a
+    ``preexec_fn``: the caller is never forked (a fork of a large trainer can fail with ENOMEM)."""
+    if not os.path.isfile(command[0]) or not os.access(command[0], os.X_OK):  # the boot program would only
+        why = "No such file or directory" if not os.path.exists(command[0]) else "not an executable file"
+        raise SandboxUnavailable(f"cannot start {command[0]}: {why}")  # say it in a traceback of its own
+    bounded = limited(command, int(limits.memory_mb * 2 ** 20), limits.cpu_s, limits.file_bytes, nproc)
     try:
-        return subprocess.Popen(command, cwd=cwd, env=env, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
-                                close_fds=True, pass_fds=pass_fds, start_new_session=True,
-                                preexec_fn=_limiter(limits, nproc))
+        return subprocess.Popen(bounded, cwd=cwd, env=env, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
+                                close_fds=True, pass_fds=pass_fds, start_new_session=True)
     except OSError as e:
         raise SandboxUnavailable(f"cannot start {command[0]}: {e.strerror or e}") from None
 

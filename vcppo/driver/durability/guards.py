@@ -38,10 +38,11 @@ def step_reward_failures(scorer, before: tuple[int, int]) -> dict:
 
 
 def update_streaks(state: RunState, metrics: dict, trainer: TrainerConfig, where: str,
-                   say: Callable[[str], None] = print) -> None:
+                   say: Callable[[str], None] = print, env: str | None = None) -> None:
     """Count the step into the streaks; ``say`` the first skipped step of a streak (the run goes on,
     and no checkpoint is written until a step applies again); raise once a streak reaches its limit
-    (before any checkpoint of this step is written, so the last good one is kept)."""
+    (before any checkpoint of this step is written, so the last good one is kept). ``env``: the
+    run's ``rollout.env``, whose failures count with the reward's and are named as its own."""
     skipped = sum(metrics.get(k, 0.0) for k in SKIP_KEYS)
     state.nonfinite_streak = state.nonfinite_streak + 1 if skipped else 0
     if state.nonfinite_streak == 1:
@@ -57,7 +58,18 @@ def update_streaks(state: RunState, metrics: dict, trainer: TrainerConfig, where
             f"loss, gradient norm or advantages (trainer.max_nonfinite_steps={trainer.max_nonfinite_steps}); "
             "aborting with the last good checkpoint kept. Lower the lr, check the rewards and the data")
     if state.reward_fail_streak >= trainer.max_failed_reward_steps:
-        raise RewardFailureError(
-            f"{where}: the reward function failed on every sample for {state.reward_fail_streak} steps in a "
-            f"row (trainer.max_failed_reward_steps={trainer.max_failed_reward_steps}); see the warnings "
-            "above for its errors; aborting")
+        raise RewardFailureError(failure_message(state.reward_fail_streak, metrics, trainer, where, env))
+
+
+def failure_message(streak: int, metrics: dict, trainer: TrainerConfig, where: str, env: str | None) -> str:
+    """The abort's line: who failed every sample (the env, the reward function, or both), and where
+    its errors are."""
+    limit = f"{streak} steps in a row (trainer.max_failed_reward_steps={trainer.max_failed_reward_steps})"
+    env_failed = metrics.get("env/failures", 0.0)
+    if env and env_failed >= metrics.get("reward/step_scored", 0.0):
+        return (f"{where}: the env {env!r} (rollout.env) failed every episode for {limit}; its errors are logged "
+                f"above as \"env {env!r} failed at turn ...\"; aborting")
+    both = bool(env and env_failed)
+    who = f"the reward function or the env {env!r}" if both else "the reward function"
+    logged = '"reward function failed" and "env ... failed"' if both else '"reward function failed"'
+    return f"{where}: {who} failed on every sample for {limit}; its errors are logged above as {logged}; aborting"

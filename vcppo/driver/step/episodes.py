@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vcppo.driver.step.env_errors import EnvErrorLog, check_replay, readable
 from vcppo.engines import collectives
-from vcppo.envs.base import Turn
+from vcppo.envs.base import BUILTIN, Turn
 from vcppo.envs.worker import EnvRunner, EpisodeKey
 from vcppo.envs.tools import UNSANDBOXED_KEY
 from vcppo.experience import Rollout, make_layout
@@ -83,6 +84,8 @@ class Episode:
     failed: bool = False
     tool_calls: int = 0
     tool_errors: int = 0
+    text_errors: int = 0  # observations that were not valid Unicode (answered escaped)
+    last_answer: tuple[int, Turn] | None = None  # (actions so far, the env's answer to the last of them)
 
     @property
     def turns(self) -> int:
@@ -122,6 +125,8 @@ class EpisodeRunner:
     def __init__(self, cfg: Config, rollout, envs: EnvRunner, max_model_len: int):
         self.cfg, self.rollout, self.envs, self.max_model_len = cfg, rollout, envs, max_model_len
         self.encode = ObservationEncoder(rollout.tokenizer)
+        self.errors = EnvErrorLog(cfg.rollout.env)
+        self.replay_checked = cfg.rollout.env in BUILTIN  # a user env is replayed once, at its first episodes
         self.env_seconds = 0.0  # spent waiting on env turns, over the runner's life
         self.said_unsandboxed = False
 
@@ -191,6 +196,8 @@ class EpisodeRunner:
             for (e, action), answer in zip(stepped, answers):
                 e.actions.append(action)
                 self.record(e, answer, last_turn=turn == r.max_turns - 1)
+        if not self.replay_checked:
+            self.replay_checked = check_replay(self.envs, episodes, self.cfg.rollout.env)
         return episodes
 
     def record(self, e: Episode, answer: Turn | str, last_turn: bool = False) -> None:
@@ -199,10 +206,12 @@ class EpisodeRunner:
         out, so the episode is cut here (an episode always ends on a model token)."""
         last = len(e.tokens) - 1
         if isinstance(answer, str):  # the env failed: the episode ends, scored wrong, counted
+            self.errors.failed(e.turns, answer)
             e.rewards.append((last, self.cfg.reward.wrong_score))
             e.done = e.failed = True
             return
         e.rewards.append((last, answer.reward))
+        e.last_answer = (len(e.actions), answer)
         e.tool_calls += answer.tool_calls
         e.tool_errors += answer.tool_errors
         e.solved = e.solved or answer.solved
@@ -213,7 +222,11 @@ class EpisodeRunner:
             e.done = e.truncated = True
             return
         closed = e.tokens[-1] == self.rollout.tokenizer.eos_token_id
-        obs = self.encode(answer.observation, answer.role, closed=closed)
+        text, ok = readable(answer.observation)
+        if not ok:
+            e.text_errors += 1
+            self.errors.unreadable(e.turns)
+        obs = self.encode(text, answer.role, closed=closed)
         if len(e.tokens) + len(obs) >= min(self.cfg.rollout.max_response_tokens,
                                            self.max_model_len - len(e.prompt_ids)):
             e.done = e.truncated = True  # no room for the observation and a reply
@@ -252,6 +265,7 @@ def episode_metrics(episodes: list[Episode], env_seconds: float) -> dict:
             "env/tool_calls": float(sum(e.tool_calls for e in episodes)),
             "env/tool_errors": float(sum(e.tool_errors for e in episodes)),
             "env/failures": float(sum(e.failed for e in episodes)),
+            "env/text_errors": float(sum(e.text_errors for e in episodes)),
             "env/obs_tokens": float(total - model), "env/tokens": float(total), "env/seconds": env_seconds}
 
 
@@ -264,5 +278,6 @@ def summed_episode_metrics(figures: dict) -> dict:
     n = max(total["env/episodes"], 1.0)
     return {"env/turns_mean": total["env/turns"] / n, "env/tool_calls_mean": total["env/tool_calls"] / n,
             "env/tool_errors": total["env/tool_errors"], "env/failures": total["env/failures"],
+            "env/text_errors": total["env/text_errors"], "env/episodes": total["env/episodes"],
             "env/obs_token_frac": total["env/obs_tokens"] / max(total["env/tokens"], 1.0),
             "time/env_s": figures["env/seconds"], "time/episodes_s": figures["env/rollout_seconds"]}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import time
 
 import torch
@@ -27,6 +28,7 @@ import torch
 from vcppo.algos.dapo import informative_groups
 from vcppo.data.dataset import PromptStream
 from vcppo.driver.durability.guards import reward_tally, step_reward_failures
+from vcppo.driver.step.env_errors import step_summary
 from vcppo.driver.step.episodes import episode_metrics, episode_runner, episodes_rollout, summed_episode_metrics
 from vcppo.driver.state import Phase, seed_key
 from vcppo.driver.step.sampling import balance_across_ranks, collect_rollout, rollout_share
@@ -36,6 +38,8 @@ from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import Rollout, compact, concat_batches
 from vcppo.rewards.verifier import RewardScorer
 from vcppo.config.schema import Config
+
+logger = logging.getLogger(__name__)
 
 
 def sample_seed(seed: int, key: str, step: int, replica: int) -> int:
@@ -82,6 +86,8 @@ class ExperienceMaker:
         the PPO phase when ``trainer.dynamic_sampling`` is on."""
         tally = reward_tally(self.scorer)
         metrics: dict = {}
+        if self.episodes is not None:
+            self.episodes.errors.take_step()  # the step's summary names the step's own first error
         if phase == Phase.PPO and self.cfg.trainer.dynamic_sampling:
             batch, metrics = self.dynamic_sample(phase, step)
         else:
@@ -89,6 +95,10 @@ class ExperienceMaker:
         if self.episodes is not None:
             metrics.update(summed_episode_metrics(self.episode_figures))
             self.episode_figures = {}
+            where = f"{'PPO' if phase == Phase.PPO else 'value-pretraining'} step {step}"
+            line = step_summary(where, self.cfg.rollout.env, metrics, self.episodes.errors.take_step())
+            if line and self.dist.rank == 0:  # the first rank that runs episodes (split: rollout rank 0)
+                logger.warning(line)
         metrics.update(step_reward_failures(self.scorer, tally))
         metrics["reward/failures_total"] = collectives.global_sum(self.scorer.num_failures)
         metrics["reward/timeouts_total"] = collectives.global_sum(self.scorer.num_timeouts)  # stuck samples (reward pool)

@@ -1,0 +1,76 @@
+"""Processes that die with the trainer, however it ends (SIGKILL included): Linux's
+``PR_SET_PDEATHSIG`` has the kernel send SIGKILL to a process when its parent ends, which no
+hang can ignore (a Python loop, a C call holding the GIL, a sleep).
+
+The chain, for the worker pools (:mod:`vcppo.rewards.pool`): the trainer starts multiprocessing's
+fork server, which imports this module first (the pool puts it first in the server's preload),
+and so dies with the trainer; each worker, forked by that server, dies with it; a tool's child
+(:func:`limited`) dies with its worker. The resource tracker then sees its last writer close and
+exits by itself, after cleaning what the dead left. Without the fork server (``spawn``) a worker's
+parent is the trainer itself. Where ``prctl`` does not exist (not Linux) no death signal is set.
+
+A parent-death signal follows the parent *thread*: pools are started from the trainer's main
+thread (as vcppo does).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+# Run in the child before the program: die with the parent (argv[1]: its pid, so a parent that ended
+# before the call is seen), apply the limits, become the program.
+_BOOT = """import ctypes, os, resource, signal, sys
+parent, libc = int(sys.argv[1]), ctypes.CDLL(None)
+if hasattr(libc, "prctl"):
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+memory, cpu, fsize, nproc = (int(x) for x in sys.argv[2:6])
+for limit, value in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, fsize),
+                     (resource.RLIMIT_NPROC, nproc)):
+    if value:
+        resource.setrlimit(limit, (value, value))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+os.execv(sys.argv[6], sys.argv[6:])
+"""
+
+
+def die_with_parent() -> bool:
+    """Have the kernel SIGKILL this process when its parent ends; exit at once if the parent already
+    ended (the process was adopted before the call). False where ``prctl`` is missing."""
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:
+        os._exit(1)
+    return True
+
+
+def limited(argv: list[str], memory_bytes: int = 0, cpu_s: int = 0, file_bytes: int = 0,
+            processes: int = 0) -> list[str]:
+    """``argv`` (its first entry an absolute path) as a command whose process dies with its parent and
+    runs under an address-space limit of ``memory_bytes``, a CPU-time limit of ``cpu_s`` seconds, a
+    file-size limit of ``file_bytes`` and a process limit of ``processes`` (0: none; no core dumps). Set in the child by a small Python program that then ``exec``s ``argv``: the parent
+    needs no ``preexec_fn``, so ``subprocess`` starts it with ``vfork`` / ``posix_spawn`` and never
+    copies the parent (a fork of a large process can fail with ENOMEM)."""
+    limits = (memory_bytes, cpu_s, file_bytes, processes)
+    return [sys.executable, "-I", "-S", "-c", _BOOT, str(os.getpid()), *(str(int(x)) for x in limits), *argv]
+
+
+def _imported_by_fork_server() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "multiprocessing.forkserver" and frame.f_code.co_name == "main":
+            return True
+        frame = frame.f_back
+    return False
+
+
+if _imported_by_fork_server():
+    die_with_parent()
