@@ -129,6 +129,7 @@ def init_run_distributed(cfg: Config) -> DistInfo:
             check_sequence_parallel_ranks(cfg, world)
         placement.check_ranks(world, cfg.trainer.prompts_per_step)
     return D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s,
+                              rendezvous_timeout_s=cfg.trainer.rendezvous_timeout_s,
                               **placement.dist_args())
 
 
