@@ -101,7 +101,8 @@ def rendezvous_failure(rank: int, world: int, timeout_s: float, error: BaseExcep
                 "pick another MASTER_PORT")
     if rank == 0 and "clients" in text:
         return (f"rank 0 hosted the rendezvous at {where} for {timeout_s:g} s (trainer.rendezvous_timeout_s) but not "
-                f"all {world} ranks joined ({text}): start every node's launcher, with the same MASTER_ADDR and MASTER_PORT")
+                f"all {world} ranks joined ({text}): start every node's launcher, with the same MASTER_ADDR and "
+                "MASTER_PORT")
     return (f"rank {rank} of {world} could not join the rendezvous at {where} within {timeout_s:g} s "
             f"(trainer.rendezvous_timeout_s): tried {addr}:{port}, {probe_master(addr, port)}")
 
