@@ -34,10 +34,13 @@ test-extended: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m extended $(PYTEST_ARGS)
 
 # Two nodes made on this machine (launch/two_nodes.sh: network and mount namespaces, as root) run the
-# multi-node launch for real: 2 nodes x 1 rank against 1 node x 2, a rank killed on the second node and
-# the rerun, an unreachable master (tests/launch/test_two_nodes.py; skipped with the reason where
-# namespaces are not allowed). One test at a time; every namespace, link and segment is removed after.
+# multi-node launch for real: 2 nodes x 1 rank against 1 node x 2 (and 2 x 2 against 1 x 4), a rank killed
+# on the second node and the rerun, an unreachable master, DeepSpeed's pdsh launch over an sshd per node
+# (tests/launch/test_two_nodes.py; skipped with the reason where namespaces are not allowed). sshd and pdsh
+# come from Debian's packages (scripts/install_node_tools.sh). One test at a time; every namespace, link
+# and segment is removed after.
 test-nodes: install
+	scripts/install_node_tools.sh
 	$(PY) -m pytest -m nodes $(PYTEST_ARGS)
 
 # The edit-test loop: unit tests on fakes and plain tensors, no real engine, no second rank

@@ -6,6 +6,8 @@
 # Everything else (the repository, the venv, the run directory) is shared, as a cluster's shared storage.
 #   launch/two_nodes.sh up STATE              # make both nodes; STATE (a new directory) holds their state
 #   launch/two_nodes.sh on STATE a CMD ...    # run CMD on node a (or b), in the current directory
+#   launch/two_nodes.sh ssh STATE             # an sshd on each node's address; root on either node reaches
+#                                             # both by name with a key made for them (DeepSpeed's pdsh launch)
 #   launch/two_nodes.sh down STATE            # end what still runs there, tear down, check nothing is left
 #   launch/two_nodes.sh run STATE CMD ...     # up, CMD here (TWO_NODES=STATE), down on exit or failure
 # `down` exits 1 naming each thing it found left (a process on a node, a /dev/shm segment on a node,
@@ -71,6 +73,42 @@ up() {
   done
 }
 
+ssh_nodes() {  # keys in STATE/ssh; each node's /etc/ssh/ssh_config (its own mount) uses them; an sshd per node
+  local state="$1" node dir
+  need
+  state="$(cd "$state" && pwd)"; dir="$state/ssh"
+  [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null || die "needs openssh-server and ssh (scripts/install_node_tools.sh)"
+  mkdir -p -m 700 "$dir"
+  ssh-keygen -q -t ed25519 -N '' -f "$dir/host_key"
+  ssh-keygen -q -t ed25519 -N '' -f "$dir/id"
+  cp "$dir/id.pub" "$dir/authorized_keys"
+  : > "$dir/known_hosts"
+  for node in "${NODES[@]}"; do echo "node-$node,$(addr "$node") $(cat "$dir/host_key.pub")" >> "$dir/known_hosts"; done
+  printf 'Host node-a node-b\n  IdentityFile %s\n  UserKnownHostsFile %s\n  StrictHostKeyChecking yes\n  BatchMode yes\n' \
+    "$dir/id" "$dir/known_hosts" > "$dir/ssh_config"
+  mkdir -p /run/sshd  # sshd's privilege-separation directory (its package's tmpfiles entry makes it at boot)
+  for node in "${NODES[@]}"; do
+    nsenter --mount="$state/ns/mnt-$node" mount --bind "$dir/ssh_config" /etc/ssh/ssh_config
+    printf 'ListenAddress %s\nHostKey %s\nAuthorizedKeysFile %s\nPidFile %s\nPermitRootLogin prohibit-password\n%s\n' \
+      "$(addr "$node")" "$dir/host_key" "$dir/authorized_keys" "$dir/sshd-$node.pid" \
+      "PasswordAuthentication no
+StrictModes no
+UsePAM no
+AcceptEnv none" > "$dir/sshd_config-$node"
+    ( on "$state" "$node" /usr/sbin/sshd -f "$dir/sshd_config-$node" )
+    echo "node-$node sshd on $(addr "$node"):22"
+  done
+}
+
+stop_sshd() {  # the sshds `ssh` started: they are the nodes' services, not leftovers of a run
+  local state="$1" node pid
+  for node in "${NODES[@]}"; do
+    pid=$(cat "$state/ssh/sshd-$node.pid" 2>/dev/null) || continue
+    kill "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]; do sleep 0.1; done
+  done
+}
+
 leftovers() {  # what a clean end leaves on the nodes: none of their processes, no /dev/shm segment
   local state="$1" node ns pid
   for node in "${NODES[@]}"; do
@@ -90,6 +128,7 @@ down() {
   need
   state="$(cd "$state" && pwd)"
   tag "$state" >/dev/null
+  stop_sshd "$state"
   found=$(leftovers "$state")
   for node in "${NODES[@]}"; do  # kill what still runs there, by pid (all of it is ours: started on the node)
     ns=$(netns "$state" "$node")
@@ -110,7 +149,7 @@ down() {
   found+=$(ip netns list | grep -F "vcppo-$(tag "$state")-" | sed 's/^/\nleft: network namespace /' || true)
   found+=$(ip -br link | grep "^vc$(tag "$state")" | sed 's/^/\nleft: link /' || true)
   found+=$(grep -F "$state/" /proc/mounts | sed 's/^/\nleft: mount /' || true)
-  rm -rf "$state/ns" "$state/local" "$state/local-a" "$state/local-b" "$state/hosts" "$state/tag"
+  rm -rf "$state/ns" "$state/ssh" "$state/local" "$state/local-a" "$state/local-b" "$state/hosts" "$state/tag"
   rmdir "$state" 2>/dev/null || true
   if [ -n "$found" ]; then echo "$found" | sed '/^$/d' >&2; return 1; fi
   echo "two nodes down: nothing left"
@@ -125,12 +164,13 @@ run() {
   TWO_NODES="$state" "$@"
 }
 
-[ $# -ge 2 ] || die "usage: $0 up|on|down|run STATE [NODE] [CMD ...]"
+[ $# -ge 2 ] || die "usage: $0 up|on|ssh|down|run STATE [NODE] [CMD ...]"
 cmd="$1"; shift
 case "$cmd" in
   up) up "$1" ;;
   on) [ $# -ge 3 ] || die "usage: $0 on STATE a|b CMD ..."; on "$@" ;;
   down) down "$1" ;;
+  ssh) ssh_nodes "$1" ;;
   run) run "$@" ;;
-  *) die "unknown command $cmd: up, on, down or run" ;;
+  *) die "unknown command $cmd: up, on, ssh, down or run" ;;
 esac

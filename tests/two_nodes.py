@@ -42,6 +42,11 @@ class TwoNodes:
         return subprocess.run([str(SCRIPT), "up", str(self.state)], check=True, capture_output=True, text=True,
                               timeout=60).stdout
 
+    def ssh(self) -> str:
+        """An sshd on each node's address; root on either node reaches both by name (pdsh, DeepSpeed's check)."""
+        return subprocess.run([str(SCRIPT), "ssh", str(self.state)], check=True, capture_output=True, text=True,
+                              timeout=60).stdout
+
     def down(self) -> subprocess.CompletedProcess:
         return subprocess.run([str(SCRIPT), "down", str(self.state)], capture_output=True, text=True, timeout=120)
 
@@ -62,9 +67,11 @@ class TwoNodes:
         return f"vcppo-{(self.state / 'tag').read_text().strip()}-{node}"
 
     def pids(self, node: str) -> list[int]:
-        """The processes running on ``node``."""
+        """The processes running on ``node``, but its sshd (a service of the node, see :meth:`ssh`)."""
         out = subprocess.run(["ip", "netns", "pids", self.netns(node)], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
+        sshd = self.state / "ssh" / f"sshd-{node}.pid"
+        service = {int(sshd.read_text())} if sshd.exists() else set()
+        return [int(p) for p in out.split() if int(p) not in service]
 
     def wait_idle(self, timeout: float = 15) -> dict[str, list[int]]:
         """Wait until no process runs on either node; what still runs after ``timeout``."""

@@ -48,6 +48,7 @@ def test_a_rank_whose_master_is_not_listening_names_it_and_exits():
     assert took < 60, took  # not the collective timeout's 30 minutes
 
 
+@pytest.mark.extended
 def test_a_master_whose_peers_never_come_names_the_address_and_exits():
     port = free_port()
     res, took = join_alone(0, port)
@@ -58,6 +59,7 @@ def test_a_master_whose_peers_never_come_names_the_address_and_exits():
     assert took < 60, took
 
 
+@pytest.mark.extended
 def test_a_taken_port_is_named():
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -9,13 +9,20 @@ deepspeed launcher's --no_ssh form, one launcher per node), of a tiny `vcppo tra
 * a SIGKILL of the rank on node-b in PPO step 2's actor update ends both launchers within a minute,
   leaves no process on either node, and the same commands resume to the uninterrupted run's records;
 * a rank whose master is unreachable (node-a's link down) or not listening exits within bounded time
-  with one line naming MASTER_ADDR / MASTER_PORT and what it found there.
+  with one line naming MASTER_ADDR / MASTER_PORT and what it found there;
+* 2 nodes x 2 ranks log what 1 node x 4 ranks logs, the model a hub id resolved once per node from each
+  node's own cache;
+* the pdsh form (`HOSTFILE=hostfile launch/multi_node.sh vcppo ...` on node-a, an sshd per node), SLURM's
+  script with an `srun` that starts a task inside each node, both logging what the no-ssh run logged;
+* split placement with the training rank on node-b and the rollout rank on node-a logs what one
+  colocated rank logs.
 
 Traffic goes only to the two namespaces' own addresses. `make test-nodes` runs these (root, iproute2 and
 util-linux needed; skipped with the reason otherwise)."""
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -124,6 +131,21 @@ def test_teardown_after_a_failure_ends_what_runs_and_names_what_was_left(tmp_pat
     assert not running(pid)
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
     assert not (tmp_path / "nodes").exists()
+
+
+def test_each_node_reaches_both_by_ssh_with_the_key_made_for_them(tmp_path):
+    """`two_nodes.sh ssh`: an sshd on each node's address; from node-a, ssh and pdsh (as DeepSpeed runs it)
+    reach node-a and node-b by name; `down` stops both sshds and finds nothing left."""
+    if not (shutil.which("pdsh") and os.path.exists("/usr/sbin/sshd")):
+        pytest.skip("needs pdsh and openssh-server (scripts/install_node_tools.sh, which `make test-nodes` runs)")
+    with two_nodes(tmp_path / "nodes") as nodes:
+        nodes.ssh()
+        assert nodes.run("a", ["ssh", "-o", "PasswordAuthentication=no", "node-b", "hostname"]).stdout == "node-b\n"
+        res = nodes.run("a", ["pdsh", "-S", "-w", "node-a,node-b", "hostname; echo rank=%n"],
+                        env=dict(os.environ, PDSH_RCMD_TYPE="ssh"))
+        assert res.returncode == 0, res.stderr
+        assert sorted(res.stdout.splitlines()) == ["node-a: node-a", "node-a: rank=0", "node-b: node-b",
+                                                   "node-b: rank=1"]
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +279,93 @@ def test_two_nodes_two_ranks_each_log_what_one_node_with_four_ranks_logs(tiny_ar
     launcher = (tmp_path / "two.a.log").read_text()
     assert "{'node-a': [0, 1], 'node-b': [2, 3]}" in launcher and "| ranks 4 |" in launcher
     assert_same(records(two / "vcppo-seed0"), records(one / "vcppo-seed0"))
+
+
+def test_pdsh_over_ssh_runs_the_documented_command_on_both_nodes(two_one_rank_nodes, tiny_artifacts, tmp_path):
+    """`HOSTFILE=hostfile launch/multi_node.sh vcppo ...` on node-a, unchanged: DeepSpeed checks ssh to node-a,
+    then pdsh starts each node's launcher over ssh (an sshd on each node's address, a key made for them). Only
+    the variables in DS_ENV_FILE (and PYTHON*) reach the ranks. The records are the no-ssh run's."""
+    if not (shutil.which("pdsh") and os.path.exists("/usr/sbin/sshd")):
+        pytest.skip("needs pdsh and openssh-server (scripts/install_node_tools.sh, which `make test-nodes` runs)")
+    hosts = hostfile(tmp_path / "hostfile", {"a": 1, "b": 1})
+    ds_env = tmp_path / "deepspeed_env"
+    ds_env.write_text("".join(f"{k}={ENV[k]}\n" for k in ("DS_ACCELERATOR", "WANDB_MODE", "TOKENIZERS_PARALLELISM"))
+                      + "OMP_NUM_THREADS=1\n")
+    with two_nodes(tmp_path / "nodes") as nodes:
+        nodes.ssh()
+        env = dict(node_env(hosts), DS_ENV_FILE=str(ds_env))
+        res = nodes.run("a", ["launch/multi_node.sh", *train_args(tiny_artifacts, tmp_path)], env=env, timeout=1500)
+        assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
+        assert nodes.wait_idle() == {} and nodes.shm("a") == [] and nodes.shm("b") == []
+    out = res.stdout + res.stderr
+    assert "Running on the following workers: node-a,node-b" in out and "cmd = pdsh -S -f 1024 -w node-a,node-b" in out
+    assert "node-b: " in out  # pdsh prefixes each node's output with its name
+    assert_same(records(tmp_path / "vcppo-seed0"), two_one_rank_nodes[0])
+
+
+def test_split_placement_with_the_rollout_rank_on_node_a_and_the_training_rank_on_node_b(tiny_artifacts, tmp_path):
+    """placement.mode=split over the two nodes, synchronous: the hostfile lists node-b first, so rank 0 (the
+    training rank) runs there and the last rank (the rollout rank) on node-a; weights go to node-a and scored
+    batches come back over the link. It logs what one colocated rank logs (as tests/driver/test_split_e2e.py
+    checks on one machine)."""
+    from tests.driver.test_split_e2e import comparable
+    colocated, split = tmp_path / "colocated", tmp_path / "split"
+    with two_nodes(tmp_path / "nodes") as nodes:
+        one = hostfile(tmp_path / "hostfile1", {"a": 1})
+        proc = nodes.start("a", ["launch/multi_node.sh", *train_args(tiny_artifacts, colocated)], node_env(one),
+                           tmp_path / "colocated.log")
+        assert proc.wait(timeout=900) == 0, (tmp_path / "colocated.log").read_text()[-5000:]
+        hosts = hostfile(tmp_path / "hostfile2", {"b": 1, "a": 1})
+        args = [*train_args(tiny_artifacts, split), "placement.mode=split"]
+        procs = {node: nodes.start(node, ["launch/multi_node.sh", *args], node_env(hosts, str(rank)),
+                                   tmp_path / f"split.{node}.log") for rank, node in enumerate("ba")}
+        codes = wait_all(procs)
+        logs = {n: (tmp_path / f"split.{n}.log").read_text() for n in "ab"}
+        assert codes == {"a": 0, "b": 0}, (logs["a"][-3000:], logs["b"][-3000:])
+        assert nodes.wait_idle() == {} and nodes.shm("a") == [] and nodes.shm("b") == []
+    assert "global_rank_mapping=defaultdict(<class 'list'>, {'node-b': [0], 'node-a': [1]})" in logs["b"]
+    assert "split placement: 1 rollout rank(s) sample" in logs["b"]  # rank 0, the training rank, logs
+    got, want = records(split / "vcppo-seed0"), records(colocated / "vcppo-seed0")
+    assert {k for r in got for k in r} - {k for r in want for k in r} == {"staleness/steps_behind"}
+    assert_same(comparable(got), comparable(want))
+
+
+FAKE_SRUN = r'''#!/usr/bin/env bash
+# srun over the two nodes: one task per node, each started inside its node with SLURM's per-task variables;
+# --kill-on-bad-exit: the first task to fail ends the other.
+while [[ "$1" == --* ]]; do echo "srun option $1"; shift; done
+pids=()
+for task in 0 1; do
+  node=$([ "$task" = 0 ] && echo a || echo b)
+  env SLURM_PROCID=$task SLURM_LOCALID=0 SLURM_NODEID=$task SLURM_NTASKS=2 SLURM_STEP_NUM_TASKS=2 \
+    SLURM_STEP_TASKS_PER_NODE="1(x2)" SLURM_TASKS_PER_NODE="1(x2)" "$TWO_NODES_SH" on "$TWO_NODES" "$node" "$@" &
+  pids+=($!)
+done
+status=0
+for _ in "${pids[@]}"; do
+  wait -n || { status=$?; kill "${pids[@]}" 2>/dev/null; }
+done
+exit "$status"
+'''
+
+
+def test_the_slurm_script_runs_one_task_per_node(two_one_rank_nodes, tiny_artifacts, tmp_path):
+    """launch/slurm.sbatch on node-a with a stand-in `srun` that starts each task inside its node (and a
+    `scontrol` that names the nodes): SLURM's variables map to the ranks, the first node is MASTER_ADDR, and
+    the run logs what the deepspeed launcher's 2 x 1 run logged."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", "#!/usr/bin/env bash\nprintf 'node-a\\nnode-b\\n'\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    with two_nodes(tmp_path / "nodes") as nodes:
+        env = dict(ENV, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PATH=f"{bin_dir}:{os.environ['PATH']}",
+                   TWO_NODES_SH=str(SCRIPT), TWO_NODES=str(nodes.state), SLURM_JOB_NODELIST="node-[a-b]",
+                   SLURM_SUBMIT_DIR=str(REPO), MASTER_PORT=PORT)
+        env.pop("MASTER_ADDR", None)
+        res = nodes.run("a", ["bash", "launch/slurm.sbatch", *train_args(tiny_artifacts, tmp_path)], env=env,
+                        timeout=1200)
+        assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
+        assert nodes.wait_idle() == {} and nodes.shm("a") == [] and nodes.shm("b") == []
+    assert "srun option --kill-on-bad-exit=1" in res.stdout and "| ranks 2 |" in res.stdout + res.stderr
+    assert_same(records(tmp_path / "vcppo-seed0"), two_one_rank_nodes[0])
