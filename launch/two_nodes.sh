@@ -5,7 +5,8 @@
 # private /dev/shm and a node-local directory, STATE/local (one path, other contents on each node).
 # Everything else (the repository, the venv, the run directory) is shared, as a cluster's shared storage.
 #   launch/two_nodes.sh up STATE              # make both nodes; STATE (a new directory) holds their state
-#   launch/two_nodes.sh on STATE a CMD ...    # run CMD on node a (or b), in the current directory
+#   launch/two_nodes.sh on STATE a CMD ...    # run CMD on node a (or b), in the current directory (from the
+#                                             # host: inside a node the other node's namespaces are not seen)
 #   launch/two_nodes.sh ssh STATE             # an sshd on each node's address; root on either node reaches
 #                                             # both by name with a key made for them (DeepSpeed's pdsh launch)
 #   launch/two_nodes.sh down STATE            # end what still runs there, tear down, check nothing is left

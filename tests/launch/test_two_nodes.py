@@ -350,7 +350,7 @@ exit "$status"
 
 
 def test_the_slurm_script_runs_one_task_per_node(two_one_rank_nodes, tiny_artifacts, tmp_path):
-    """launch/slurm.sbatch on node-a with a stand-in `srun` that starts each task inside its node (and a
+    """launch/slurm.sbatch with a stand-in `srun` that starts each task inside its node (and a
     `scontrol` that names the nodes): SLURM's variables map to the ranks, the first node is MASTER_ADDR, and
     the run logs what the deepspeed launcher's 2 x 1 run logged."""
     bin_dir = tmp_path / "bin"
@@ -363,8 +363,9 @@ def test_the_slurm_script_runs_one_task_per_node(two_one_rank_nodes, tiny_artifa
                    TWO_NODES_SH=str(SCRIPT), TWO_NODES=str(nodes.state), SLURM_JOB_NODELIST="node-[a-b]",
                    SLURM_SUBMIT_DIR=str(REPO), MASTER_PORT=PORT)
         env.pop("MASTER_ADDR", None)
-        res = nodes.run("a", ["bash", "launch/slurm.sbatch", *train_args(tiny_artifacts, tmp_path)], env=env,
-                        timeout=1200)
+        # the batch script itself only asks scontrol for the nodes and calls srun: it runs here, the tasks there
+        res = subprocess.run(["bash", "launch/slurm.sbatch", *train_args(tiny_artifacts, tmp_path)], cwd=REPO,
+                             env=env, capture_output=True, text=True, timeout=1200)
         assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
         assert nodes.wait_idle() == {} and nodes.shm("a") == [] and nodes.shm("b") == []
     assert "srun option --kill-on-bad-exit=1" in res.stdout and "| ranks 2 |" in res.stdout + res.stderr

@@ -83,7 +83,7 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     else:
         dev = torch.device("cpu")
     private_extension_dir()
-    import deepspeed  # noqa: E402  (after DS_ACCELERATOR)
+    import deepspeed  # noqa: E402,F401  (after DS_ACCELERATOR: it fixes its accelerator at import)
 
     # DeepSpeed 0.19 calls a torch collective that torch 2.13 deprecates, once per ZeRO-3 step:
     # a warning per step buries the progress bar and says nothing the user can act on.
@@ -96,19 +96,34 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     if not cuda and world == 1:
         skip_shm_collective()
     if not torch.distributed.is_initialized():
-        from datetime import timedelta
-        store = rendezvous_store(rank, world, rendezvous_timeout_s, timeout_s)
-        # DeepSpeed binds the device where it makes the group itself (several CUDA ranks); it adopts this one
-        bind = {"device_id": dev} if cuda and world > 1 else {}
-        torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world,
-                                             timeout=timedelta(seconds=timeout_s), **bind)
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        _init_default_group(rank, world, backend, dev, timeout_s, rendezvous_timeout_s)
     if not cuda and world > 1:
         global _SHM_SEGMENT
         _SHM_SEGMENT = shm_segment(rank)
     _INFO = DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
                      backend=backend, is_main=(rank == 0))
     return _INFO
+
+
+def timeouts(trainer) -> dict[str, float]:
+    """:func:`init_distributed`'s bounds from the config's ``trainer`` section (collective_timeout_s,
+    rendezvous_timeout_s)."""
+    return {"timeout_s": trainer.collective_timeout_s, "rendezvous_timeout_s": trainer.rendezvous_timeout_s}
+
+
+def _init_default_group(rank: int, world: int, backend: str, dev: torch.device, timeout_s: float,
+                        rendezvous_timeout_s: float) -> None:
+    """The default group of all ranks, from a rendezvous bounded by ``rendezvous_timeout_s``; DeepSpeed adopts it."""
+    from datetime import timedelta
+
+    import deepspeed
+
+    store = rendezvous_store(rank, world, rendezvous_timeout_s, timeout_s)
+    # DeepSpeed binds the device where it makes the group itself (several CUDA ranks): so does this
+    bind = {"device_id": dev} if dev.type == "cuda" and world > 1 else {}
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                         timeout=timedelta(seconds=timeout_s), **bind)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
 
 
 def _init_split(rollout_ranks: int, critic_ranks: int, rank: int, world: int, local_rank: int, dev: torch.device,
