@@ -76,6 +76,11 @@ def check_line(line: str) -> None:
     elif program == "make":
         targets = re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M)
         assert args[0] in targets, f"no make target {args[0]}"
+    elif program == "launch/two_nodes.sh":  # up|down|run STATE, or on STATE NODE [env VAR=value ...] COMMAND
+        assert args[0] in ("up", "on", "down", "run") and (REPO / program).is_file(), f"not two_nodes.sh: {line}"
+        if args[0] == "on":
+            command = [w for w in args[3:] if w != "env" and not re.fullmatch(r"[A-Z_]+=\S*", w)]
+            check_line(shlex.join(command))
     else:  # a launch script, directly or through sbatch: it exists, and the vcppo part resolves
         script = next(w for w in words if w.startswith("launch/"))
         assert (REPO / script).is_file(), f"no script {script}"

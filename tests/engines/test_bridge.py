@@ -56,9 +56,11 @@ def _bridge_member(rank, port, out):
     import torch.distributed as tdist
 
     from vcppo.engines.bridge import Bridge, init_role_world
+    from vcppo.engines.launch_env import rendezvous_store
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="3")
     roles, timeout = Roles(world_size=3, rollout_ranks=2), timedelta(seconds=60)
-    store = init_role_world(roles, rank, "gloo", timeout)
+    store = rendezvous_store(rank, 3, 60, 60)
+    init_role_world(roles, rank, "gloo", timeout, store)
     # each role world is a default group of its own: an all-reduce sums within the role only
     total = torch.tensor([float(rank + 1)])
     tdist.all_reduce(total)
@@ -124,9 +126,11 @@ def _link_member(rank, port, out):
     import torch.distributed as tdist
 
     from vcppo.engines.bridge import CriticLink, init_role_world
+    from vcppo.engines.launch_env import rendezvous_store
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="3")
     roles, timeout = Roles(world_size=3, rollout_ranks=1, critic_ranks=1), timedelta(seconds=60)
-    store = init_role_world(roles, rank, "gloo", timeout)
+    store = rendezvous_store(rank, 3, 60, 60)
+    init_role_world(roles, rank, "gloo", timeout, store)
     if rank < 2:
         link = CriticLink(store, roles, rank, timeout)
         # both send before either receives: each direction has its own group, so nothing waits

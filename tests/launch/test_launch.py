@@ -81,6 +81,38 @@ def test_multi_node_script_with_localhost_hostfile(tiny_artifacts, tmp_path):
     assert (tmp_path / "grpo-seed0" / "final_metrics.json").exists()
 
 
+def test_node_rank_runs_this_nodes_share_without_ssh(tmp_path):
+    """NODE_RANK=N: DeepSpeed's --no_ssh --node_rank N form (one launcher per node), also for a one-line hostfile."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=2\nnode-b slots=2\n")
+    env = dict(os.environ, HOSTFILE=str(hostfile), DEEPSPEED="deepspeed", DRY_RUN="1", NODE_RANK="1")
+    env.pop("MASTER_ADDR", None)
+    res = subprocess.run([str(REPO / "launch/multi_node.sh"), "vcppo"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    *nodes, command = res.stdout.strip().splitlines()
+    assert nodes[1] == "# node 1/2: node-b, 2 rank(s) (this node: it starts these)"
+    assert " --master_addr node-a " in command and " --no_ssh --node_rank 1 --module vcppo.cli " in command
+    hostfile.write_text("node-a slots=2\n")
+    env["NODE_RANK"] = "0"
+    res = subprocess.run([str(REPO / "launch/multi_node.sh"), "vcppo"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert "--no_ssh_check" not in res.stdout and "--no_ssh --node_rank 0" in res.stdout
+
+
+def test_the_nodes_rank_count_under_the_deepspeed_launcher_is_its_local_size(monkeypatch):
+    """The deepspeed launcher sets LOCAL_SIZE, not LOCAL_WORLD_SIZE: 2 nodes x 2 ranks is 2 ranks on this node
+    (the reward workers and the hub download are sized by it), not WORLD_SIZE's 4."""
+    from vcppo.engines.launch_env import local_world_size
+    from vcppo.models.hub import _local_rank
+    for key in ("LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert local_world_size() == 2 and _local_rank() == (1, 2)
+
+
 def test_missing_hostfile_is_a_clear_error(tmp_path):
     env = dict(os.environ, HOSTFILE=str(tmp_path / "nope"))
     res = subprocess.run([str(REPO / "launch/multi_node.sh"), "vcppo"], env=env, capture_output=True, text=True)

@@ -317,7 +317,7 @@ def evaluate_policy(cfg: Config) -> dict | None:
     except Exception as err:  # noqa: BLE001 - any loading failure: name the directory
         raise ConfigError(f"cannot load the tokenizer of {e.model_path}: {type(err).__name__}: {err}") from None
     rows, groups = load_rows(cfg, tok)
-    dist = D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s)
+    dist = D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer))
     rollout = make_rollout_engine(e.model_path, cfg.rollout, dist, seed=cfg.trainer.seed,
                                   max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
     clean = False

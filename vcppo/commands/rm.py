@@ -107,7 +107,7 @@ def heldout_summary(pred: torch.Tensor, label: torch.Tensor) -> dict:
 
 def train_rm(cfg: Config) -> dict:
     r, seed = cfg.rm, cfg.trainer.seed
-    dist = D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s)
+    dist = D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer))
     seed_everything(seed)
     out = Path(r.output_dir)
     log = make_logger(cfg, out, dist, run_name=f"rm-{out.name}")

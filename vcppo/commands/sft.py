@@ -85,7 +85,7 @@ def run_sft(cfg: Config) -> dict:
     from transformers import AutoTokenizer
 
     s, seed = cfg.sft, cfg.trainer.seed
-    dist = D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s)
+    dist = D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer))
     seed_everything(seed)
     out = Path(s.output_dir)
     tok = AutoTokenizer.from_pretrained(s.init_model)

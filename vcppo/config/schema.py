@@ -310,6 +310,10 @@ class TrainerConfig:
                                      "fails (a hung or dead rank; NCCL's watchdog then ends the job). gloo "
                                      "fails at once when a peer's connection closes.", low=0.0, low_open=True,
                                      resume="free")
+    rendezvous_timeout_s: float = _f(600.0, "Longest a rank waits at start-up for every rank of the job to meet at "
+                                     "MASTER_ADDR:MASTER_PORT (nodes started by hand may start minutes apart); "
+                                     "past it the rank exits 2 with one line naming both and what it found there.",
+                                     low=0.0, low_open=True, resume="free")
     max_failed_reward_steps: int = _f(3, "Abort (exit 2) after this many steps in a row in which the reward "
                                       "function failed (raised, timed out, NaN) on every sample of every rank.",
                                       low=1, resume="free")

@@ -142,8 +142,7 @@ def init_run_distributed(cfg: Config) -> DistInfo:
         if not placement.split:
             check_sequence_parallel_ranks(cfg, world)
         placement.check_ranks(world, cfg.trainer.prompts_per_step)
-    return D.init_distributed(cfg.trainer.device, timeout_s=cfg.trainer.collective_timeout_s,
-                              **placement.dist_args())
+    return D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer), **placement.dist_args())
 
 
 def _describe_prompts(cfg: Config, train_set, val_rows: list) -> str:

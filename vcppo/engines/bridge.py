@@ -39,23 +39,15 @@ import torch.distributed as tdist
 from vcppo.config.placement import Roles
 
 
-def _rendezvous_store(rank: int, world_size: int, timeout: timedelta):
-    """The launcher's store: rank 0 hosts it at MASTER_ADDR:MASTER_PORT (or torchrun's agent does)."""
-    store, _, _ = next(tdist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
-    return store
-
-
-def init_role_world(roles: Roles, rank: int, backend: str, timeout: timedelta) -> tdist.Store:
-    """Make ``rank``'s role world the default process group; returns the shared store (for the
-    bridge). The environment is rewritten to the role world's RANK / WORLD_SIZE."""
-    store = _rendezvous_store(rank, roles.world_size, timeout)
+def init_role_world(roles: Roles, rank: int, backend: str, timeout: timedelta, store: tdist.Store) -> None:
+    """Make ``rank``'s role world the default process group, from the launcher's rendezvous ``store``
+    (shared with the bridge). The environment is rewritten to the role world's RANK / WORLD_SIZE."""
     role = roles.role_of(rank)
     os.environ["VCPPO_GLOBAL_RANK"], os.environ["VCPPO_GLOBAL_WORLD_SIZE"] = str(rank), str(roles.world_size)
     os.environ["VCPPO_ROLE"] = role
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(roles.role_rank(rank)), str(roles.role_size(rank))
     tdist.init_process_group(backend, store=tdist.PrefixStore(f"vcppo/{role}/", store),
                              rank=roles.role_rank(rank), world_size=roles.role_size(rank), timeout=timeout)
-    return store
 
 
 def _group(store, name: str, rank: int, size: int, backend: str, timeout: timedelta):

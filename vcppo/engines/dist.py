@@ -22,8 +22,8 @@ from typing import Callable
 import torch
 
 from vcppo.config.placement import BOTH
-from vcppo.engines.launch_env import (free_port, private_extension_dir, shm_segment, skip_shm_collective,
-                                     slurm_launcher_env, unlink_shm_segment, use_cuda)
+from vcppo.engines.launch_env import (free_port, private_extension_dir, rendezvous_store, shm_segment,
+                                     skip_shm_collective, slurm_launcher_env, unlink_shm_segment, use_cuda)
 
 
 @dataclass
@@ -45,8 +45,12 @@ _EVER_INITIALISED = False  # a process group was set up in this process (exit_pr
 
 
 def init_distributed(device: str = "auto", split_rollout_ranks: int | None = None,
-                     timeout_s: float = 1800.0, split_critic_ranks: int = 0) -> DistInfo:
+                     timeout_s: float = 1800.0, split_critic_ranks: int = 0,
+                     rendezvous_timeout_s: float = 600.0) -> DistInfo:
     """Initialise (once) the default process group and return this rank's :class:`DistInfo`.
+
+    ``rendezvous_timeout_s`` bounds the ranks' meeting at MASTER_ADDR:MASTER_PORT (a
+    :class:`~vcppo.engines.launch_env.RendezvousError` past it), ``timeout_s`` every collective after it.
 
     ``split_rollout_ranks``: split placement with that many rollout ranks (and ``split_critic_ranks``
     critic ranks): the default group is then this rank's role world and the bridge (and the
@@ -64,7 +68,7 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     rank = int(os.environ.setdefault("RANK", "0"))
     world = int(os.environ.setdefault("WORLD_SIZE", "1"))
     local_rank = int(os.environ.setdefault("LOCAL_RANK", str(rank)))
-    os.environ.setdefault("LOCAL_WORLD_SIZE", str(world))
+    os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE") or str(world))  # LOCAL_SIZE: deepspeed's
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         if world > 1:
@@ -77,20 +81,20 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     else:
         dev = torch.device("cpu")
     private_extension_dir()
-    import deepspeed  # noqa: E402  (after DS_ACCELERATOR)
+    import deepspeed  # noqa: E402,F401  (after DS_ACCELERATOR: it fixes its accelerator at import)
 
     # DeepSpeed 0.19 calls a torch collective that torch 2.13 deprecates, once per ZeRO-3 step:
     # a warning per step buries the progress bar and says nothing the user can act on.
     warnings.filterwarnings("ignore", message=r".*reduce_scatter_tensor.*is deprecated", category=FutureWarning)
 
     if split_rollout_ranks is not None:
-        return _init_split(split_rollout_ranks, split_critic_ranks, rank, world, local_rank, dev, backend, timeout_s)
+        store = rendezvous_store(rank, world, rendezvous_timeout_s, timeout_s)
+        return _init_split(split_rollout_ranks, split_critic_ranks, rank, world, local_rank, dev, backend, timeout_s,
+                           store)
     if not cuda and world == 1:
         skip_shm_collective()
     if not torch.distributed.is_initialized():
-        from datetime import timedelta
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, rank=rank, world_size=world,
-                                   init_method="env://", timeout=timedelta(seconds=timeout_s))
+        _init_default_group(rank, world, backend, dev, timeout_s, rendezvous_timeout_s)
     if not cuda and world > 1:
         _release_shm_name(shm_segment(rank))
     _INFO = DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev,
@@ -110,8 +114,29 @@ def _release_shm_name(segment) -> None:
     unlink_shm_segment(segment)
 
 
+def timeouts(trainer) -> dict[str, float]:
+    """:func:`init_distributed`'s bounds from the config's ``trainer`` section (collective_timeout_s,
+    rendezvous_timeout_s)."""
+    return {"timeout_s": trainer.collective_timeout_s, "rendezvous_timeout_s": trainer.rendezvous_timeout_s}
+
+
+def _init_default_group(rank: int, world: int, backend: str, dev: torch.device, timeout_s: float,
+                        rendezvous_timeout_s: float) -> None:
+    """The default group of all ranks, from a rendezvous bounded by ``rendezvous_timeout_s``; DeepSpeed adopts it."""
+    from datetime import timedelta
+
+    import deepspeed
+
+    store = rendezvous_store(rank, world, rendezvous_timeout_s, timeout_s)
+    # DeepSpeed binds the device where it makes the group itself (several CUDA ranks): so does this
+    bind = {"device_id": dev} if dev.type == "cuda" and world > 1 else {}
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                         timeout=timedelta(seconds=timeout_s), **bind)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+
+
 def _init_split(rollout_ranks: int, critic_ranks: int, rank: int, world: int, local_rank: int, dev: torch.device,
-                backend: str, timeout_s: float) -> DistInfo:
+                backend: str, timeout_s: float, store) -> DistInfo:
     """Split placement: this rank's role world as the default group, then the bridge and the critic
     links. A critic world's rank 0 is its main rank (it writes the critic's exports)."""
     global _INFO, _BRIDGE, _CRITIC_LINK
@@ -126,7 +151,7 @@ def _init_split(rollout_ranks: int, critic_ranks: int, rank: int, world: int, lo
         # DeepSpeed's CPU shm all-reduce sizes itself by the node's launcher ranks, which now
         # include the rollout ranks: plain gloo collectives within the training world instead.
         skip_shm_collective()
-    store = init_role_world(roles, rank, backend, timeout)
+    init_role_world(roles, rank, backend, timeout, store)
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the role world
     role = roles.role_of(rank)
     if roles.bridge_rank(rank) is not None:

@@ -3,15 +3,19 @@ deepspeed launcher, torchrun, SLURM (``srun``) or plain ``python``; the device; 
 shared-memory collective (where it is built, when it is skipped, its ``/dev/shm`` segment)."""
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import sys
 import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Mapping
 
 import torch
+
+from vcppo.config.schema_base import ConfigError
 
 
 def free_port() -> int:
@@ -50,8 +54,12 @@ def slurm_launcher_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _launcher_value(key: str) -> str | None:
-    """A launcher variable (RANK, WORLD_SIZE, ...) as set, or as SLURM's step variables give it."""
-    return os.environ.get(key) or slurm_launcher_env(os.environ).get(key)
+    """A launcher variable (RANK, WORLD_SIZE, ...) as set, or as SLURM's step variables give it. The
+    deepspeed launcher names the node's rank count LOCAL_SIZE (it sets no LOCAL_WORLD_SIZE)."""
+    value = os.environ.get(key) or slurm_launcher_env(os.environ).get(key)
+    if not value and key == "LOCAL_WORLD_SIZE":
+        value = os.environ.get("LOCAL_SIZE")
+    return value
 
 
 def launched_world_size() -> int:
@@ -62,6 +70,62 @@ def launched_world_size() -> int:
 def local_world_size() -> int:
     """Ranks on this node: the launcher's LOCAL_WORLD_SIZE, SLURM's count for this node, else 1."""
     return int(_launcher_value("LOCAL_WORLD_SIZE") or 1)
+
+
+class RendezvousError(ConfigError):
+    """No rendezvous within ``trainer.rendezvous_timeout_s``: the master unreachable, or ranks missing."""
+
+
+def rendezvous_store(rank: int, world: int, timeout_s: float, collective_timeout_s: float):
+    """The launcher's store (rank 0 hosts it at MASTER_ADDR:MASTER_PORT, or torchrun's agent does), joined
+    by every rank within ``timeout_s``; later waits on it are bounded by ``collective_timeout_s``. Past
+    ``timeout_s`` a :class:`RendezvousError` says, on one line, where this rank looked and what it found."""
+    import torch.distributed as tdist
+
+    try:
+        joined = tdist.rendezvous("env://", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        store, _, _ = next(joined)
+    except (RuntimeError, OSError) as error:  # torch's DistNetworkError / DistStoreError are RuntimeErrors
+        raise RendezvousError(rendezvous_failure(rank, world, timeout_s, error)) from None
+    store.set_timeout(timedelta(seconds=collective_timeout_s))
+    return store
+
+
+def rendezvous_failure(rank: int, world: int, timeout_s: float, error: BaseException) -> str:
+    """One line for a rendezvous that failed: MASTER_ADDR / MASTER_PORT, what this rank tried, what it found."""
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    where = f"MASTER_ADDR={addr} MASTER_PORT={port}"
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if "EADDRINUSE" in text or "address already in use" in text.lower():
+        return (f"rank {rank} cannot host the rendezvous at {where}: the port is taken on this node (another run?): "
+                "pick another MASTER_PORT")
+    if rank == 0 and "clients" in text:
+        return (f"rank 0 hosted the rendezvous at {where} for {timeout_s:g} s (trainer.rendezvous_timeout_s) but not "
+                f"all {world} ranks joined ({text}): start every node's launcher, with the same MASTER_ADDR and "
+                "MASTER_PORT")
+    return (f"rank {rank} of {world} could not join the rendezvous at {where} within {timeout_s:g} s "
+            f"(trainer.rendezvous_timeout_s): tried {addr}:{port}, {probe_master(addr, port)}")
+
+
+def probe_master(addr: str, port: str, timeout_s: float = 3.0) -> str:
+    """What one TCP connection to the master's address says now, in words."""
+    try:
+        resolved = socket.getaddrinfo(addr, int(port), type=socket.SOCK_STREAM)[0][4][0]
+    except (socket.gaierror, ValueError) as error:
+        return f"and MASTER_ADDR does not resolve on this node ({error})"
+    shown = resolved if resolved == addr else f"{addr} = {resolved}"
+    try:
+        with socket.create_connection((resolved, int(port)), timeout=timeout_s):
+            return (f"and {shown} accepts a connection now (rank 0 started late: rerun, or raise "
+                    "trainer.rendezvous_timeout_s)")
+    except ConnectionRefusedError:
+        return (f"and {shown} refuses the connection: nothing listens on port {port} there (is rank 0's node "
+                "started, with this MASTER_PORT?)")
+    except (socket.timeout, TimeoutError):
+        return f"and {shown} gave no answer in {timeout_s:g} s (that node down, a firewall, or not its address)"
+    except OSError as error:
+        reason = errno.errorcode.get(error.errno, "") if error.errno else ""
+        return f"and {shown} is unreachable from this node ({reason or error}: no route to that address)"
 
 
 def use_cuda(device: str) -> bool:

@@ -96,7 +96,8 @@ def _local_rank() -> tuple[int, int]:
     several, so a job's total stands in where a launcher gives no per-node count."""
     env = os.environ
     rank = env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or 0
-    size = env.get("LOCAL_WORLD_SIZE") or env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1
+    size = (env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or env.get("WORLD_SIZE") or env.get("SLURM_NTASKS")
+            or 1)  # LOCAL_SIZE: the deepspeed launcher's name for the node's rank count
     return int(rank), int(size)
 
 
