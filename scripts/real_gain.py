@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-_ANSWER_IN_PROMPT = re.compile(r"#### ")
+_SPECIAL = re.compile(r"(<\|[^|<>]*\|>\s*)+$")  # a chat template's end token the sampler kept (<|im_end|>)
 
 
 def _numbers(text: str) -> list[float]:
@@ -47,7 +47,7 @@ def summarise(records: list[dict], answers: list[str] | None = None) -> dict:
         nums = _numbers(r["response"])
         if truth is not None and float(str(truth).replace(",", "")) in nums:
             anywhere += 1
-        tail = r["response"].rstrip().rstrip(".").rstrip()
+        tail = _SPECIAL.sub("", r["response"].rstrip()).rstrip().rstrip(".").rstrip()
         ends += bool(re.search(r"\d$", tail))
     return {"n": n, "correct": sum(bool(r["correct"]) for r in records) / n, "answer_anywhere": anywhere / n,
             "median_length": statistics.median(r["length"] for r in records), "ends_on_number": ends / n}

@@ -15,7 +15,7 @@ def test_summary_separates_a_misplaced_answer_from_a_wrong_one():
         {"answer": "32", "response": "23 + 9 = 32. Let me check: 23 + 9 is 32, done in 2 steps", "correct": False,
          "length": 20},
         {"answer": "32", "response": "It is 31.", "correct": False, "length": 4},
-        {"answer": "1,000", "response": "1000", "correct": True, "length": 1},
+        {"answer": "1,000", "response": "1000<|im_end|>", "correct": True, "length": 1},
     ]
     s = real_gain.summarise(records)
     assert s["correct"] == 0.5 and s["answer_anywhere"] == 0.75  # the second wrote 32, then a 2
