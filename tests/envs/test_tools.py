@@ -80,7 +80,7 @@ def test_no_sandbox_refuses_naming_the_cause_and_the_key(monkeypatch):
 
 
 def test_bad_env_args_name_the_argument():
-    with pytest.raises(ValueError, match="unknown argument 'python_timeout'"):
+    with pytest.raises(TypeError, match="unknown argument 'python_timeout'"):
         make_env("tools", tools=["python"], python_timeout=3)
     with pytest.raises(ValueError, match="'memory_mb' must be a positive number"):
         make_env("tools", tools=["python"], python_memory_mb=0)

@@ -167,7 +167,7 @@ class ToolEnv:
             raise ValueError(f"tools env: unknown tool {unknown[0]!r}; built-in tools: {', '.join(TOOLS)}")
         bad = [k for k in python_args if k not in PYTHON_ARGS]
         if bad:
-            raise ValueError(f"tools env: unknown argument {bad[0]!r}; arguments: tools, max_turns, answer_reward, "
+            raise TypeError(f"tools env: unknown argument {bad[0]!r}; arguments: tools, max_turns, answer_reward, "
                              f"{', '.join(PYTHON_ARGS)}")
         self.tools = {n: python_tool(**python_args) if n == "python" else calculator for n in names}
         self.max_turns = int(max_turns)
