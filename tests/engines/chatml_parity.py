@@ -105,3 +105,13 @@ def top2_gap(path, prompt_ids, response_ids) -> torch.Tensor:
         logits = model(torch.tensor([prompt_ids + response_ids])).logits[0, len(prompt_ids) - 1:-1]
     top = logits.topk(2, dim=-1).values
     return top[:, 0] - top[:, 1]
+
+
+def open_engines(model_dir, info, max_model_len: int):
+    """vcppo's vLLM and hf rollout engines on ``model_dir`` (fp32, seed 0); close the first after use."""
+    from vcppo.config.schema import RolloutConfig
+    from vcppo.engines.rollout import RolloutEngine
+    from vcppo.engines.rollout_hf import HFRolloutEngine
+    vllm = RolloutEngine(model_dir, RolloutConfig(gpu_memory_utilization=0.02), info, seed=0,
+                         max_model_len=max_model_len)
+    return vllm, HFRolloutEngine(model_dir, RolloutConfig(), info, seed=0, max_model_len=max_model_len)

@@ -7,7 +7,7 @@ on <|im_end|>, the prompt / response boundary is token-exact, and the sampler/tr
 mismatch at fp32 is below 1e-4. The same checks on the real model: tests/engines/test_real_parity.py."""
 import pytest
 
-from tests.engines.chatml_parity import (IM_END, chat_prompts, check_boundary, check_eos, greedy_agreement,
+from tests.engines.chatml_parity import (IM_END, chat_prompts, open_engines, check_boundary, check_eos, greedy_agreement,
                                          trainer, trainer_mismatch)
 from tests.engines.test_engines import LOGPROB_TOL
 
@@ -47,11 +47,7 @@ def tok(model_dir):
 
 @pytest.fixture(scope="module")
 def engines(info, model_dir):
-    from vcppo.config.schema import RolloutConfig
-    from vcppo.engines.rollout import RolloutEngine
-    from vcppo.engines.rollout_hf import HFRolloutEngine
-    vllm = RolloutEngine(model_dir, RolloutConfig(gpu_memory_utilization=0.02), info, seed=0, max_model_len=256)
-    hf = HFRolloutEngine(model_dir, RolloutConfig(), info, seed=0, max_model_len=256)
+    vllm, hf = open_engines(model_dir, info, 256)
     yield vllm, hf
     vllm.close()
 

@@ -7,7 +7,7 @@ sample through vLLM. The same checks on a tiny model in `make test`: tests/engin
 import pytest
 import torch
 
-from tests.engines.chatml_parity import (chat_prompts, check_boundary, check_eos, greedy_agreement, top2_gap,
+from tests.engines.chatml_parity import (chat_prompts, open_engines, check_boundary, check_eos, greedy_agreement, top2_gap,
                                          trainer, trainer_mismatch)
 from vcppo.engines.rollout import sampled_logprobs_layout
 from vcppo.experience import make_layout
@@ -29,11 +29,7 @@ def tok(real_model_dir):
 
 @pytest.fixture(scope="module")
 def engines(info, real_model_dir):
-    from vcppo.config.schema import RolloutConfig
-    from vcppo.engines.rollout import RolloutEngine
-    from vcppo.engines.rollout_hf import HFRolloutEngine
-    vllm = RolloutEngine(real_model_dir, RolloutConfig(gpu_memory_utilization=0.02), info, seed=0, max_model_len=512)
-    hf = HFRolloutEngine(real_model_dir, RolloutConfig(), info, seed=0, max_model_len=512)
+    vllm, hf = open_engines(real_model_dir, info, 512)
     yield vllm, hf
     vllm.close()
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import random
 from typing import Callable
 
+from vcppo.data.distinct import distinct_rows
+
 INSTRUCTION = 'Put the final answer after "####".'
 NAMES = ("Mia", "Leo", "Ana", "Sam", "Ivy", "Tom", "Zoe", "Max", "Eva", "Ben")
 PRONOUN = {"Mia": "She", "Ana": "She", "Ivy": "She", "Zoe": "She", "Eva": "She"}
@@ -89,18 +91,11 @@ def generate_rows(task: str, split: str, n: int, digits: int, operands: int, see
     if operands < 2:
         raise ValueError(f"{task}: operands must be >= 2, not {operands}")
     rng = random.Random(f"{task}|{digits}|{operands}|{split}|{seed}")
-    rows, seen, attempts = [], set(), 0
-    while len(rows) < n:
-        attempts += 1
-        if attempts > 200 * n + 10_000:
-            raise ValueError(f"could only find {len(rows)} distinct {split} prompts for task={task} "
-                             f"difficulty={digits} operands={operands}; lower n or raise difficulty")
+
+    def draw():
         terms = sample_terms(rng, digits, operands)
-        expr = expression(terms)
-        if expr in seen or split_of(expr) != split:
-            continue
-        seen.add(expr)
-        rows.append({"prompt": PROMPTS[task](terms, rng), "answer": str(value(terms)),
-                     "solution": solution(terms), "task": task, "difficulty": digits,
-                     "operands": operands, "data_source": f"vcppo/{task}"})
-    return rows
+        return expression(terms), lambda: {
+            "prompt": PROMPTS[task](terms, rng), "answer": str(value(terms)), "solution": solution(terms),
+            "task": task, "difficulty": digits, "operands": operands, "data_source": f"vcppo/{task}"}
+
+    return distinct_rows(n, split, split_of, draw, f"task={task} difficulty={digits} operands={operands}")

@@ -21,6 +21,8 @@ import json
 import random
 import string
 
+from vcppo.data.distinct import distinct_rows
+
 CASES = 3
 OPS = "+-*"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -64,23 +66,19 @@ def generate_rows(split: str, n: int, operands: int, digits: int, seed: int, spl
         raise ValueError(f"operands must be <= {len(string.ascii_lowercase)} for task code, got {operands}")
     rng = random.Random(f"code|{digits}|{operands}|{split}|{seed}")
     names = list(string.ascii_lowercase[:operands])
-    rows, seen, attempts = [], set(), 0
-    while len(rows) < n:
-        attempts += 1
-        if attempts > 200 * n + 10_000:
-            raise ValueError(f"could only find {len(rows)} distinct {split} prompts for task=code difficulty={digits} "
-                             f"operands={operands}; lower n or raise difficulty")
+
+    def draw():
         ops = [rng.choice(OPS) for _ in range(2 * operands - 1)]
         items = tokens(names, ops, [rng.randint(1, 10 ** digits - 1) for _ in names])
         expr = "".join(map(str, items))
-        prompt = f"code: {expr}"
-        if prompt in seen or split_of(prompt) != split:
-            continue
-        seen.add(prompt)
-        inputs = [[rng.randint(0, 99) for _ in names] for _ in range(CASES)]
-        cases = {"inputs": [" ".join(map(str, v)) + "\n" for v in inputs],
-                 "outputs": [f"{evaluate(items, dict(zip(names, v)))}\n" for v in inputs]}
-        rows.append({"prompt": prompt, "answer": json.dumps(cases),
-                     "solution": f"{THINK_OPEN}\n{THINK_CLOSE}\n{program(names, expr)}", "task": "code",
-                     "difficulty": digits})
-    return rows
+
+        def build():
+            inputs = [[rng.randint(0, 99) for _ in names] for _ in range(CASES)]
+            cases = {"inputs": [" ".join(map(str, v)) + "\n" for v in inputs],
+                     "outputs": [f"{evaluate(items, dict(zip(names, v)))}\n" for v in inputs]}
+            return {"prompt": f"code: {expr}", "answer": json.dumps(cases),
+                    "solution": f"{THINK_OPEN}\n{THINK_CLOSE}\n{program(names, expr)}", "task": "code",
+                    "difficulty": digits}
+        return f"code: {expr}", build
+
+    return distinct_rows(n, split, split_of, draw, f"task=code difficulty={digits} operands={operands}")
