@@ -148,9 +148,23 @@ def test_each_node_reaches_both_by_ssh_with_the_key_made_for_them(tmp_path):
                                                    "node-b: rank=1"]
 
 
+def _mapped_segments() -> set[str]:
+    """The DeepSpeed shm segments some process maps, by name: each rank removes its segment's name once
+    every rank mapped it, so a running rank shows it as ``/dev/shm/NAME (deleted)`` in its maps (the
+    path in its own mount namespace)."""
+    found: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            found.update(re.findall(r"/dev/shm/(deepspeed_allreduce_buffer_\S+)", maps.read_text()))
+        except OSError:  # it ended meanwhile
+            continue
+    return found
+
+
 @pytest.fixture(scope="module")
 def one_node(tiny_artifacts, tmp_path_factory):
-    """1 node x 2 ranks (node-a); the DeepSpeed shm segments seen in its /dev/shm while it ran."""
+    """1 node x 2 ranks (node-a); the DeepSpeed shm segments seen in its /dev/shm while it ran (listed
+    there, or mapped from there by its ranks while the host's /dev/shm has none)."""
     root = tmp_path_factory.mktemp("one_node")
     with two_nodes(root / "nodes") as nodes:
         hosts = hostfile(root / "hostfile", {"a": 2})
@@ -159,6 +173,7 @@ def one_node(tiny_artifacts, tmp_path_factory):
         seen: set[str] = set()
         while proc.poll() is None:
             seen.update(nodes.shm("a"))
+            seen.update(_mapped_segments())
             assert not list(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*_node-a_*"))
             time.sleep(0.5)
         assert proc.wait() == 0, (root / "a.log").read_text()[-5000:]
