@@ -94,18 +94,16 @@ def test_process_limit_counts_for_the_sandboxed_program():
     assert "all started" not in done.stdout and "Resource temporarily unavailable" in done.stderr
 
 
-def test_tasks_of_uid_counts_threads():
-    before = tasks_of_uid(os.getuid())
-    stop = threading.Event()
-    threads = [threading.Thread(target=stop.wait) for _ in range(3)]
-    for t in threads:
-        t.start()
-    try:
-        assert tasks_of_uid(os.getuid()) >= before + 3
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
+def test_tasks_of_uid_counts_threads(tmp_path):
+    """Every task (thread) of every process of the uid, on a /proc laid out as the kernel's (the real
+    one changes under a shared host's other processes between two counts)."""
+    for pid, tasks in (("100", 3), ("200", 1)):
+        for tid in range(tasks):
+            (tmp_path / pid / "task" / str(tid)).mkdir(parents=True)
+    (tmp_path / "self").mkdir()  # not a pid: not counted
+    assert tasks_of_uid(os.getuid(), str(tmp_path)) == 4
+    assert tasks_of_uid(os.getuid() + 1, str(tmp_path)) == 0
+    assert tasks_of_uid(os.getuid()) >= len(os.listdir(f"/proc/{os.getpid()}/task"))  # the real one holds ours
 
 
 NON_ROOT = """

@@ -145,14 +145,14 @@ def bwrap_command(code_fd: int, limits: Limits, info_fd: int) -> list[str]:
             "--clearenv", "--die-with-parent", "--new-session", "--info-fd", str(info_fd), "--", *program]
 
 
-def tasks_of_uid(uid: int) -> int:
+def tasks_of_uid(uid: int, proc: str = "/proc") -> int:
     """Tasks (threads included) that ``uid`` runs now: what the kernel counts against RLIMIT_NPROC."""
     count = 0
-    for entry in os.scandir("/proc"):
+    for entry in os.scandir(proc):
         if entry.name.isdigit():
             try:
                 if entry.stat().st_uid == uid:
-                    count += len(os.listdir(f"/proc/{entry.name}/task"))
+                    count += len(os.listdir(os.path.join(proc, entry.name, "task")))
             except OSError:  # it ended meanwhile
                 continue
     return count
