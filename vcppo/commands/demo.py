@@ -37,9 +37,10 @@ def _run(stage: str, args: list[str], log: list) -> None:
     log.append({"stage": stage, "seconds": round(time.time() - t0, 1), "command": "vcppo " + " ".join(args)})
 
 
-def _data_args(d) -> list[str]:
-    args = ["--task", d.task]
-    for flag, value in (("--difficulty", d.difficulty), ("--operands", d.operands)):
+def _data_args(task: str, difficulty: int | None, operands: int | None) -> list[str]:
+    """`vcppo data make`'s task flags (a knob left at None keeps the task's default)."""
+    args = ["--task", task]
+    for flag, value in (("--difficulty", difficulty), ("--operands", operands)):
         args += [flag, str(value)] if value is not None else []
     return args
 
@@ -62,21 +63,20 @@ def _evaluate(stage: str, config: str, model: Path, data: Path, out: Path, log: 
 def real_pipeline(cfg, config: str, log: list) -> dict:
     """A pretrained model (``demo.fetch``), trained as it is: fetch, data (+ held-out split), eval, RL,
     eval. Returns ``{"base" | "rl": {"test" | "heldout": metrics}}``."""
-    d, w = cfg.demo, Path(cfg.demo.workdir)
+    d = cfg.demo
+    heldout = heldout_spec(d.heldout) if d.heldout else None  # a malformed value stops before any stage
     model, data_dir, run_dir = Path(cfg.model.policy_path), Path(cfg.data.train_files).parent, run_dir_of(cfg)
     if not (model / "config.json").exists():
         _run("model", ["model", "fetch", d.fetch, "--out", str(model)], log)
     if not Path(cfg.data.train_files).exists():
-        _run("data", ["data", "make", *_data_args(d), "--n", str(d.train_rows), "--n-eval", str(cfg.eval.max_prompts),
-                      "--format", "verl", "--out", str(data_dir)], log)
+        _run("data", ["data", "make", *_data_args(d.task, d.difficulty, d.operands), "--n", str(d.train_rows),
+                      "--n-eval", str(cfg.eval.max_prompts), "--format", "verl", "--out", str(data_dir)], log)
     files = {"test": Path(cfg.eval.data_files)}
-    if d.heldout:
-        task, difficulty, operands = heldout_spec(d.heldout)
-        files["heldout"] = w / "data" / "heldout.parquet"
+    if heldout:
+        files["heldout"] = data_dir / "heldout.parquet"
         if not files["heldout"].exists():
-            _run("data-heldout", ["data", "make", "--task", task, "--difficulty", str(difficulty), "--operands",
-                                  str(operands), "--split", "test", "--n", str(cfg.eval.max_prompts),
-                                  "--format", "verl", "--out", str(files["heldout"])], log)
+            _run("data-heldout", ["data", "make", *_data_args(*heldout), "--split", "test", "--n",
+                                  str(cfg.eval.max_prompts), "--format", "verl", "--out", str(files["heldout"])], log)
     out = {"base": {name: _evaluate(f"eval-base-{name}", config, model, f, run_dir / f"{name}_base.json", log)
                     for name, f in files.items()}}
     if not (run_dir / "final_metrics.json").exists():
