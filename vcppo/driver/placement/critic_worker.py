@@ -28,7 +28,7 @@ from vcppo.driver.engines import build_critic
 from vcppo.driver.state import Phase
 from vcppo.driver.step.step_plan import ppo_plan, pretrain_plan
 from vcppo.driver.durability.restore_engine import restore_engine
-from vcppo.driver.step.timeline import PhaseTimer, Timeline
+from vcppo.driver.step.timeline import PeakRss, PhaseTimer, Timeline
 from vcppo.engines import dist as D
 from vcppo.engines.dist import DistInfo
 from vcppo.config.schema import Config
@@ -63,7 +63,7 @@ class CriticServer:
     def step(self, msg: CriticStep) -> None:
         """The critic's half of the step (the one the training ranks' local critic runs), V_old sent
         as soon as it exists."""
-        timer = PhaseTimer(timeline=self.timeline)
+        timer = PhaseTimer(timeline=self.timeline, rss=PeakRss())
         half = CriticHalf(self.cfg, self.critic, self.plans[msg.phase], msg.step, msg.rollout.to(self.dist.device),
                           msg.rewards.to(self.dist.device), timer)
         self.link.send(Values(half.values().cpu()))

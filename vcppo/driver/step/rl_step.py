@@ -34,7 +34,7 @@ from vcppo.driver.step.advantages import estimate
 from vcppo.driver.state import RunState
 from vcppo.driver.step.metrics import kl_metrics, log_samples, step_metrics
 from vcppo.driver.step.reward import RewardAssembly
-from vcppo.driver.step.timeline import PhaseTimer
+from vcppo.driver.step.timeline import PeakRss, PhaseTimer
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.sources import ExperienceSource
 from vcppo.driver.step.update import update_actor
@@ -73,7 +73,7 @@ def current_models(ctx: RunContext, plan: StepPlan, rollout: Rollout, timer: Pha
 def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: RunState, step: int) -> dict:
     """One step of ``plan.phase`` (``state``: the run's, for the KL coefficient and the reward
     model's running moments, which the step advances); its metrics."""
-    alg, timer = ctx.cfg.algorithm, PhaseTimer(timeline=ctx.timeline)
+    alg, timer = ctx.cfg.algorithm, PhaseTimer(timeline=ctx.timeline, rss=PeakRss())
     critic = ctx.critic if plan.v_old is not Source.NONE else None
     reward = RewardAssembly(ctx.cfg, ctx.reward_model)
     # 1. Sample and score (+ DAPO dynamic sampling); in a split run, receive. The outcome assembled.

@@ -70,24 +70,78 @@ def busy_seconds(rows: list[dict]) -> dict[tuple[int, str], float]:
     return out
 
 
+class PeakRss:
+    """This process's resident-memory high-water mark, reset on demand: Linux keeps it as ``VmHWM`` in
+    ``/proc/self/status`` and resets it when ``5`` is written to ``/proc/self/clear_refs``. Where either
+    is missing (not Linux, a locked-down /proc), ``available`` is False and nothing is measured."""
+
+    def __init__(self):
+        self.available = self.reset() and self.read() is not None
+
+    @staticmethod
+    def reset() -> bool:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            return True
+        except OSError:
+            return False
+
+    @staticmethod
+    def read() -> int | None:
+        """Bytes, or None when /proc does not say."""
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return None
+
+
 @dataclass
 class PhaseTimer:
     """Wall time per named phase of a step; ``with timer("rollout"): ...``. Each interval also
-    goes to ``timeline`` (``logging.timeline``) when given."""
+    goes to ``timeline`` (``logging.timeline``) when given. With ``rss`` (a :class:`PeakRss`), each
+    phase's peak resident memory of this process too (a nested phase's peak counts in its parent's)."""
     seconds: dict = field(default_factory=dict)
     timeline: Timeline | None = None
+    rss: PeakRss | None = None
+    peak_bytes: dict = field(default_factory=dict)
+    _open: list = field(default_factory=list)
 
     @contextlib.contextmanager
     def __call__(self, name: str):
         start, wall = time.perf_counter(), time.time()
+        self._enter_rss()
         try:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self._leave_rss(name)
             if self.timeline is not None:
                 self.timeline.record(name, wall, time.time())
+
+    def _enter_rss(self) -> None:
+        if self.rss is None or not self.rss.available:
+            return
+        if self._open:  # the parent's peak so far, kept before the reset
+            self._open[-1] = max(self._open[-1], self.rss.read() or 0)
+        self.rss.reset()
+        self._open.append(0)
+
+    def _leave_rss(self, name: str) -> None:
+        if self.rss is None or not self.rss.available:
+            return
+        peak = max(self._open.pop(), self.rss.read() or 0)
+        self.peak_bytes[name] = max(self.peak_bytes.get(name, 0), peak)
+        if self._open:
+            self._open[-1] = max(self._open[-1], peak)
+        self.rss.reset()
 
     def metrics(self) -> dict:
         out = {f"time/{k}_s": v for k, v in self.seconds.items()}
         out["time/step_s"] = sum(self.seconds.values())
+        out.update({f"perf/rss_peak_gb/{k}": v / 2 ** 30 for k, v in self.peak_bytes.items()})
         return out
