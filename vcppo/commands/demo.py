@@ -26,6 +26,7 @@ from pathlib import Path
 from vcppo.config.load import load_command_config, save_config
 from vcppo.driver.ppo import run_dir_of
 from vcppo.commands.sft import target_shortfall
+from vcppo.sandbox.lifeline import run_tied
 from vcppo.tracking import machine_info
 
 
@@ -33,7 +34,9 @@ def _run(stage: str, args: list[str], log: list) -> None:
     cmd = [sys.executable, "-m", "vcppo.cli", *args]
     print(f"\n=== [{stage}] vcppo {' '.join(args)}", flush=True)
     t0 = time.time()
-    subprocess.run(cmd, check=True)
+    rc = run_tied(cmd)  # the stage dies with the demo, however the demo ends
+    if rc != 0:
+        raise subprocess.CalledProcessError(rc, cmd)
     log.append({"stage": stage, "seconds": round(time.time() - t0, 1), "command": "vcppo " + " ".join(args)})
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 from vcppo.config.schema import ConfigError
+from vcppo.sandbox.lifeline import run_tied
 from vcppo.sweep import collect, expand, launch_command, load_sweep, shipped_sweeps, with_overrides
 
 
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
             print(f"[sweep {i}/{len(runs)}] {r['name']}: finished, skipped", flush=True)
             continue
         print(f"[sweep {i}/{len(runs)}] {r['name']}: {shlex.join(cmd)}", flush=True)
-        rc = subprocess.run(cmd).returncode
+        rc = run_tied(cmd)  # the run dies with the sweep, however the sweep ends
         if rc != 0:
             failed.append(r["name"])
             print(f"[sweep] {r['name']} failed with exit code {rc}", file=sys.stderr)

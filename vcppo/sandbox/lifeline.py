@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
+import subprocess
 import sys
 
 PR_SET_PDEATHSIG = 1
@@ -61,6 +63,14 @@ def limited(argv: list[str], memory_bytes: int = 0, cpu_s: int = 0, file_bytes: 
     copies the parent (a fork of a large process can fail with ENOMEM)."""
     limits = (memory_bytes, cpu_s, file_bytes, processes)
     return [sys.executable, "-I", "-S", "-c", _BOOT, str(os.getpid()), *(str(int(x)) for x in limits), *argv]
+
+
+def run_tied(argv: list[str]) -> int:
+    """Run ``argv`` to its end as a child that dies with this process, however this process ends
+    (SIGKILL included); its exit code. A program not found on PATH runs as given, so the error
+    names it."""
+    program = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0])
+    return subprocess.run(limited([program, *argv[1:]]) if program else argv).returncode
 
 
 def _imported_by_fork_server() -> bool:
