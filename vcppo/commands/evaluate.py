@@ -319,7 +319,8 @@ def evaluate_policy(cfg: Config) -> dict | None:
     rows, groups = load_rows(cfg, tok)
     dist = D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer))
     rollout = make_rollout_engine(e.model_path, cfg.rollout, dist, seed=cfg.trainer.seed,
-                                  max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
+                                  max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
+                                  max_sequences=len(rows) * max(e.n_samples, 1))
     clean = False
     try:
         scorer = make_scorer(cfg)

@@ -75,9 +75,11 @@ class RolloutConfig:
     max_response_tokens: int = _f(512, "Maximum generated tokens per response (the context budget).", low=1,
                                   resume="math")
     stop: List[str] = _f([], "Extra stop strings (the tokenizer's EOS always stops).", resume="math")
-    gpu_memory_utilization: Optional[float] = _f(None, "vLLM memory share; on CPU the share of host RAM "
-                                                 "for its KV cache per rank. null = 0.4 on CUDA "
-                                                 "(colocated with training), 0.05 on CPU.",
+    gpu_memory_utilization: Optional[float] = _f(None, "vLLM memory share; on CPU the most host RAM its "
+                                                 "KV cache takes per rank, which holds what one call "
+                                                 "sends (a step's or a validation's sequences) when "
+                                                 "that is less. null = 0.4 on CUDA (colocated with "
+                                                 "training), 0.05 on CPU.",
                                                  low=0.0, high=1.0, low_open=True, resume="numerics")
     tensor_parallel_size: int = _f(1, "vLLM tensor parallel size (GPU only).", low=1, resume="numerics")
     enforce_eager: bool = _f(True, "Run vLLM eagerly: no CUDA graphs on GPU, no torch.compile of the model on CPU (faster start-up, slower decode; docs/performance.md).",

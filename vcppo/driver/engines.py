@@ -19,7 +19,7 @@ from vcppo.engines.dist import DistInfo
 from vcppo.engines.lora import enabled as lora_enabled
 from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
-from vcppo.engines.rollout_choice import make_rollout_engine
+from vcppo.engines.rollout_choice import make_rollout_engine, sequences_per_call
 from vcppo.config.placement import Placement
 from vcppo.config.schema import Config
 from vcppo.tracking import MetricsLogger
@@ -121,7 +121,8 @@ def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunS
     if placement.samples_on(dist.role):
         rollout = make_rollout_engine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
                                       max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
-                                      dtype=cfg.model.dtype, lora_rank=adapter_sync_rank(cfg), log=log.info)
+                                      dtype=cfg.model.dtype, lora_rank=adapter_sync_rank(cfg), log=log.info,
+                                      max_sequences=sequences_per_call(cfg))
     remote = None
     if uses_critic(alg.advantage_estimator) and placement.critic_apart:  # they start while the actor does here
         if remote_critic is None:

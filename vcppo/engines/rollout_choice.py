@@ -8,7 +8,7 @@ import sys
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_hf import HFRolloutEngine
-from vcppo.config.schema import RolloutConfig
+from vcppo.config.schema import Config, RolloutConfig
 from vcppo.config.schema_base import ConfigError
 
 ENGINES = {"vllm": RolloutEngine, "hf": HFRolloutEngine}
@@ -40,9 +40,17 @@ def choose_engine(setting: str) -> tuple[str, str]:
 
 
 def make_rollout_engine(model_path: str, cfg: RolloutConfig, dist: DistInfo, seed: int, max_model_len: int,
-                        dtype: str = "auto", lora_rank: int = 0, log=None):
-    """The configured engine; one log line says which and why."""
+                        dtype: str = "auto", lora_rank: int = 0, log=None, max_sequences: int | None = None):
+    """The configured engine; one log line says which and why. ``max_sequences``: the most sequences one
+    call sends (vLLM on a CPU sizes its KV cache from it)."""
     name, why = choose_engine(cfg.engine)
     (log or (lambda m: print(m, file=sys.stderr)))(f"rollout engine: {name} ({why})")
+    extra = {"max_sequences": max_sequences} if name == "vllm" else {}
     return ENGINES[name](model_path, cfg, dist, seed=seed, max_model_len=max_model_len, dtype=dtype,
-                         lora_rank=lora_rank)
+                         lora_rank=lora_rank, **extra)
+
+
+def sequences_per_call(cfg: Config) -> int:
+    """The most sequences a run's one ``generate`` call sends: a step's (all ranks'), or a validation's."""
+    return max(cfg.trainer.prompts_per_step * cfg.rollout.n_samples_per_prompt,
+               cfg.trainer.val_max_prompts * cfg.trainer.val_n_samples)

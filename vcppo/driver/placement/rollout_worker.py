@@ -26,7 +26,7 @@ from vcppo.driver.step.timeline import Timeline
 from vcppo.driver.step.validation import validate_run
 from vcppo.engines import dist as D
 from vcppo.engines import collectives
-from vcppo.engines.rollout_choice import make_rollout_engine
+from vcppo.engines.rollout_choice import make_rollout_engine, sequences_per_call
 from vcppo.experience import concat_batches
 from vcppo.config.schema import Config
 
@@ -49,7 +49,7 @@ class RolloutServer:
         self.scorer = make_scorer(cfg)
         self.engine = make_rollout_engine(cfg.model.policy_path, cfg.rollout, self.dist, seed=cfg.trainer.seed,
                                           max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
-                                          dtype=cfg.model.dtype)
+                                          dtype=cfg.model.dtype, max_sequences=sequences_per_call(cfg))
         self.maker = ExperienceMaker(cfg, self.dist, self.prompts, self.engine, self.scorer, pad_token_id(tokenizer),
                                      logprobs=wants_sampler_logprobs(cfg, self.dist.device))
         self.timeline = Timeline(run_dir if cfg.logging.timeline else None, ROLLOUT)
