@@ -21,7 +21,7 @@ A row names the config keys its term reads. A term that also acts in value pretr
 critic cache's key: the schema's tags say which keys are (:data:`vcppo.config.provenance.CRITIC_CACHE_KEYS`),
 and :func:`check_term` refuses a row that disagrees (a changed key would reuse a stale critic). A term
 with ``pretraining`` False never runs in value pretraining. A new term is one module (the term) and
-one row here (docs/architecture.md, "Adding a reward term").
+one row here (docs/architecture.md, "A reward term").
 """
 from __future__ import annotations
 
