@@ -19,9 +19,10 @@ verifier's, so ``reward/accuracy`` keeps measuring the truth.
 A row names the config keys its term reads. A term that also acts in value pretraining
 (``pretraining``) shapes what the pretrained critic learns, so each of its keys must be in the
 critic cache's key: the schema's tags say which keys are (:data:`vcppo.config.provenance.CRITIC_CACHE_KEYS`),
-and :func:`check_term` refuses a row that disagrees (a changed key would reuse a stale critic). A term
-with ``pretraining`` False never runs in value pretraining. A new term is one module (the term) and
-one row here (docs/architecture.md, "A reward term").
+and :func:`check_term` refuses a row that disagrees (a changed key would reuse a stale critic), on import
+and again when a step assembles the reward. A term with ``pretraining`` False never runs in value
+pretraining. A new term is one module (the term) and one row here (docs/architecture.md, "A reward
+term").
 """
 from __future__ import annotations
 
@@ -157,6 +158,8 @@ REWARD_TERMS = {row.name: row for row in (
                          "algorithm.kl_horizon"), pretraining=False,
                   build=f"{_HERE}:kl_term", source="PPO-RLHF's KL penalty (verl use_kl_in_reward)"),
 )}
+for _row in REWARD_TERMS.values():  # a row of the table is checked on import; one added later when assembled
+    check_term(_row)
 
 
 class RewardAssembly:

@@ -229,7 +229,8 @@ class EpisodeSampler:
         self.runner.errors.take_step()  # the step's summary names the step's own first error
 
     def sample(self, rows: list[dict], first_index: int, keep: range, seed: int, key: str) -> Rollout:
-        """Every sampled row's episodes (kept whole); their figures added to the step's."""
+        """The rows' episodes; their figures added to the step's. ``keep`` is every row: a
+        tensor-parallel sampler does not run episodes (the config rules refuse it)."""
         start, before = time.perf_counter(), self.runner.env_seconds
         done = self.runner.run(rows, self.cfg.rollout.n_samples_per_prompt, seed, key, self.cfg.rollout.temperature,
                                self.logprobs)
