@@ -19,9 +19,8 @@ from pathlib import Path
 
 from vcppo.config.load import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
-from vcppo.driver.step.sampling import make_sampler
+from vcppo.driver.step.sampling import make_sampler, rank_slice
 from vcppo.driver.step.validation import evaluate
-from vcppo.driver.step.sampling import rank_slice
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.loss_contract import ResponseNLL
