@@ -48,7 +48,7 @@ def error_spans(batch, tokenizer) -> list[tuple[int, int] | None]:
     """:func:`error_span` of every sequence of the batch."""
     P, out = batch.prompt_len, []
     for b in range(batch.size):
-        n = int(batch.response_mask[b].sum())
+        n = int(batch.policy_mask[b].sum())
         prompt = [t for t, a in zip(batch.input_ids[b, :P].tolist(), batch.attention_mask[b, :P].tolist()) if a]
         out.append(error_span(tokenizer, prompt, batch.responses[b, :n].tolist()))
     return out
@@ -57,7 +57,7 @@ def error_spans(batch, tokenizer) -> list[tuple[int, int] | None]:
 def baseline_values(batch, spans: list, mode: str, wrong_score: float) -> torch.Tensor:
     """(B, R) values for GAE: the batch's mean return, and (oracle) the wrong score once an error
     is visible."""
-    mask = batch.response_mask
+    mask = batch.policy_mask
     values = torch.full_like(mask, float(batch.scores.mean())) * mask
     if mode == "oracle":
         for b, span in enumerate(spans):
@@ -69,7 +69,7 @@ def baseline_values(batch, spans: list, mode: str, wrong_score: float) -> torch.
 def logprob_shift(batch, spans: list, new_logprobs: torch.Tensor) -> dict:
     """How one update moved the summed logprob of each sequence (mean per sequence), by segment:
     correct responses; wrong ones before their first wrong line, on it, and after it."""
-    delta = (new_logprobs - batch.old_logprobs) * batch.response_mask
+    delta = (new_logprobs - batch.old_logprobs) * batch.policy_mask
     parts: dict[str, list[float]] = {}
     for b, span in enumerate(spans):
         if batch.scores[b] > 0:
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> None:
                                                                  zip(spans, batch.scores.tolist()) if score <= 0)
                             / max(1, int((batch.scores <= 0).sum())),
                             "baseline/explained_variance": float(explained_variance(
-                                values, adv.returns, batch.response_mask))})
+                                values, adv.returns, batch.policy_mask))})
             print(f"step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())
                                                if k.startswith(("shift/", "reward/", "oracle/", "baseline/"))),
                   flush=True)

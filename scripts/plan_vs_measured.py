@@ -52,7 +52,7 @@ class TokenLoss:
 
     def __call__(self, outputs, micro, counts):
         from vcppo.engines.loss_contract import RESPONSE
-        loss = (-outputs.logprobs * micro.response_mask).sum() / counts.tokens[RESPONSE]
+        loss = (-outputs.logprobs * micro.policy_mask).sum() / counts.tokens[RESPONSE]
         return loss, {}
 
 

@@ -35,7 +35,7 @@ def scored(groups: list[list[float]], first: int = 0, lengths: list[int] | None 
     return Rollout(**layout.layout_fields(), scores=score_t, token_rewards=token_rewards,
                    group=torch.tensor([first + g for g, grp in enumerate(groups) for _ in grp]),
                    correct=(score_t > 0).float(), truncated=torch.zeros(B),
-                   sampler_logprobs=-0.5 * layout.response_mask if sampler_logprobs else None)
+                   sampler_logprobs=-0.5 * layout.policy_mask if sampler_logprobs else None)
 
 
 class FakeEngine:
@@ -47,7 +47,7 @@ class FakeEngine:
         self.offset = 0.0
 
     def _outputs(self, micro, need_entropy: bool = True) -> ModelOutputs:
-        mask = micro.response_mask
+        mask = micro.policy_mask
         token = micro.responses.float()
         pos = torch.arange(mask.shape[1], dtype=torch.float32)
         return ModelOutputs(logprobs=(-0.1 * (token % 7 + 1) - self.offset) * mask,

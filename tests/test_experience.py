@@ -16,8 +16,8 @@ def test_layout_positions_and_masks():
     # positions count real tokens only: the first real token is at position 0 despite left padding
     assert b.position_ids.tolist() == [[0, 1, 2, 3, 4, 4], [0, 0, 0, 1, 2, 3]]
     assert b.responses.tolist() == [[10, 11, 0], [12, 13, 14]]
-    assert b.response_mask.dtype == torch.float32
-    assert b.response_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert b.policy_mask.dtype == torch.float32
+    assert b.policy_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
     # the logits predicting response token t sit at column P-1+t: that column holds the previous token
     P = b.prompt_len
     assert b.input_ids[0, P - 1].item() == 7 and b.input_ids[1, P - 1 + 1].item() == 12
@@ -26,7 +26,7 @@ def test_layout_positions_and_masks():
 
 def test_empty_response_gets_one_masked_column():
     b = make_layout([[5]], [[]], pad_id=0)
-    assert b.responses.shape == (1, 1) and b.response_mask.sum() == 0
+    assert b.responses.shape == (1, 1) and b.policy_mask.sum() == 0
 
 
 def test_bad_input_is_rejected():
@@ -58,7 +58,7 @@ def test_select_split_and_micro_batches_carry_every_field():
 
 def _filled(prompts, responses, pad_id=0):
     r = Rollout.unscored(make_layout(prompts, responses, pad_id=pad_id))
-    advantages = (torch.arange(r.size * r.responses.shape[1], dtype=torch.float32).view(r.size, -1) + 1) * r.response_mask
+    advantages = (torch.arange(r.size * r.responses.shape[1], dtype=torch.float32).view(r.size, -1) + 1) * r.policy_mask
     return ActorBatch(**{**vars(r), "scores": torch.arange(r.size, dtype=torch.float32)}, advantages=advantages)
 
 
@@ -69,7 +69,7 @@ def test_concat_batches_equals_laying_out_all_rows_at_once():
     a, b = _filled(p1, r1, pad_id=99), _filled(p2, r2, pad_id=99)
     joined = concat_batches([a, b])
     whole = make_layout(p1 + p2, r1 + r2, pad_id=99)
-    for f in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask"):
+    for f in ("input_ids", "attention_mask", "position_ids", "responses", "policy_mask"):
         assert torch.equal(getattr(joined, f), getattr(whole, f)), f
     assert joined.prompt_len == whole.prompt_len
     assert joined.scores.tolist() == [0.0, 1.0, 0.0]

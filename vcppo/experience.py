@@ -35,7 +35,10 @@ class Layout:
         attention_mask   (B, L) long   1 on real tokens
         position_ids     (B, L) long   cumsum(attention_mask) - 1, clamped at 0 (as vLLM saw them)
         responses        (B, R) long   response tokens (pad id after the end)
-        response_mask    (B, R) float  1 on response tokens
+        policy_mask      (B, R) float  1 on the tokens the policy wrote, the ones every loss, KL,
+                                       entropy and advantage reads: every response token of a single
+                                       response; an episode's model tokens, 0 on its observations
+                                       (its length is NOT this mask's sum: :func:`response_lengths`)
         prompt_len       int           P
     Subclasses add per-sample tensors ((B,) or (B, R)); every method below carries them along.
     """
@@ -43,7 +46,7 @@ class Layout:
     attention_mask: Tensor
     position_ids: Tensor
     responses: Tensor
-    response_mask: Tensor
+    policy_mask: Tensor
     prompt_len: int
 
     @property
@@ -121,7 +124,7 @@ class Rollout(Layout):
         row its own prompt group, nothing correct or truncated."""
         B, dev = layout.size, layout.input_ids.device
         zeros = torch.zeros(B, device=dev)
-        return cls(**layout.layout_fields(), scores=zeros, token_rewards=torch.zeros_like(layout.response_mask),
+        return cls(**layout.layout_fields(), scores=zeros, token_rewards=torch.zeros_like(layout.policy_mask),
                    group=torch.arange(B, device=dev), correct=zeros.clone(), truncated=zeros.clone())
 
 
@@ -140,20 +143,20 @@ def response_lengths(layout: Layout) -> Tensor:
     return layout.attention_mask[:, layout.prompt_len:].sum(1).to(torch.float32)
 
 
-def last_token_index(response_mask: Tensor) -> Tensor:
-    """(B,) long: the column of each row's last masked-in response token (0 for an empty row); the
-    mask may have holes (an episode's observation tokens)."""
-    cols = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
-    return ((response_mask > 0).long() * cols).max(1).values.clamp(min=1) - 1
+def last_token_index(policy_mask: Tensor) -> Tensor:
+    """(B,) long: the column of each row's last policy token (0 for an empty row); the mask may have
+    holes (an episode's observation tokens)."""
+    cols = torch.arange(1, policy_mask.shape[1] + 1, device=policy_mask.device)
+    return ((policy_mask > 0).long() * cols).max(1).values.clamp(min=1) - 1
 
 
-def last_token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
+def last_token_rewards(scores: Tensor, policy_mask: Tensor) -> Tensor:
     """(B,) sequence scores -> (B, R) float32 per-token rewards: each score on its row's last
     response token (the paper's outcome reward at <eos>), 0 elsewhere."""
-    B, R = response_mask.shape
-    last = last_token_index(response_mask)
-    rewards = torch.zeros(B, R, dtype=torch.float32, device=response_mask.device)
-    rewards[torch.arange(B, device=response_mask.device), last] = scores
+    B, R = policy_mask.shape
+    last = last_token_index(policy_mask)
+    rewards = torch.zeros(B, R, dtype=torch.float32, device=policy_mask.device)
+    rewards[torch.arange(B, device=policy_mask.device), last] = scores
     return rewards
 
 
@@ -265,7 +268,7 @@ def make_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     return Layout(input_ids=input_ids.to(device), attention_mask=attn.to(device),
                   position_ids=position_ids.to(device), responses=input_ids[:, P:].clone().to(device),
-                  response_mask=attn[:, P:].to(torch.float32).to(device), prompt_len=P)
+                  policy_mask=attn[:, P:].to(torch.float32).to(device), prompt_len=P)
 
 
 LAYOUT_FIELDS = ("input_ids", "attention_mask", "position_ids")  # (B, L) = (B, P + R)
@@ -316,7 +319,7 @@ def compact(batch: L) -> L:
     masked in every row (a row subset of a wide batch keeps the batch's width otherwise)."""
     prompt_real = batch.attention_mask[:, :batch.prompt_len].sum(0) > 0
     P = batch.prompt_len - int(prompt_real.long().argmax()) if bool(prompt_real.any()) else 1
-    real_cols = (batch.response_mask.sum(0) > 0).nonzero()
+    real_cols = (batch.attention_mask[:, batch.prompt_len:].sum(0) > 0).nonzero()
     R = int(real_cols.max()) + 1 if real_cols.numel() else 1
     return _relayout(batch, P, R, _pad_value(batch))
 

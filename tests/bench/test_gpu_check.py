@@ -254,7 +254,7 @@ def test_logprob_memory_shape_is_qwen25_05b_and_its_batch_unpadded():
     assert [len(p) for p in prompts] == [3, 3] and [len(r) for r in responses] == [5, 5]
     assert min(map(min, prompts + responses)) >= FIRST_ID and max(map(max, prompts + responses)) < config.vocab_size
     batch = make_layout(prompts, responses, pad_id=tokenizer.pad_token_id)
-    assert batch.input_ids.shape == (2, 8) and bool(batch.response_mask.all())
+    assert batch.input_ids.shape == (2, 8) and bool(batch.policy_mask.all())
     assert token_lists(config.vocab_size, rows=2, prompt=3, response=5) == (prompts, responses)  # seeded
 
 

@@ -19,7 +19,7 @@ def _rank_batch(rank):
 def _worker(rank, out):
     b = balance_across_ranks(_rank_batch(rank), cpu_info(rank))
     out[rank] = (b.group.tolist(), b.scores.tolist(), int(b.attention_mask.sum()), tuple(b.responses.shape),
-                 [int(x) for x in b.response_mask.sum(1)], b.prompt_len)
+                 [int(x) for x in b.policy_mask.sum(1)], b.prompt_len)
 
 
 @pytest.mark.distributed

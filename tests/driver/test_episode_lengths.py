@@ -34,7 +34,7 @@ def two_turns():
 def test_a_rollout_carries_the_episode_length_with_its_observation_tokens(two_turns):
     batch, total, model = two_turns
     assert batch.response_lengths.tolist() == [float(total)]
-    assert batch.response_mask.sum().item() == model  # the policy mask stays the model's tokens
+    assert batch.policy_mask.sum().item() == model  # the policy mask stays the model's tokens
     # the length travels with the rows (selection, concatenation with a wider batch)
     assert batch.select([0]).response_lengths.tolist() == [float(total)]
     assert concat_batches([batch, batch]).response_lengths.tolist() == [float(total)] * 2
@@ -54,6 +54,6 @@ def test_the_overlong_penalty_counts_observation_tokens(two_turns):
 def test_vapo_lambda_reads_the_episode_length(two_turns):
     batch, total, model = two_turns
     alg = dataclasses.replace(AlgorithmConfig(), length_adaptive_lambda=True, length_adaptive_alpha=1.0)
-    adv = estimate(batch, batch.token_rewards, torch.zeros_like(batch.response_mask), alg)
+    adv = estimate(batch, batch.token_rewards, torch.zeros_like(batch.policy_mask), alg)
     torch.testing.assert_close(adv.lambda_actor, length_adaptive_lambda(torch.tensor([float(total)]), 1.0))
     assert adv.lambda_actor.item() > length_adaptive_lambda(torch.tensor([float(model)]), 1.0).item()

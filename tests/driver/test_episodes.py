@@ -71,7 +71,7 @@ def test_token_ids_are_the_sampled_ids_plus_the_observation_ids():
     P = batch.prompt_len
     assert batch.input_ids[0, P:P + len(want0)].tolist() == want0
     policy = [1.0] * len(turn("<think>1-16</think>8")) + [0.0] * len(encode("higher"))
-    assert batch.response_mask[0, :len(policy)].tolist() == policy
+    assert batch.policy_mask[0, :len(policy)].tolist() == policy
     assert batch.attention_mask[0, P:P + len(want0)].sum() == len(want0)  # the passes read every token
     ends = [len(turn("<think>1-16</think>8")) - 1, len(want0) - 1]
     assert batch.token_rewards[0].nonzero().flatten().tolist() == [ends[1]] and batch.scores.tolist() == [1.0, 1.0]
@@ -84,7 +84,7 @@ def test_per_turn_rewards_on_each_turns_last_model_token():
     cfg = cfg_for(env_args={"n": 16, "max_turns": 4, "shaped": True, "step_penalty": -0.25})
     done = EpisodeRunner(cfg, sampler, EnvRunner(0, 5.0), 512).run(rows("10"), 1, 0, "ppo", 1.0, False)
     batch = episodes_rollout(done, 0, 0, "cpu", logprobs=False)
-    model = batch.response_mask[0].nonzero().flatten().tolist()
+    model = batch.policy_mask[0].nonzero().flatten().tolist()
     turn_ends = [i for i in model if i + 1 not in model]
     assert batch.token_rewards[0, turn_ends].tolist() == [-0.25, -0.25, 1.0]
     assert batch.token_rewards[0].sum().item() == pytest.approx(0.5) and batch.scores.item() == pytest.approx(0.5)
@@ -153,6 +153,7 @@ def test_validation_reports_the_share_of_episodes_that_called_a_tool():
     """vcppo eval on tool episodes. Greedy: one episode calls the calculator and then answers right, the other
     answers at once, wrongly; sampled: both call, one answers right. pass@1 counts the env's verdicts and
     val/tool_use_* the episodes with a call, over the split and per group."""
+    from vcppo.driver.step.sampling import EpisodeSampler
     from vcppo.driver.step.validation import evaluate
     from vcppo.engines.dist import DistInfo
     cfg = cfg_for()
@@ -165,8 +166,8 @@ def test_validation_reports_the_share_of_episodes_that_called_a_tool():
     val_rows = [{"prompt_ids": list(prompt), "answer": "7"}, {"prompt_ids": list(prompt), "answer": "7"}]
     runner = EpisodeRunner(cfg, sampler, EnvRunner(0, 5.0), 512)
     one = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo", is_main=True)
-    m = evaluate(sampler, val_rows, None, dist=one, sampling=cfg.rollout, n_samples=1, ks=[1], episodes=runner,
-                 groups=["a", "b"])
+    m = evaluate(EpisodeSampler(cfg, runner, None, 0, "cpu", False), val_rows, dist=one, sampling=cfg.rollout,
+                 n_samples=1, ks=[1], groups=["a", "b"])
     assert m["val/pass@1_greedy"] == 0.5 and m["val/tool_use_greedy"] == 0.5
     assert m["val/pass@1"] == 0.5 and m["val/tool_use_sampled"] == 1.0  # one sample each, both called
     assert (m["val/a/tool_use_greedy"], m["val/b/tool_use_greedy"]) == (1.0, 0.0)  # per group too

@@ -129,7 +129,7 @@ def test_vapo_length_adaptive_lambda_reaches_the_advantages():
     off, _, _, _ = step_with(rollout, **{**vapo, "algorithm.length_adaptive_lambda": False})
     assert plan.critic_first and plan.v_old is Source.UPDATE  # V_old: the critic update's own forward
     assert (on.advantages - off.advantages).abs().max() > 1e-2
-    mask = rollout.response_mask
+    mask = rollout.policy_mask
     values = 0.01 * torch.arange(mask.shape[1], dtype=torch.float32)[None, :] * mask  # the fake critic's
     rows = []
     for i, n in enumerate(lengths):
@@ -143,15 +143,15 @@ def test_vapo_length_adaptive_lambda_reaches_the_advantages():
 def test_estimate_keeps_gae_and_grpo():
     """The dispatch leaves the shipped estimators' arithmetic as it was (decoupled GAE; GRPO's)."""
     r = scored(ROLLOUT, lengths=LENGTHS)
-    values = 0.1 * r.response_mask
+    values = 0.1 * r.policy_mask
     alg = AlgorithmConfig(lambda_actor=0.9)
     adv = estimate(r, r.token_rewards, values, alg)
-    raw, _ = gae_reference(r.token_rewards, values, r.response_mask, 1.0, 0.9)
+    raw, _ = gae_reference(r.token_rewards, values, r.policy_mask, 1.0, 0.9)
     torch.testing.assert_close(adv.raw_advantages, raw, rtol=1e-5, atol=1e-6)
     assert adv.lambda_actor is None
-    _, targets = gae_reference(r.token_rewards, values, r.response_mask, 1.0, 1.0)  # the critic's, lambda_critic 1
+    _, targets = gae_reference(r.token_rewards, values, r.policy_mask, 1.0, 1.0)  # the critic's, lambda_critic 1
     torch.testing.assert_close(critic_targets(r, r.token_rewards, values, alg, 1.0), targets, rtol=1e-5, atol=1e-6)
-    joint = decoupled_gae(r.token_rewards, values, r.response_mask, 1.0, lam_actor=0.9, lam_critic=0.8)[1]
+    joint = decoupled_gae(r.token_rewards, values, r.policy_mask, 1.0, lam_actor=0.9, lam_critic=0.8)[1]
     assert torch.equal(critic_targets(r, r.token_rewards, values, alg, 0.8), joint)  # the bits of a joint call
     g = estimate(r, r.token_rewards, None, AlgorithmConfig(advantage_estimator="grpo", whiten_advantages=False))
     assert torch.equal(g.advantages, g.raw_advantages)
@@ -174,7 +174,7 @@ def test_new_losses_split_over_micro_batches_exactly(alg):
     loss = PolicyLoss(alg, norm=16.0)
     b = _actor_batch()
     counts = GlobalCounts.over_ranks(loss.count_masks(b))
-    base = b.old_logprobs + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(1))
+    base = b.old_logprobs + 0.1 * torch.randn(b.policy_mask.shape, generator=torch.Generator().manual_seed(1))
     full_params = base.clone().requires_grad_(True)
     full = _loss_of(loss, b, full_params, counts)
     full.backward()
@@ -183,5 +183,5 @@ def test_new_losses_split_over_micro_batches_exactly(alg):
     total.backward()
     torch.testing.assert_close(total, full, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(parts_params.grad, full_params.grad, rtol=1e-6, atol=1e-7)
-    _, metrics = loss(ModelOutputs(logprobs=base * b.response_mask, entropy=base.abs() * b.response_mask), b, counts)
+    _, metrics = loss(ModelOutputs(logprobs=base * b.policy_mask, entropy=base.abs() * b.policy_mask), b, counts)
     assert {"actor/clip_frac_low", "actor/clip_frac_high", "actor/approx_kl", "actor/pg_loss"} <= set(metrics)

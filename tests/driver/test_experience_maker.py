@@ -36,7 +36,7 @@ def test_dynamic_sampling_refills_with_informative_groups():
     assert torch.equal(batch.token_rewards.sum(1), batch.scores)
     # Widths: round 1's 4-token prompts; its dropped 9-token response does not pad the batch.
     assert (batch.prompt_len, batch.responses.shape[1]) == (4, 8)
-    assert batch.response_mask.sum(1).tolist() == [3, 4, 4, 5, 2, 8, 7, 7]
+    assert batch.policy_mask.sum(1).tolist() == [3, 4, 4, 5, 2, 8, 7, 7]
 
 
 def test_dynamic_sampling_stops_at_max_tries_and_fills_with_dropped_groups():
@@ -69,7 +69,7 @@ def _two_rank_worker(rank, out):
         second = [scored([[1, 1], [1, 1]], first=0), scored([[-1, 1], [1, 1]], first=2, lengths=[30, 30, 2, 2])][rank]
         ctx, batch, m = make([first, second, scored([[1, -1], [1, -1]])], rank=rank, world_size=2,
                              **{"trainer.dynamic_sampling": True, "trainer.balance_batch": balance})
-        out[(rank, balance)] = (ctx.calls, batch.group.tolist(), batch.response_mask.sum(1).tolist(), m)
+        out[(rank, balance)] = (ctx.calls, batch.group.tolist(), batch.policy_mask.sum(1).tolist(), m)
 
 
 @pytest.mark.distributed

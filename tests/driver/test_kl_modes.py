@@ -55,7 +55,7 @@ def test_the_penalty_reaches_the_critics_targets_with_the_configured_coefficient
     seen, m, _, _ = step_with(**{"algorithm.kl_coef": 0.5, "algorithm.kl_estimator": estimator})
     batch = seen["critic"]
     per_token = kl_estimate(torch.tensor([REF_OFFSET]), torch.tensor([0.0]), estimator).item()
-    lengths = batch.response_mask.sum(1)
+    lengths = batch.policy_mask.sum(1)
     # lambda_critic = gamma = 1: the target at the first token is the sample's whole return
     expected = batch.scores - 0.5 * per_token * lengths
     assert torch.allclose(batch.returns[:, 0], expected, atol=1e-6)
@@ -68,7 +68,7 @@ def test_grpo_with_the_penalty_in_the_reward_normalises_the_penalised_returns():
     seen, _, _, _ = step_with(**{"algorithm.advantage_estimator": "grpo", "algorithm.kl_coef": 0.5,
                                  "algorithm.kl_estimator": "k1", "algorithm.whiten_advantages": False})
     batch = seen["actor"]
-    returns = batch.scores - 0.5 * REF_OFFSET * batch.response_mask.sum(1)
+    returns = batch.scores - 0.5 * REF_OFFSET * batch.policy_mask.sum(1)
     first = batch.advantages[:, 0]
     for g in batch.group.unique():
         rows = batch.group == g
@@ -95,7 +95,7 @@ def test_the_loss_term_is_the_coefficient_times_the_aggregated_estimate(agg):
     g = torch.Generator().manual_seed(0)
     lengths = [1, 4, 2]
     r = Rollout.unscored(make_layout([[1, 2]] * 3, [[3] * n for n in lengths], pad_id=0))
-    mask = r.response_mask
+    mask = r.policy_mask
     batch = ActorBatch(**vars(r), advantages=torch.randn(mask.shape, generator=g) * mask,
                        old_logprobs=-torch.rand(mask.shape, generator=g) * mask,
                        ref_logprobs=-torch.rand(mask.shape, generator=g) * mask)

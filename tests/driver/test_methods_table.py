@@ -47,10 +47,10 @@ def test_one_gae_pass_gives_the_advantages_and_the_critic_targets(monkeypatch):
     seen, plan = _step(run, rollout)
     assert plan.v_old is Source.PASS and not plan.critic_first  # a values pass, then one GAE pass
     assert calls == [(0.5, 0.9)], calls  # ONE call, both lambdas
-    values = (0.01 * torch.arange(rollout.responses.shape[1]).float()) * rollout.response_mask
-    adv_actor, _ = decoupled_gae(rollout.token_rewards, values, rollout.response_mask, 1.0, 0.5, 0.5)
-    _, targets_critic = decoupled_gae(rollout.token_rewards, values, rollout.response_mask, 1.0, 0.9, 0.9)
-    _, targets_actor_lambda = decoupled_gae(rollout.token_rewards, values, rollout.response_mask, 1.0, 0.5, 0.5)
+    values = (0.01 * torch.arange(rollout.responses.shape[1]).float()) * rollout.policy_mask
+    adv_actor, _ = decoupled_gae(rollout.token_rewards, values, rollout.policy_mask, 1.0, 0.5, 0.5)
+    _, targets_critic = decoupled_gae(rollout.token_rewards, values, rollout.policy_mask, 1.0, 0.9, 0.9)
+    _, targets_actor_lambda = decoupled_gae(rollout.token_rewards, values, rollout.policy_mask, 1.0, 0.5, 0.5)
     assert torch.equal(seen["actor"].advantages, adv_actor)
     assert torch.equal(seen["critic"].returns, targets_critic)
     assert not torch.allclose(seen["critic"].returns, targets_actor_lambda)  # not lambda_actor's targets
@@ -78,7 +78,7 @@ def test_a_new_estimator_is_one_function_and_one_row(monkeypatch):
     rollout = scored(GROUPS, lengths=LENGTHS)
     seen, plan = _step(run, rollout)
     assert run.critic is None and plan.v_old is Source.NONE
-    expected = rollout.scores[:, None] * torch.tensor(LENGTHS, dtype=torch.float32)[:, None] * rollout.response_mask
+    expected = rollout.scores[:, None] * torch.tensor(LENGTHS, dtype=torch.float32)[:, None] * rollout.policy_mask
     assert torch.equal(seen["actor"].advantages, expected)
 
 

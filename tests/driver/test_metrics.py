@@ -31,7 +31,7 @@ def shard(rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def _worker(rank, out):
     values, returns, mask = shard(rank)
-    rollout = SimpleNamespace(response_mask=mask, scores=torch.zeros(4), correct=torch.zeros(4),
+    rollout = SimpleNamespace(policy_mask=mask, scores=torch.zeros(4), correct=torch.zeros(4),
                               truncated=torch.zeros(4), response_lengths=mask.sum(1))
     plan = SimpleNamespace(v_old=Source.PASS, sampler_logprobs=False, pi_old=Source.PASS, entropy=Source.NONE)
     cfg = Config()

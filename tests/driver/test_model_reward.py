@@ -31,7 +31,7 @@ def rescore(rollout=None, state=None, **reward):
 
 
 def last_token_rewards(rollout):
-    last = rollout.response_mask.sum(1).long() - 1
+    last = rollout.policy_mask.sum(1).long() - 1
     return rollout.token_rewards[torch.arange(rollout.size), last]
 
 

@@ -37,7 +37,7 @@ def _rollout(seed: int = 0) -> tuple[Rollout, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     r = Rollout.unscored(make_layout([[5, 6], [7, 8, 9], [5], [9, 9, 8, 7], [6, 5]],
                                      [[10, 11, 12], [13, 14], [20, 21, 22, 23], [15], [30, 31]], pad_id=0))
-    mask = r.response_mask
+    mask = r.policy_mask
     r = dataclasses.replace(r, correct=torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0]),
                             sampler_logprobs=-torch.rand(mask.shape, generator=g) * 4 * mask)  # TIS weights bite
     rewards = torch.zeros(mask.shape)
@@ -53,9 +53,9 @@ def _ctx(**parts):
 
 def test_returns_to_go_are_the_monte_carlo_targets():
     r, rewards = _rollout()
-    values = torch.randn(r.response_mask.shape) * r.response_mask
-    _, with_values = decoupled_gae(rewards, values, r.response_mask, gamma=0.9, lam_actor=0.95, lam_critic=1.0)
-    torch.testing.assert_close(returns_to_go(rewards, r.response_mask, 0.9), with_values, rtol=1e-5, atol=1e-6)
+    values = torch.randn(r.policy_mask.shape) * r.policy_mask
+    _, with_values = decoupled_gae(rewards, values, r.policy_mask, gamma=0.9, lam_actor=0.95, lam_critic=1.0)
+    torch.testing.assert_close(returns_to_go(rewards, r.policy_mask, 0.9), with_values, rtol=1e-5, atol=1e-6)
 
 
 def test_pi_old_from_the_actor_update_changes_no_loss_gradient_or_weight(info, tiny_model_dir):
@@ -70,7 +70,7 @@ def test_pi_old_from_the_actor_update_changes_no_loss_gradient_or_weight(info, t
         old = entropy = None
         if plan.pi_old is Source.PASS:
             old, entropy = actor.forward_logprobs(r, with_entropy=True)
-        batch = ActorBatch(**vars(r), advantages=advantages * r.response_mask, old_logprobs=old)
+        batch = ActorBatch(**vars(r), advantages=advantages * r.policy_mask, old_logprobs=old)
         out = update_actor(_ctx(alg=alg, actor_cfg=actor_cfg).cfg, actor, plan, batch, step=1)
         results[plan.pi_old] = (out.metrics, old if old is not None else out.logprobs,
                                 entropy if entropy is not None else out.entropy, actor.full_state_dict())
@@ -97,7 +97,7 @@ def test_pi_old_from_the_sampler_still_reports_the_entropy(info, tiny_model_dir)
     r, _ = _rollout()
     _, expected_entropy = actor.forward_logprobs(r, with_entropy=True)
     plan = dataclasses.replace(PLAN, pi_old=Source.SAMPLER, kl_in_reward=True)
-    batch = ActorBatch(**vars(r), advantages=torch.ones_like(r.response_mask), old_logprobs=r.sampler_logprobs)
+    batch = ActorBatch(**vars(r), advantages=torch.ones_like(r.policy_mask), old_logprobs=r.sampler_logprobs)
     out = update_actor(_ctx(alg=alg, actor_cfg=actor_cfg).cfg, actor, plan, batch, step=1)
     actor.close()
     assert out.logprobs is None  # pi_old is the sampler's, not the update's
@@ -126,7 +126,7 @@ def test_v_old_from_the_critic_update_changes_no_loss_gradient_weight_or_advanta
             out = update_critic(ctx.cfg, ctx.critic, plan,
                                 CriticBatch(**vars(r), returns=returns, old_values=values), step=2)
         else:
-            returns = returns_to_go(rewards, r.response_mask, alg.gamma)
+            returns = returns_to_go(rewards, r.policy_mask, alg.gamma)
             out = update_critic(ctx.cfg, ctx.critic, plan, CriticBatch(**vars(r), returns=returns), step=2)
             values = out.values
         adv = estimate(r, rewards, values, alg)

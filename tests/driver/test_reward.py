@@ -13,7 +13,7 @@ from vcppo.config.schema import Config
 
 
 def _last(rollout):
-    return rollout.token_rewards[torch.arange(rollout.size), rollout.response_mask.sum(1).long() - 1]
+    return rollout.token_rewards[torch.arange(rollout.size), rollout.policy_mask.sum(1).long() - 1]
 
 
 def test_overlong_shaping_shifts_scores_and_the_last_token_reward():
@@ -55,7 +55,7 @@ def test_every_term_once_in_order():
     assert torch.equal(_last(out), out.scores) and out.token_rewards.sum().item() == pytest.approx(out.scores.sum().item())
     assert m["reward/rule_mean"] == 0.0 and m["reward/overlong_penalised_frac"] == 0.5
     assert m["reward/model_score_mean"] == pytest.approx(model.mean().item())
-    kl = 0.1 * out.response_mask
+    kl = 0.1 * out.policy_mask
     per_token = assembly.per_token(out, kl, kl_coef=2.0)
     assert torch.equal(per_token, out.token_rewards - 2.0 * kl)
     assert assembly.per_token(out, None, kl_coef=2.0) is out.token_rewards  # KL not in the reward

@@ -21,14 +21,14 @@ def _rollout():
     layout = make_layout([[5], [6, 7]], [[8, 9, 10], [11]], pad_id=0)
     scores = torch.tensor([1.0, 0.0])
     return Rollout(**layout.layout_fields(), scores=scores,
-                   token_rewards=last_token_rewards(scores, layout.response_mask),
+                   token_rewards=last_token_rewards(scores, layout.policy_mask),
                    group=torch.tensor([0, 1]), correct=torch.tensor([1.0, 0.0]), truncated=torch.tensor([0.0, 1.0]))
 
 
 def test_samples_are_the_prompt_and_response_text_with_their_scores():
     rollout = _rollout()
     adv = torch.tensor([[0.5, -1.0, 2.0], [3.0, 9.0, 9.0]])  # row 2's last two columns are padding
-    first, second = pick_samples(rollout, rollout.token_rewards - 0.25 * rollout.response_mask, adv, Words(), n=5)
+    first, second = pick_samples(rollout, rollout.token_rewards - 0.25 * rollout.policy_mask, adv, Words(), n=5)
     assert (first.prompt, first.response, first.length) == ("w5", "w8 w9 w10", 3)  # no padding in either
     assert (second.prompt, second.response, second.length) == ("w6 w7", "w11", 1)
     assert first.reward == 1.0 - 0.75 and first.score == 1.0 and first.correct and not first.truncated
@@ -78,17 +78,18 @@ def test_validation_hands_its_greedy_samples_to_samples_jsonl(tmp_path):
 
     from vcppo.config.load import load_config
     from vcppo.driver.step.metrics import log_validations
+    from vcppo.driver.step.sampling import make_sampler
     from vcppo.driver.step.validation import SAMPLES_KEY, validate_run
     from vcppo.engines.dist import DistInfo
     dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo", is_main=True)
     rows = [{"prompt_ids": [3], "prompt": "q0", "answer": 0}, {"prompt_ids": [4], "prompt": "q1", "answer": 5}]
     cfg = load_config("vcppo", ["logging.log_samples=1", "trainer.val_k=[1]", "trainer.val_n_samples=1"])
-    metrics = validate_run(cfg, _Engine(), rows, _Scorer(), dist, step=3)
+    metrics = validate_run(cfg, make_sampler(cfg, _Engine(), _Scorer()), rows, dist, step=3)
     assert metrics["val/pass@1_greedy"] == 0.5 and metrics[SAMPLES_KEY] == [
         {"prompt": "q0", "answer": "0", "response": "answer 0", "reward": 1.0, "score": 1.0, "correct": True, "truncated": False,
          "length": 2, "adv_mean": None, "adv_min": None, "adv_max": None}]
     off = load_config("vcppo", ["trainer.val_k=[1]", "trainer.val_n_samples=1"])
-    assert SAMPLES_KEY not in validate_run(off, _Engine(), rows, _Scorer(), dist, step=3)
+    assert SAMPLES_KEY not in validate_run(off, make_sampler(off, _Engine(), _Scorer()), rows, dist, step=3)
 
     log = MetricsLogger(tmp_path, {}, use_wandb=False, progress_bar=False)
     source = SimpleNamespace(finished_validations=lambda wait: [(3, dict(metrics))])

@@ -46,8 +46,8 @@ def _rollout() -> Rollout:
     responses = [torch.randint(5, 60, (int(n),), generator=g).tolist() for n in (7, 2, 9, 4, 5, 8)]
     r = Rollout.unscored(make_layout(prompts, responses, pad_id=0))
     scores = torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0, 1.0])
-    rewards = torch.zeros_like(r.response_mask)
-    rewards[torch.arange(6), r.response_mask.sum(1).long() - 1] = scores
+    rewards = torch.zeros_like(r.policy_mask)
+    rewards[torch.arange(6), r.policy_mask.sum(1).long() - 1] = scores
     return dataclasses.replace(r, scores=scores, token_rewards=rewards, correct=(scores > 0).float(),
                                group=torch.tensor([0, 0, 1, 1, 2, 2]))
 
@@ -64,7 +64,7 @@ def one_step(info, model_dir) -> dict:
     r = _rollout()
     out = {}
     for step in (1, 2):  # the second step sees a critic whose head the first one moved
-        returns = returns_to_go(r.token_rewards, r.response_mask, alg.gamma)
+        returns = returns_to_go(r.token_rewards, r.policy_mask, alg.gamma)
         critic = update_critic(ctx.cfg, ctx.critic, PLAN, CriticBatch(**vars(r), returns=returns), step)
         adv = estimate(r, r.token_rewards, critic.values, alg)
         actor = update_actor(ctx.cfg, ctx.actor, PLAN, ActorBatch(**vars(r), advantages=adv.advantages), step)

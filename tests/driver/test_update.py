@@ -17,7 +17,7 @@ def _batch(seed=0, critic=False):
     g = torch.Generator().manual_seed(seed)
     lengths = [1, 5, 3, 7, 2, 6]
     r = Rollout.unscored(make_layout([[1, 2]] * len(lengths), [[3] * n for n in lengths], pad_id=0))
-    mask = r.response_mask
+    mask = r.policy_mask
     old_logprobs = -torch.rand(mask.shape, generator=g) * mask
     advantages = torch.randn(mask.shape, generator=g) * mask
     old_values = torch.randn(mask.shape, generator=g) * mask
@@ -31,8 +31,8 @@ def _batch(seed=0, critic=False):
 
 
 def _loss_of(loss, b, params, counts):
-    outputs = ModelOutputs(logprobs=params * b.response_mask, entropy=params.abs() * b.response_mask,
-                           values=params * b.response_mask)
+    outputs = ModelOutputs(logprobs=params * b.policy_mask, entropy=params.abs() * b.policy_mask,
+                           values=params * b.policy_mask)
     value, metrics = loss(outputs, b, counts)
     return value
 
@@ -48,7 +48,7 @@ def test_micro_batch_losses_sum_to_the_full_batch_loss(agg, make_loss):
     loss = make_loss(agg)
     b = _batch(critic=isinstance(loss, ValueLoss))
     counts = GlobalCounts.over_ranks(loss.count_masks(b))
-    base = (_batch().old_logprobs + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(1)))
+    base = (_batch().old_logprobs + 0.1 * torch.randn(b.policy_mask.shape, generator=torch.Generator().manual_seed(1)))
     full_params = base.clone().requires_grad_(True)
     full = _loss_of(loss, b, full_params, counts)
     full.backward()
@@ -84,12 +84,12 @@ def test_truncated_importance_sampling_through_the_policy_loss():
     every token weighted by min(pi_old / pi_sampler, cap); off (or sampler == trainer) it is the
     plain one."""
     b = _batch()
-    base = b.old_logprobs + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(2))
+    base = b.old_logprobs + 0.1 * torch.randn(b.policy_mask.shape, generator=torch.Generator().manual_seed(2))
     plain, g_plain = _grad_of(PolicyLoss(AlgorithmConfig()), b, base)
     tis, g_tis = _grad_of(PolicyLoss(AlgorithmConfig(rollout_is_cap=1.5)), b, base)
-    w, m = tis_weights(b.old_logprobs, b.sampler_logprobs, b.response_mask, cap=1.5)
-    assert 0 < m["truncated_frac"].item() < 1 and (w[b.response_mask > 0] < 1).any()
-    expected, _ = losses.policy_loss(base * b.response_mask, b.old_logprobs, b.advantages, b.response_mask,
+    w, m = tis_weights(b.old_logprobs, b.sampler_logprobs, b.policy_mask, cap=1.5)
+    assert 0 < m["truncated_frac"].item() < 1 and (w[b.policy_mask > 0] < 1).any()
+    expected, _ = losses.policy_loss(base * b.policy_mask, b.old_logprobs, b.advantages, b.policy_mask,
                                      is_weights=w)
     torch.testing.assert_close(tis, expected)
     torch.testing.assert_close(g_tis, w * g_plain)
@@ -105,7 +105,7 @@ def test_mask_truncated_is_the_loss_without_the_truncated_samples(agg):
     """DAPO's overlong filtering: the loss (value and gradient) equals the loss of the batch with the
     truncated samples removed, and truncated samples get no gradient."""
     b = _batch()
-    base = b.old_logprobs + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(3))
+    base = b.old_logprobs + 0.1 * torch.randn(b.policy_mask.shape, generator=torch.Generator().manual_seed(3))
     cfg = dict(loss_agg=agg, entropy_coef=0.01, positive_lm_coef=0.1)
     masked, g_masked = _grad_of(PolicyLoss(AlgorithmConfig(mask_truncated=True, **cfg)), b, base)
     kept = (b.truncated == 0).nonzero().flatten()

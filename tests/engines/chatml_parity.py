@@ -84,7 +84,7 @@ def trainer_mismatch(trainer, samples) -> float:
     batch = make_layout([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id=0)
     lp, _ = trainer.forward_logprobs(batch)
     sampled = sampled_logprobs_layout(samples, lp.shape[1])
-    mask = batch.response_mask.bool()
+    mask = batch.policy_mask.bool()
     assert int(mask.sum()) == sum(len(s.response_ids) for s in samples) and all(len(s.logprobs) for s in samples)
     return float((lp - sampled)[mask].abs().max())
 

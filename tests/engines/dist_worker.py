@@ -41,7 +41,7 @@ def main(argv):
     prompts = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (3, 5, 2, 4)]
     responses = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (6, 2, 4, 5)]
     r = Rollout.unscored(make_layout(prompts, responses, pad_id=0))
-    full = CriticBatch(**vars(r), returns=torch.linspace(-1, 1, r.responses.numel()).view_as(r.response_mask))
+    full = CriticBatch(**vars(r), returns=torch.linspace(-1, 1, r.responses.numel()).view_as(r.policy_mask))
     B, W = 4, info.world_size
     per = B // W
     # Each rank holds only its share; the engine counts the global tokens (the normaliser) itself.
@@ -65,10 +65,10 @@ def main(argv):
     critic = CriticEngine("policy", args.model, ccfg, info, total_optimizer_steps=10)
 
     result["micro_batches_per_rank"] = collectives.all_gather_object(len(actor.micro_batch_rows(mine)))
-    n_tokens = float(full.response_mask.sum())
+    n_tokens = float(full.policy_mask.sum())
 
     def global_mean(per_token):  # the loss the step optimises, evaluated independently of train_step
-        return float(collectives.all_reduce_sum(torch.tensor([float((per_token * mine.response_mask).sum())]))) / n_tokens
+        return float(collectives.all_reduce_sum(torch.tensor([float((per_token * mine.policy_mask).sum())]))) / n_tokens
 
     a_loss = global_mean(-actor.forward_logprobs(mine)[0])
     am = actor.train_step(mine, nll_loss())

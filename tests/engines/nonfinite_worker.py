@@ -26,7 +26,7 @@ def main(argv):
     info = dist.init_distributed("cpu")
     actor = ActorEngine(args.model, ActorConfig(lr=1e-3, micro_batch_size=1), info, total_optimizer_steps=4)
     r = Rollout.unscored(make_layout([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0))
-    b = ActorBatch(**vars(r), advantages=torch.zeros_like(r.response_mask, dtype=torch.float32))
+    b = ActorBatch(**vars(r), advantages=torch.zeros_like(r.policy_mask, dtype=torch.float32))
     if info.rank == 1:
         b.advantages[0, 0] = float("nan")
     before = actor.full_state_dict()

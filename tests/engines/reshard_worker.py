@@ -33,7 +33,7 @@ def main(argv):
     prompts = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (3, 5, 2, 4)]
     responses = [[int(x) for x in torch.randint(5, 80, (n,), generator=g)] for n in (6, 2, 4, 5)]
     r = Rollout.unscored(make_layout(prompts, responses, pad_id=0))
-    full = CriticBatch(**vars(r), returns=torch.linspace(-1, 1, r.responses.numel()).view_as(r.response_mask))
+    full = CriticBatch(**vars(r), returns=torch.linspace(-1, 1, r.responses.numel()).view_as(r.policy_mask))
     per = 4 // info.world_size
     mine = full.select(slice(info.rank * per, (info.rank + 1) * per))
     engines = {"actor": (ActorEngine(args.model, ActorConfig(lr=1e-3, micro_batch_size=1, zero_stage=3,

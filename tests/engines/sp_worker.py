@@ -44,7 +44,7 @@ def main(argv):
     prompts = [[int(x) for x in torch.randint(5, 80, (p,), generator=g)] for p, _ in shapes]
     responses = [[int(x) for x in torch.randint(5, 80, (r,), generator=g)] for _, r in shapes]
     r = Rollout.unscored(make_layout(prompts, responses, pad_id=0))
-    full = CriticBatch(**vars(r), returns=torch.linspace(-1, 1, r.responses.numel()).view_as(r.response_mask))
+    full = CriticBatch(**vars(r), returns=torch.linspace(-1, 1, r.responses.numel()).view_as(r.policy_mask))
     per = len(shapes) // info.world_size
     mine = full.select(slice(info.rank * per, (info.rank + 1) * per))
 

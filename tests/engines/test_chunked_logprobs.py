@@ -40,7 +40,7 @@ def _run(info, path, chunk, **kw):
     m = actor.train_step(b, _policy_loss_with_entropy_bonus())
     lp_after, _ = actor.forward_logprobs(b)
     return dict(lp=lp, ent=ent, loss=m["loss_sum"], gn=m["grad_norm"], lp_after=lp_after,
-                w=actor.full_state_dict(), mask=b.response_mask)
+                w=actor.full_state_dict(), mask=b.policy_mask)
 
 
 def _assert_same(got, want):

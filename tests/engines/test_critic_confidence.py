@@ -16,8 +16,8 @@ def _batch():
     g = torch.Generator().manual_seed(0)
     b = Rollout.unscored(make_layout([[5, 6], [7, 8, 9], [5]], [[10, 11, 12], [13, 14], [20, 21, 22, 23]],
                                      pad_id=0))
-    return dataclasses.replace(b, sampler_logprobs=-3 * torch.rand(b.response_mask.shape, generator=g)
-                               * b.response_mask)
+    return dataclasses.replace(b, sampler_logprobs=-3 * torch.rand(b.policy_mask.shape, generator=g)
+                               * b.policy_mask)
 
 
 def _critic(info, path, init="policy", **kw):
@@ -45,8 +45,8 @@ def test_confidence_head_packed_equals_padded_and_survives_export(info, tmp_path
         critic.close()
     torch.testing.assert_close(values[True], values[False], rtol=1e-5, atol=1e-6)
     # the value head is zero, so the values are the confidence head's alone, at response tokens only
-    expected = (confidence_features(b.sampler_logprobs, b.response_mask) @ torch.tensor([0.5, -0.25, 0.75])
-                + 0.1) * b.response_mask
+    expected = (confidence_features(b.sampler_logprobs, b.policy_mask) @ torch.tensor([0.5, -0.25, 0.75])
+                + 0.1) * b.policy_mask
     torch.testing.assert_close(values[True], expected, rtol=1e-5, atol=1e-6)
     reloaded = ValueModel.from_pretrained(str(tmp_path / "exported"))
     assert reloaded.confidence_head is not None

@@ -19,8 +19,8 @@ def _first_step_moves(model_dir, info, scale: float) -> tuple[float, float, list
     critic = CriticEngine("policy", model_dir, cfg, info, total_optimizer_steps=4)
     before = {k: v.clone() for k, v in critic.full_state_dict().items()}
     r = Rollout.unscored(make_layout([[5, 6], [7, 8, 9]], [[10, 11, 12], [13, 14]], pad_id=0))
-    b = CriticBatch(**vars(r), old_values=torch.zeros(r.response_mask.shape),
-                    returns=torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]]) * r.response_mask)
+    b = CriticBatch(**vars(r), old_values=torch.zeros(r.policy_mask.shape),
+                    returns=torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]]) * r.policy_mask)
     critic.train_step(b, ValueLoss(cfg, "token-mean"))
     first = {k: v.clone() for k, v in critic.full_state_dict().items()}
     critic.train_step(b, ValueLoss(cfg, "token-mean"))

@@ -76,7 +76,7 @@ def test_rollout_fields_reproducibility_and_logprobs(info, rollout, tiny_model_d
     b = _batch(s)
     lp, ent = actor.forward_logprobs(b, with_entropy=True)
     assert lp.shape == b.responses.shape and ent.shape == lp.shape
-    assert (lp[b.response_mask == 0] == 0).all() and (ent[b.response_mask == 0] == 0).all()
+    assert (lp[b.policy_mask == 0] == 0).all() and (ent[b.policy_mask == 0] == 0).all()
     assert (lp - _vllm_logprobs(s, lp)).abs().max() < LOGPROB_TOL
     # at temperature T vLLM reports processed logprobs = log_softmax(logits / T)
     st = rollout.generate(PROMPTS, n=2, temperature=0.7, top_p=1.0, max_tokens=8, seed=1)
@@ -254,7 +254,7 @@ def test_export_loads_in_transformers_and_vllm(info, request, exports, tying, tm
     b = e.batch
     logits = hf(b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
     ref = torch.log_softmax(logits[:, b.prompt_len - 1:-1], -1).gather(-1, b.responses[..., None])[..., 0]
-    torch.testing.assert_close(e.logprobs, ref * b.response_mask, rtol=0, atol=1e-5)
+    torch.testing.assert_close(e.logprobs, ref * b.policy_mask, rtol=0, atol=1e-5)
     src_files, out_files = _files(e.src), _files(e.export)
     for name in TOKENIZER_FILES:  # tokenizer, chat template, generation config (EOS list)
         assert out_files.get(name) == src_files.get(name), name
@@ -297,7 +297,7 @@ def test_train_step_then_sync_weights_updates_vllm(info, request, tying):
     m = actor.train_step(b, nll_loss())
     assert {"loss_sum", "grad_norm", "lr"} <= set(m) and m["lr"] == pytest.approx(2e-2)
     new, _ = actor.forward_logprobs(b)
-    mask = b.response_mask.bool()
+    mask = b.policy_mask.bool()
     assert ((new - old).abs()[mask] > 1e-4).all()  # every position moved
     secs = rollout.sync_weights(actor.named_parameters_gathered(bucket_bytes=4096))
     assert secs >= 0
@@ -316,7 +316,7 @@ def test_train_step_then_sync_weights_updates_vllm(info, request, tying):
     # and the vLLM logprobs of the same tokens are NOT the old model's (every position)
     old_actor = _actor(info, tiny_model_dir)
     old2, _ = old_actor.forward_logprobs(b2)
-    assert ((old2 - v2).abs()[b2.response_mask.bool()] > 1e-4).all()
+    assert ((old2 - v2).abs()[b2.policy_mask.bool()] > 1e-4).all()
     # a state dict that lacks a real layer must fail loudly, not keep that layer's old weights
     # (only the rotary caches and the tied LM head may go without a tensor, see _check_unloaded_layers)
     partial = [(k, v) for k, v in old_actor.named_parameters_gathered() if k != "model.norm.weight"]
@@ -345,7 +345,7 @@ def test_grad_accumulation_and_global_normalisation(info, tiny_model_dir, packed
     for p, r in zip(prompts, resps):
         logits = ref(torch.tensor([p + r])).logits[0, len(p) - 1:-1]
         total = total - torch.log_softmax(logits, -1).gather(-1, torch.tensor(r)[:, None]).sum()
-    (total / b.response_mask.sum()).backward()
+    (total / b.policy_mask.sum()).backward()
     ref_norm = torch.sqrt(sum((q.grad ** 2).sum() for q in ref.parameters())).item()
 
     a1 = _actor(info, tiny_model_dir, micro_batch_size=4, packed=packed)
@@ -389,7 +389,7 @@ def test_actor_checkpoint_round_trip_and_hf_export(info, tiny_model_dir, tmp_pat
     logits = hf(b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
     P = b.prompt_len
     ref = torch.log_softmax(logits[:, P - 1:-1], -1).gather(-1, b.responses[..., None])[..., 0]
-    torch.testing.assert_close(lp, ref * b.response_mask, rtol=0, atol=1e-5)
+    torch.testing.assert_close(lp, ref * b.policy_mask, rtol=0, atol=1e-5)
 
 
 def test_reference_engine_matches_initial_policy(info, tiny_model_dir):
@@ -438,7 +438,7 @@ def test_critic_learns_a_visible_outcome_and_never_peeks_ahead(info, tiny_model_
     for _ in range(60):
         critic.train_step(train, value_mse_loss())
     v = critic.forward_values(heldout)
-    mask = heldout.response_mask
+    mask = heldout.policy_mask
     after, before = mask.clone(), mask.clone()
     after[:, 0], before[:, 1:] = 0, 0
     ev_after = explained_variance(v, heldout.returns, after).item()
@@ -465,14 +465,14 @@ def test_critic_train_export_and_reward_model_init(info, tiny_model_dir, tmp_pat
         c.train_step(b, vloss)
     assert losses[-1] < losses[0]
     v = c.forward_values(b)
-    assert (v[b.response_mask == 0] == 0).all()
+    assert (v[b.policy_mask == 0] == 0).all()
     # values are read at the column BEFORE each response token (state before emitting it)
     vm_full = None
     c.export(str(tmp_path / "critic"))
     vm = ValueModel.from_pretrained(str(tmp_path / "critic"))
     vm_full = vm(b.input_ids, b.attention_mask, b.position_ids)
     P = b.prompt_len
-    torch.testing.assert_close(vm_full[:, P - 1:-1] * b.response_mask, v, rtol=0, atol=1e-6)
+    torch.testing.assert_close(vm_full[:, P - 1:-1] * b.policy_mask, v, rtol=0, atol=1e-6)
     sd_engine = c.full_state_dict()
     for k, t in vm.state_dict().items():
         assert torch.equal(t, sd_engine[k]), k
@@ -490,7 +490,7 @@ def test_critic_train_export_and_reward_model_init(info, tiny_model_dir, tmp_pat
     with pytest.raises(ValueError, match="not a vcppo value"):
         ValueModel.from_pretrained(tiny_model_dir)
     crm = _critic(info, "reward_model", str(tmp_path / "rm"))
-    expect = rm(b.input_ids, b.attention_mask, b.position_ids)[:, P - 1:-1] * b.response_mask
+    expect = rm(b.input_ids, b.attention_mask, b.position_ids)[:, P - 1:-1] * b.policy_mask
     torch.testing.assert_close(crm.forward_values(b), expect.detach(), rtol=0, atol=1e-6)
     assert crm.full_state_dict()["value_head.bias"].item() == pytest.approx(0.3)
 
@@ -502,7 +502,7 @@ def _uneven_batch():
     r = Rollout.unscored(make_layout([torch.randint(5, 60, (n,), generator=g).tolist() for n in prompt_lengths],
                                      [torch.randint(5, 60, (n,), generator=g).tolist() for n in response_lengths],
                                      pad_id=0))
-    return CriticBatch(**vars(r), returns=torch.randn(r.response_mask.shape, generator=g) * r.response_mask)
+    return CriticBatch(**vars(r), returns=torch.randn(r.policy_mask.shape, generator=g) * r.policy_mask)
 
 
 from vcppo.engines.packing import VARLEN_ATTENTION  # noqa: E402
@@ -535,7 +535,7 @@ def test_packed_passes_equal_padded_ones(info, tiny_model_dir):
     padded, packed = out[False], out[True]
     for key in ("lp", "ent", "values"):
         torch.testing.assert_close(packed[key], padded[key], **PACKED_TOL)
-        assert (packed[key][b.response_mask == 0] == 0).all()
+        assert (packed[key][b.policy_mask == 0] == 0).all()
     for key in ("actor_loss", "actor_gn", "critic_loss", "critic_gn"):
         assert packed[key] == pytest.approx(padded[key], rel=1e-4), key
     for w in ("actor_w", "critic_w"):

@@ -28,7 +28,7 @@ def _hf_logprobs(model, batch):
                        position_ids=batch.position_ids).logits.float()
     P, R = batch.prompt_len, batch.responses.shape[1]
     logp = torch.log_softmax(logits[:, P - 1:P + R - 1], -1).gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
-    return logp * batch.response_mask
+    return logp * batch.policy_mask
 
 
 def _rollout(info, path, lora_rank=0):
@@ -113,7 +113,7 @@ def test_reference_is_the_actor_without_adapters(info, tiny_model_dir, trained):
     separate = ReferenceEngine(tiny_model_dir, EngineConfig(micro_batch_size=4), info).forward_logprobs(batch)[0]
     assert torch.equal(shared, before)  # B x A = 0 before the first step: the initial policy
     assert (shared - separate).abs().max() < 1e-6
-    mask = batch.response_mask
+    mask = batch.policy_mask
     for estimator in ("k1", "k2", "k3", "low_var_kl"):
         a, b = kl_estimate(policy, shared, estimator) * mask, kl_estimate(policy, separate, estimator) * mask
         assert a.abs().sum() > 0 and (a - b).abs().max() < 1e-5
@@ -150,7 +150,7 @@ def test_lora_critic_trains_adapters_and_heads_and_exports_merged(info, tiny_mod
     assert "value_head.weight" in trainable
     assert all(n.startswith("value_head.") or ".lora_" in n for n in trainable)
     r = Rollout.unscored(_batch(samples))
-    batch = CriticBatch(**vars(r), returns=r.response_mask.float())
+    batch = CriticBatch(**vars(r), returns=r.policy_mask.float())
     for _ in range(3):
         critic.train_step(batch, value_mse_loss())
     values = critic.forward_values(batch)

@@ -25,7 +25,7 @@ def _batch():
 
 def _nan_advantages():
     layout = _batch()
-    advantages = torch.zeros_like(layout.response_mask, dtype=torch.float32)
+    advantages = torch.zeros_like(layout.policy_mask, dtype=torch.float32)
     advantages[1, 0] = float("nan")  # one bad value on the second micro-batch
     return ActorBatch(**vars(Rollout.unscored(layout)), advantages=advantages)
 

@@ -100,7 +100,7 @@ def test_a_bf16_sample_through_vllm(info, frozen, tok, real_model_dir):
     assert "5" in greedy[0].text
     batch = make_layout([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id=0)
     lp, _ = frozen.forward_logprobs(batch)
-    diff = (lp - sampled_logprobs_layout(samples, lp.shape[1]))[batch.response_mask.bool()].abs()
+    diff = (lp - sampled_logprobs_layout(samples, lp.shape[1]))[batch.policy_mask.bool()].abs()
     print(f"\nreal bf16 vllm vs fp32 trainer: mean |logprob diff| {float(diff.mean()):.3f}, "
           f"max {float(diff.max()):.3f} over {diff.numel()} tokens")
     assert float(diff.mean()) < 0.1 and torch.isfinite(diff).all()

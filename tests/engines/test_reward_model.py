@@ -94,7 +94,7 @@ def test_a_vcppo_rm_is_read_where_vcppo_rm_trained_it(info, vcppo_rm_dir, tiny_t
     P, R = batch.prompt_len, batch.responses.shape[1]
     with torch.no_grad():
         values = vm(batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
-    expected = final_token_values(values[:, P - 1:P + R - 1] * batch.response_mask, batch.response_mask)
+    expected = final_token_values(values[:, P - 1:P + R - 1] * batch.policy_mask, batch.policy_mask)
     torch.testing.assert_close(scores, expected, atol=1e-5, rtol=1e-5)
     assert scores.abs().min() > 1e-3  # a real head: the comparison is not of zeros
 
@@ -106,8 +106,8 @@ def test_an_episode_is_scored_at_its_last_token_not_at_the_policy_masks_count(in
     response ends, as for the same tokens with every position masked in."""
     import dataclasses
     batch = _policy_batch(tiny_tokenizer)
-    holes = batch.response_mask.clone()
+    holes = batch.policy_mask.clone()
     holes[:3, 0] = 0.0  # the first response token of three rows read as an observation
-    episode = dataclasses.replace(batch, response_mask=holes)
+    episode = dataclasses.replace(batch, policy_mask=holes)
     engine = _engine(info, vcppo_rm_dir, packed)
     torch.testing.assert_close(engine.score(episode), engine.score(batch), atol=1e-6, rtol=1e-6)

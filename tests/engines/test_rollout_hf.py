@@ -125,7 +125,7 @@ def test_the_trainers_logprobs_of_hf_samples_equal_the_engines(info, hf, tiny_mo
     assert all(x.prompt_ids == MIXED[x.prompt_index] for x in s)
     b = _batch(s)
     lp, _ = _actor(info, tiny_model_dir, temperature=temperature).forward_logprobs(b)
-    stats = mismatch_stats(lp, _vllm_logprobs(s, lp), b.response_mask)
+    stats = mismatch_stats(lp, _vllm_logprobs(s, lp), b.policy_mask)
     assert stats["logprob_abs_max"] < LOGPROB_TOL and abs(float(stats["kl_k3"])) < 1e-8
 
 

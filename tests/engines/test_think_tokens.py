@@ -153,11 +153,11 @@ def test_experience_masks_and_the_reward_at_the_last_token(policy, stop):
     pad = policy.tok.pad_token_id
     batch = collect_rollout(rows, 0, rollout=policy.rollout, scorer=RewardScorer(num_workers=0), pad_id=pad,
                                device=torch.device("cpu"), sampling=sampling, seed=0)
-    lengths = batch.response_mask.sum(dim=1).long()
+    lengths = batch.policy_mask.sum(dim=1).long()
     for i in range(batch.responses.shape[0]):
         n = int(lengths[i])
         ids = batch.responses[i, :n].tolist()
-        assert torch.all(batch.response_mask[i, :n] == 1) and torch.all(batch.response_mask[i, n:] == 0)
+        assert torch.all(batch.policy_mask[i, :n] == 1) and torch.all(batch.policy_mask[i, n:] == 0)
         assert torch.all(batch.responses[i, n:] == pad)
         assert batch.token_rewards[i, n - 1] == batch.scores[i] and batch.token_rewards[i].abs().sum() == batch.scores[i].abs()
         eos_at = [j for j, t in enumerate(ids) if t == policy.tok.eos_token_id]

@@ -13,7 +13,7 @@ class TokenLoss:
     count_masks = staticmethod(response_counts)
 
     def __call__(self, outputs, micro, counts):
-        loss = (self.per_token(outputs, micro) * micro.response_mask).sum() / counts.tokens[RESPONSE]
+        loss = (self.per_token(outputs, micro) * micro.policy_mask).sum() / counts.tokens[RESPONSE]
         return loss, {"loss_sum": loss.detach()}
 
 

@@ -58,13 +58,13 @@ def test_think_as_added_tokens(rows):
     assert len(tok.encode("<think>", add_special_tokens=False)) == 1
 
 
-def test_response_mask_and_eos_with_a_multi_token_close_tag(bpe, rows):
+def test_policy_mask_and_eos_with_a_multi_token_close_tag(bpe, rows):
     r = rows[0]
     prompt = encode_prompt(bpe, r["prompt"])
     full = bpe.encode(r["solution"], add_special_tokens=False) + [bpe.eos_token_id]
     cut = bpe.encode(r["solution"].split("</think>")[0] + "</", add_special_tokens=False)  # mid-tag
     batch = make_layout([prompt, prompt], [full, cut], pad_id=bpe.pad_token_id)
-    lengths = [int(n) for n in batch.response_mask.sum(dim=1).tolist()]
+    lengths = [int(n) for n in batch.policy_mask.sum(dim=1).tolist()]
     assert lengths == [len(full), len(cut)]
     # EOS is the last real response token (where the outcome reward goes), padding after it is masked
     assert batch.responses[0, lengths[0] - 1].item() == bpe.eos_token_id

@@ -52,7 +52,7 @@ def test_chat_wrapped_prompts_are_unwrapped(row):
 
 def test_oracle_values_drop_to_the_wrong_score_after_the_error():
     mask = torch.tensor([[1., 1., 1., 1., 0.], [1., 1., 1., 1., 1.]])
-    batch = SimpleNamespace(response_mask=mask, scores=torch.tensor([1.0, -1.0]))
+    batch = SimpleNamespace(policy_mask=mask, scores=torch.tensor([1.0, -1.0]))
     mean = oracle.baseline_values(batch, [None, (1, 3)], "mean", -1.0)
     assert torch.equal(mean, torch.zeros(2, 5) * mask)  # the batch's mean return is 0
     v = oracle.baseline_values(batch, [None, (1, 3)], "oracle", -1.0)
@@ -63,7 +63,7 @@ def test_logprob_shift_splits_wrong_responses_at_the_error():
     mask = torch.ones(2, 4)
     old = torch.zeros(2, 4)
     new = torch.tensor([[0.1, 0.1, 0.1, 0.1], [0.5, -1.0, -2.0, 0.25]])
-    batch = SimpleNamespace(response_mask=mask, scores=torch.tensor([1.0, -1.0]), old_logprobs=old)
+    batch = SimpleNamespace(policy_mask=mask, scores=torch.tensor([1.0, -1.0]), old_logprobs=old)
     out = oracle.logprob_shift(batch, [None, (1, 3)], new)
     assert out == pytest.approx({"shift/correct": 0.4, "shift/before_error": 0.5, "shift/error_line": -3.0,
                                  "shift/after_error": 0.25})

@@ -77,7 +77,7 @@ def _batch(n: int, p: int, r: int, vocab: int):
                          [torch.randint(5, vocab, (r,), generator=g).tolist() for _ in range(n)], pad_id=0)
     b = Rollout.unscored(layout)
     return ActorBatch(**{**vars(b), "correct": torch.ones(n)},
-                      advantages=torch.randn(b.response_mask.shape, generator=g) * b.response_mask)
+                      advantages=torch.randn(b.policy_mask.shape, generator=g) * b.policy_mask)
 
 
 def _phase(warm_up, fn, repeats: int, segments=None) -> dict:

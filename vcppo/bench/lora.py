@@ -55,7 +55,7 @@ def _adapted_actor(model: str, rank: int, prompts: list, info):
     actor = ActorEngine(model, ActorConfig(lr=1e-2, micro_batch_size=16, lora=LoRAConfig(rank=rank)), info,
                         total_optimizer_steps=2)
     r = Rollout.unscored(make_layout(prompts[:16], [p[:8] for p in prompts[:16]], pad_id=0))
-    advantages = torch.randn(r.response_mask.shape, generator=torch.Generator().manual_seed(0))
+    advantages = torch.randn(r.policy_mask.shape, generator=torch.Generator().manual_seed(0))
     batch = ActorBatch(**vars(r), advantages=advantages, old_logprobs=actor.forward_logprobs(r)[0])
     actor.train_step(batch, PolicyLoss(AlgorithmConfig()))
     return actor

@@ -87,7 +87,7 @@ def measure(args) -> dict:
     t1 = time.perf_counter()
     trainer, _ = actor.forward_logprobs(batch)
     t_score = time.perf_counter() - t1
-    mask = batch.response_mask
+    mask = batch.policy_mask
     m = {k: float(v) for k, v in mismatch_stats(trainer, sampler, mask).items()}
     m.update({f"tis_{k}": float(v) for k, v in tis_weights(trainer, sampler, mask, args.cap)[1].items()})
     diff = (trainer.float() - sampler).abs()[mask > 0]

@@ -173,13 +173,13 @@ def _bench_train_step(model: str, samples: list, args, info, res: dict):
 
     old_logprobs, _ = timed("fwd_logprobs_s", lambda: actor.forward_logprobs(batch))
     old_values = timed("fwd_values_s", lambda: critic.forward_values(batch))
-    advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0)) \
-        .to(batch.response_mask.device) * batch.response_mask
+    advantages = torch.randn(batch.policy_mask.shape, generator=torch.Generator().manual_seed(0)) \
+        .to(batch.policy_mask.device) * batch.policy_mask
     actor_batch = ActorBatch(**vars(batch), advantages=advantages, old_logprobs=old_logprobs)
-    critic_batch = CriticBatch(**vars(batch), returns=torch.zeros_like(batch.response_mask), old_values=old_values)
+    critic_batch = CriticBatch(**vars(batch), returns=torch.zeros_like(batch.policy_mask), old_values=old_values)
     timed("actor_step_s", lambda: actor.train_step(actor_batch, PolicyLoss(AlgorithmConfig())))
     timed("critic_step_s", lambda: critic.train_step(critic_batch, ValueLoss(CriticConfig(), "token-mean")))
-    res["train_tokens"] = float(batch.response_mask.sum())
+    res["train_tokens"] = float(batch.policy_mask.sum())
     return actor
 
 

@@ -79,7 +79,7 @@ def batch_of_lengths(prompt_lengths: list[int], response_lengths: list[int], see
     prompts = [torch.randint(5, vocab, (int(k),), generator=g).tolist() for k in prompt_lengths]
     responses = [torch.randint(5, vocab, (int(k),), generator=g).tolist() for k in response_lengths]
     b = Rollout.unscored(make_layout(prompts, responses, pad_id=0))
-    advantages = torch.randn(b.response_mask.shape, generator=g) * b.response_mask
+    advantages = torch.randn(b.policy_mask.shape, generator=g) * b.policy_mask
     correct = (torch.rand(len(prompts), generator=g) > 0.5).float()
     return ActorBatch(**{**vars(b), "correct": correct}, advantages=advantages)
 

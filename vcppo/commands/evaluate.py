@@ -31,7 +31,7 @@ from vcppo.data.checks import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.durability.model_export import export_checkpoint, is_checkpoint
 from vcppo.driver.durability.resume_checks import RUN_CONFIG
-from vcppo.driver.step.episodes import episode_runner
+from vcppo.driver.step.sampling import make_sampler
 from vcppo.driver.step.validation import SAMPLES_KEY, evaluate
 from vcppo.engines import dist as D
 from vcppo.engines.rollout_choice import make_rollout_engine
@@ -324,9 +324,9 @@ def evaluate_policy(cfg: Config) -> dict | None:
     clean = False
     try:
         scorer = make_scorer(cfg)
-        metrics = evaluate(rollout, rows, scorer, dist=dist, sampling=cfg.rollout, n_samples=e.n_samples,
-                           ks=e.k, seed=cfg.trainer.seed, groups=groups, text_samples=len(rows) if e.samples_jsonl else 0,
-                           episodes=episode_runner(cfg, rollout, scorer.num_workers))
+        metrics = evaluate(make_sampler(cfg, rollout, scorer), rows, dist=dist, sampling=cfg.rollout,
+                           n_samples=e.n_samples, ks=e.k, seed=cfg.trainer.seed, groups=groups,
+                           text_samples=len(rows) if e.samples_jsonl else 0)
         clean = True
     finally:
         rollout.close(final=True)

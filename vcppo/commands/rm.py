@@ -50,7 +50,7 @@ class FinalTokenMSE:
     def __call__(self, outputs: ModelOutputs, micro: Rollout, counts: GlobalCounts):
         label = labels_of(micro)
         weight = torch.where(label > 0, 0.5 / self.positive_rate, 0.5 / (1 - self.positive_rate))
-        last = final_token_values(outputs.values, micro.response_mask)
+        last = final_token_values(outputs.values, micro.policy_mask)
         err = last - label
         loss = 0.5 * (weight * err ** 2).sum() / counts.sequences[RESPONSE]
         return loss, {"rm/mse": (err ** 2).mean().detach(),
@@ -133,7 +133,7 @@ def train_rm(cfg: Config) -> dict:
 
     held = data["heldout"]
     with torch.no_grad():
-        pred = final_token_values(critic.forward_values(held), held.response_mask)
+        pred = final_token_values(critic.forward_values(held), held.policy_mask)
     summary = {**heldout_summary(gather_cat(pred), gather_cat(labels_of(held))),
                "train_samples": int(len(pos)), "train_positive_frac": float((pos > 0).float().mean()),
                "sample_minutes": round(sample_minutes, 2), "total_minutes": round((time.time() - t0) / 60, 2)}

@@ -19,9 +19,8 @@ from pathlib import Path
 
 from vcppo.config.load import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
-from vcppo.driver.step.episodes import episode_runner
+from vcppo.driver.step.sampling import make_sampler, rank_slice
 from vcppo.driver.step.validation import evaluate
-from vcppo.driver.step.sampling import rank_slice
 from vcppo.engines import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.loss_contract import ResponseNLL
@@ -75,10 +74,10 @@ def _write_summary(summary: dict, out: Path, target_accuracy: float, log) -> Non
     log.info(f"SFT done: {json.dumps(summary)}")
 
 
-def _validation_sampler(cfg: Config, dist, max_len: int, env_workers: int, log):
-    """The rollout engine that validates the SFT policy, and with ``rollout.env`` its episode runner."""
+def _validation_sampler(cfg: Config, dist, max_len: int, scorer, log):
+    """The rollout engine that validates the SFT policy, and its sampler (episodes with ``rollout.env``)."""
     rollout = make_rollout_engine(cfg.sft.init_model, cfg.rollout, dist, cfg.trainer.seed, max_len, log=log.info)
-    return rollout, episode_runner(cfg, rollout, env_workers, max_len)
+    return rollout, make_sampler(cfg, rollout, scorer, max_model_len=max_len)
 
 
 def run_sft(cfg: Config) -> dict:
@@ -95,12 +94,11 @@ def run_sft(cfg: Config) -> dict:
     actor = ActorEngine(s.init_model, s, dist, total_optimizer_steps=s.steps, dtype=cfg.model.dtype)
     max_len = max(len(r) for r in train.dataset["prompt_ids"]) + cfg.rollout.max_response_tokens
     scorer = make_scorer(cfg)
-    rollout, episodes = _validation_sampler(cfg, dist, max_len, scorer.num_workers, log) if val_rows else (None, None)
+    rollout, sampler = _validation_sampler(cfg, dist, max_len, scorer, log) if val_rows else (None, None)
 
     def eval_now(step: int) -> dict:
         rollout.sync_weights(actor.named_parameters_gathered())
-        m = evaluate(rollout, val_rows, scorer, dist=dist, sampling=cfg.rollout, n_samples=0, ks=[], seed=seed,
-                     episodes=episodes)
+        m = evaluate(sampler, val_rows, dist=dist, sampling=cfg.rollout, n_samples=0, ks=[], seed=seed)
         log.log(m, step=step, phase="sft_val")
         log.info(f"step {step}: val greedy accuracy {m['val/pass@1_greedy']:.3f} "
                  f"(mean length {m['val/response_length_greedy']:.0f} tokens)")

@@ -71,7 +71,7 @@ class ActorEngine(DeepSpeedModelEngine):
             inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids)
         else:
             R = micro.responses.shape[1]
-            rows, cols = micro.response_mask.nonzero(as_tuple=True)
+            rows, cols = micro.policy_mask.nonzero(as_tuple=True)
             # the last R + 1 positions reach the head; position (row, t) predicts response token t
             keep, index = R + 1, rows * (R + 1) + cols
             inputs = dict(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
@@ -118,8 +118,8 @@ class ActorEngine(DeepSpeedModelEngine):
         out = self.engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
                           position_ids=micro.position_ids, use_cache=False, logits_to_keep=R + 1)
         logp, scaled = response_logprobs(out.logits[:, :-1], micro.responses, self.temperature)
-        return ModelOutputs(logprobs=logp * micro.response_mask,
-                            entropy=entropy_from_logits(scaled) * micro.response_mask if need_entropy else None)
+        return ModelOutputs(logprobs=logp * micro.policy_mask,
+                            entropy=entropy_from_logits(scaled) * micro.policy_mask if need_entropy else None)
 
     @torch.no_grad()
     def forward_logprobs(self, batch: Layout, with_entropy: bool = False):

@@ -45,7 +45,7 @@ class CriticEngine(DeepSpeedModelEngine):
         if micro.sampler_logprobs is None:
             raise ValueError("critic.confidence_features needs the sampler's logprobs in the batch "
                              "(Rollout.sampler_logprobs)")
-        return confidence_features(micro.sampler_logprobs, micro.response_mask)
+        return confidence_features(micro.sampler_logprobs, micro.policy_mask)
 
     def _param_groups(self, module: torch.nn.Module) -> list:
         """The backbone at lr, the value head at lr x head_lr_scale, the confidence head (if any) at
@@ -83,7 +83,7 @@ class CriticEngine(DeepSpeedModelEngine):
                              position_ids=micro.position_ids, **kw)
         # V(state before response token t) = value at the column of the previous token.
         v = values[:, P - 1:P + R - 1].float()
-        return ModelOutputs(values=v * micro.response_mask)
+        return ModelOutputs(values=v * micro.policy_mask)
 
     def _sequence_parallel_outputs(self, micro: Rollout, feats: torch.Tensor | None) -> ModelOutputs:
         """This rank's slice of the packed row (Ulysses attention), values at its n_r predicting

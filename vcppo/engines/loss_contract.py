@@ -18,7 +18,7 @@ RESPONSE = "response"  # the count mask of every response token
 
 def response_counts(minibatch: Layout) -> dict[str, torch.Tensor]:
     """``count_masks`` of a loss that averages over every response token / sequence."""
-    return {RESPONSE: minibatch.response_mask}
+    return {RESPONSE: minibatch.policy_mask}
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,6 @@ class ResponseNLL:
         self.metric = metric
 
     def __call__(self, outputs: ModelOutputs, micro: Layout, counts: GlobalCounts):
-        mask = micro.response_mask
+        mask = micro.policy_mask
         nll = aggregate_loss(-outputs.logprobs, mask, "token-mean", global_token_count=counts.tokens[RESPONSE])
         return nll, {self.metric: (-(outputs.logprobs * mask).sum() / mask.sum().clamp(min=1)).detach()}

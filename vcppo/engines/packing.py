@@ -68,7 +68,7 @@ def pack(micro: Layout) -> PackedBatch:
     # packed index of every padded (row, column); meaningful at real tokens only
     packed_index = (real.reshape(-1).cumsum(0) - 1).reshape(real.shape)
     P, R = micro.prompt_len, micro.responses.shape[1]
-    rows, cols = micro.response_mask.nonzero(as_tuple=True)
+    rows, cols = micro.policy_mask.nonzero(as_tuple=True)
     # response token (row, t) sits at column P + t and is predicted from column P + t - 1
     predict_index = packed_index[:, P - 1:P + R - 1][rows, cols]
     return PackedBatch(input_ids=micro.input_ids[real].unsqueeze(0), position_ids=micro.position_ids[real].unsqueeze(0),

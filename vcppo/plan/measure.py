@@ -186,7 +186,7 @@ def _time_phases(cfg: Config, plan, info, batch, run: _PhaseTimer, steps: int) -
         if plan.v_old is Source.PASS and not plan.critic_remote:
             run("values", "critic", "forward", lambda: critic.forward_values(batch))
         fields = {k: v for k, v in vars(batch).items() if k not in ("advantages", "old_logprobs", "ref_logprobs")}
-        cbatch = CriticBatch(**fields, returns=torch.randn_like(values) * batch.response_mask, old_values=values)
+        cbatch = CriticBatch(**fields, returns=torch.randn_like(values) * batch.policy_mask, old_values=values)
         loss = ValueLoss(cfg.critic, alg.loss_agg, old_from_update=plan.v_old is Source.UPDATE,
                          norm=norm_constant(cfg))
         run("critic_update", "critic", "update",

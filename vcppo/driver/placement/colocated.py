@@ -53,8 +53,7 @@ class ColocatedSource:
         """Done at once: these ranks sample and train in turn."""
         ctx = self.ctx
         if ctx.val_rows:
-            self.finished.append((step, validate_run(ctx.cfg, ctx.rollout, ctx.val_rows, ctx.scorer, ctx.dist, step,
-                                                    episodes=self.maker.episodes)))
+            self.finished.append((step, validate_run(ctx.cfg, self.maker.sampler, ctx.val_rows, ctx.dist, step)))
 
     def finished_validations(self, wait: bool) -> list[tuple[int, dict]]:
         finished, self.finished = self.finished, []

@@ -48,7 +48,7 @@ class RemoteCritic:
     # --- a step (vcppo.driver.step.critic_side.Critic) ------------------------------------------------
     def begin_step(self, plan, step: int, rollout: Rollout, rewards: torch.Tensor, timer) -> None:
         """This rank's share of the step (``rewards`` (B, R)); the critic ranks start at once."""
-        self._device, self._timer = rollout.response_mask.device, timer
+        self._device, self._timer = rollout.policy_mask.device, timer
         self.link.send(CriticStep(plan.phase, step, rollout.to("cpu"), rewards.detach().cpu()))
 
     def values(self) -> torch.Tensor:

@@ -110,8 +110,7 @@ class RolloutServer:
         metrics = {}
         with self.timeline.span("validate"):
             if self.val_rows:
-                metrics = validate_run(self.cfg, self.engine, self.val_rows, self.scorer, self.dist, step,
-                                       episodes=self.maker.episodes)
+                metrics = validate_run(self.cfg, self.maker.sampler, self.val_rows, self.dist, step)
         if self.dist.rank == 0:
             self.bridge.send(ValidationResult(step=step, metrics=metrics))
 

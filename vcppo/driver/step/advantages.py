@@ -41,7 +41,7 @@ def critic_targets(rollout: Rollout, rewards: torch.Tensor, values: torch.Tensor
     """(B, R) the critic's regression targets alone: GAE with ``lambda_critic`` plus V_old. Only where
     the critic lives on ranks of its own (the actor's rank computes only its advantages there);
     a process that holds both takes them from :func:`estimate`'s one pass."""
-    return estimators.gae(EstimatorInput(rewards=rewards, mask=rollout.response_mask, group=rollout.group,
+    return estimators.gae(EstimatorInput(rewards=rewards, mask=rollout.policy_mask, group=rollout.group,
                                          outcomes=rollout.token_rewards.sum(-1), values=values, gamma=alg.gamma,
                                          lam_actor=lambda_critic, lam_critic=lambda_critic)).returns
 
@@ -62,13 +62,13 @@ def estimate(rollout: Rollout, rewards: torch.Tensor, values: torch.Tensor | Non
         # VAPO: longer responses get lambda closer to 1 (less bias on long sequences); an episode's
         # length counts its observation tokens (vcppo.experience.response_lengths says why)
         lam_actor = length_adaptive_lambda(rollout.response_lengths, alg.length_adaptive_alpha)
-    x = EstimatorInput(rewards=rewards, mask=rollout.response_mask, group=rollout.group,
+    x = EstimatorInput(rewards=rewards, mask=rollout.policy_mask, group=rollout.group,
                        outcomes=rollout.token_rewards.sum(-1), values=values, gamma=alg.gamma,
                        lam_actor=alg.lambda_actor if lam_actor is None else lam_actor, lam_critic=lambda_critic,
                        scale_by_std=alg.grpo_scale_by_std)
     out = estimator_fn(alg.advantage_estimator)(x)
     advantages = out.advantages
     if for_update and alg.whiten_advantages:
-        advantages = global_whiten(out.advantages, rollout.response_mask, zero_mean=alg.zero_mean_advantages)
+        advantages = global_whiten(out.advantages, rollout.policy_mask, zero_mean=alg.zero_mean_advantages)
     return Advantages(advantages=advantages, raw_advantages=out.advantages, lambda_actor=lam_actor,
                       returns=out.returns)

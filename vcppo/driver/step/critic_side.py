@@ -49,7 +49,7 @@ class CriticHalf:
     def values(self) -> torch.Tensor:
         """(B, R) V_old."""
         if self.plan.critic_first:
-            returns = returns_to_go(self.rewards, self.rollout.response_mask, self.cfg.algorithm.gamma)
+            returns = returns_to_go(self.rewards, self.rollout.policy_mask, self.cfg.algorithm.gamma)
             with self.timer("critic_update"):
                 batch = CriticBatch(**vars(self.rollout), returns=returns)
                 out = update_critic(self.cfg, self.engine, self.plan, batch, self.step)

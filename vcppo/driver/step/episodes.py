@@ -7,8 +7,8 @@ appended. The conversation is never decoded and re-encoded. A step's live episod
 together: one vLLM call per turn (the prefix cache kept between turns), then that turn's env steps
 in parallel in the worker pool (:mod:`vcppo.envs.worker`).
 
-The layout: ``responses`` hold model and observation tokens; ``response_mask`` is the POLICY mask
-(1 on model tokens, 0 on observation tokens and padding), so the policy loss, the KL, the entropy,
+The layout: ``responses`` hold model and observation tokens; ``policy_mask`` is 1 on model tokens
+(0 on observation tokens and padding), so the policy loss, the KL, the entropy,
 the mismatch metrics and the critic's fit read model tokens only, while every forward pass reads
 the whole episode (``attention_mask``). A turn's reward sits on its last model token; Decoupled-GAE
 steps over the observations (:mod:`vcppo.algos.gae`: masked positions are skipped). The episode's
@@ -110,11 +110,9 @@ def env_args_of(cfg_args: dict, row: dict) -> dict:
     return args
 
 
-def episode_runner(cfg: Config, rollout, num_workers: int, max_model_len: int | None = None) -> "EpisodeRunner | None":
-    """The episodes of ``rollout.env`` (None without one), their env in ``num_workers`` worker
-    processes (0: in this process); ``max_model_len``: the engine's context (default: the run's)."""
-    if not cfg.rollout.env:
-        return None
+def episode_runner(cfg: Config, rollout, num_workers: int, max_model_len: int | None = None) -> "EpisodeRunner":
+    """The episodes of ``rollout.env``, their env in ``num_workers`` worker processes (0: in this
+    process); ``max_model_len``: the engine's context (default: the run's)."""
     return EpisodeRunner(cfg, rollout, EnvRunner(num_workers, cfg.rollout.env_timeout_s),
                          max_model_len=max_model_len or cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
 
@@ -249,7 +247,7 @@ def episodes_rollout(episodes: list[Episode], first_index: int, pad_id: int, dev
         for index, reward in e.rewards:
             rewards[i, index] += reward
     scores = rewards.sum(1)
-    layout.response_mask = policy.to(device)
+    layout.policy_mask = policy.to(device)
     return Rollout(**layout.layout_fields(), scores=scores.to(device), token_rewards=rewards.to(device),
                    group=torch.tensor([first_index + e.prompt_index for e in episodes], device=device),
                    correct=torch.tensor([float(e.solved) for e in episodes], device=device),

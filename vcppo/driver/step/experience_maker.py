@@ -20,26 +20,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
-import time
 
 import torch
 
 from vcppo.algos.dapo import informative_groups
 from vcppo.data.dataset import PromptStream
 from vcppo.driver.durability.guards import reward_tally, step_reward_failures
-from vcppo.driver.step.env_errors import step_summary
-from vcppo.driver.step.episodes import episode_metrics, episode_runner, episodes_rollout, summed_episode_metrics
 from vcppo.driver.state import Phase, seed_key
-from vcppo.driver.step.sampling import balance_across_ranks, collect_rollout, rollout_share
+from vcppo.driver.step.sampling import balance_across_ranks, make_sampler, rollout_share
 from vcppo.engines import collectives
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import Rollout, compact, concat_batches
 from vcppo.rewards.verifier import RewardScorer
 from vcppo.config.schema import Config
-
-logger = logging.getLogger(__name__)
 
 
 def sample_seed(seed: int, key: str, step: int, replica: int) -> int:
@@ -66,16 +60,15 @@ class ExperienceMaker:
     """This rank's scored samples of each step (SPMD: every rank calls :meth:`make` in step).
 
     ``logprobs``: ask vLLM for the sampled tokens' logprobs (the step plan's ``sampler_logprobs``).
-    With ``rollout.env`` a sample is a multi-turn episode (:mod:`vcppo.driver.step.episodes`), its
-    env run in worker processes (as many as the reward scorer's).
+    ``sampler``: how a sample is made, a single response or a multi-turn episode
+    (:func:`~vcppo.driver.step.sampling.make_sampler`, chosen here once for the run).
     """
 
     def __init__(self, cfg: Config, dist: DistInfo, prompts: PromptStream, rollout: RolloutEngine,
                  scorer: RewardScorer, pad_id: int, logprobs: bool):
         self.cfg, self.dist, self.prompts = cfg, dist, prompts
         self.rollout, self.scorer, self.pad_id, self.logprobs = rollout, scorer, pad_id, logprobs
-        self.episodes = episode_runner(cfg, rollout, getattr(scorer, "num_workers", 0))
-        self.episode_figures: dict = {}
+        self.sampler = make_sampler(cfg, rollout, scorer, pad_id=pad_id, device=dist.device, logprobs=logprobs)
 
     def seed(self, phase: str, step: int) -> int:
         return sample_seed(self.cfg.trainer.seed, seed_key(phase), step, self.rollout.replica)
@@ -86,19 +79,13 @@ class ExperienceMaker:
         the PPO phase when ``trainer.dynamic_sampling`` is on."""
         tally = reward_tally(self.scorer)
         metrics: dict = {}
-        if self.episodes is not None:
-            self.episodes.errors.take_step()  # the step's summary names the step's own first error
+        self.sampler.begin_step()
         if phase == Phase.PPO and self.cfg.trainer.dynamic_sampling:
             batch, metrics = self.dynamic_sample(phase, step)
         else:
             batch = self.sample_round(phase, step)
-        if self.episodes is not None:
-            metrics.update(summed_episode_metrics(self.episode_figures))
-            self.episode_figures = {}
-            where = f"{'PPO' if phase == Phase.PPO else 'value-pretraining'} step {step}"
-            line = step_summary(where, self.cfg.rollout.env, metrics, self.episodes.errors.take_step())
-            if line and self.dist.rank == 0:  # the first rank that runs episodes (split: rollout rank 0)
-                logger.warning(line)
+        where = f"{'PPO' if phase == Phase.PPO else 'value-pretraining'} step {step}"
+        metrics.update(self.sampler.step_metrics(where, self.dist.rank))
         metrics.update(step_reward_failures(self.scorer, tally))
         metrics["reward/failures_total"] = collectives.global_sum(self.scorer.num_failures)
         metrics["reward/timeouts_total"] = collectives.global_sum(self.scorer.num_timeouts)  # stuck samples (reward pool)
@@ -111,28 +98,9 @@ class ExperienceMaker:
         even out their tokens."""
         rows = self.prompts.next_batch(self.cfg.trainer.prompts_per_step)
         sampled, kept = rollout_share(len(rows), self.dist, self.cfg.rollout.tensor_parallel_size)
-        if self.episodes is not None:
-            batch = self.sample_episodes(rows[sampled.start:sampled.stop], sampled.start, self.seed(phase, step), phase)
-            return balance_across_ranks(batch, self.dist) if balance and self.cfg.trainer.balance_batch else batch
-        batch = collect_rollout(rows[sampled.start:sampled.stop], first_index=sampled.start, keep=kept,
-                                rollout=self.rollout, scorer=self.scorer, pad_id=self.pad_id,
-                                device=self.dist.device, sampling=self.cfg.rollout,
-                                seed=self.seed(phase, step), logprobs=self.logprobs)
+        batch = self.sampler.sample(rows[sampled.start:sampled.stop], sampled.start, kept, self.seed(phase, step),
+                                    seed_key(phase))
         return balance_across_ranks(batch, self.dist) if balance and self.cfg.trainer.balance_batch else batch
-
-    def sample_episodes(self, rows: list[dict], first_index: int, seed: int, phase: str) -> Rollout:
-        """This rank's episodes of ``rows``; their figures kept for :meth:`make`'s metrics, their env
-        failures counted with the reward's (the same failure budget applies)."""
-        start = time.perf_counter()
-        before = self.episodes.env_seconds
-        done = self.episodes.run(rows, self.cfg.rollout.n_samples_per_prompt, seed, seed_key(phase),
-                                 self.cfg.rollout.temperature, self.logprobs)
-        figures = episode_metrics(done, self.episodes.env_seconds - before)
-        figures["env/rollout_seconds"] = time.perf_counter() - start
-        self.episode_figures = {k: self.episode_figures.get(k, 0.0) + v for k, v in figures.items()}
-        self.scorer.num_scored += len(done)
-        self.scorer.num_failures += sum(e.failed for e in done)
-        return episodes_rollout(done, first_index, self.pad_id, self.dist.device, self.logprobs)
 
     def dynamic_sample(self, phase: Phase, step: int) -> tuple[Rollout, dict]:
         """DAPO dynamic sampling (sec. 3.2), see the module docstring."""

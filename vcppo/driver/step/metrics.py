@@ -11,6 +11,7 @@ from vcppo.algos.kl import kl_estimate, sequence_mean_kl
 from vcppo.algos.mismatch import mismatch_stats, tis_weights
 from vcppo.engines.collectives import gather_cat
 from vcppo.driver.step.samples import pick_samples
+from vcppo.driver.step.sampling import SAMPLERS, sampler_kind
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.state import Phase
 from vcppo.driver.step.timeline import PhaseTimer
@@ -67,19 +68,16 @@ def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Befo
     the models said before the updates, with what the updates' own forwards gave filled in;
     ``critic``: the critic side's targets; a quantity the plan does not produce (no critic in
     GRPO, no pi_old in value pretraining) is not reported."""
-    mask = gather_cat(rollout.response_mask)
+    mask = gather_cat(rollout.policy_mask)
     m: dict[str, Any] = _response_metrics(ctx, rollout)
     raw = gather_cat(adv.raw_advantages)
     m["adv/mean"] = stats.masked_mean(raw, mask).item()
     m["adv/std"] = stats.masked_var(raw, mask).sqrt().item()
     m.update(position_diagnostics(raw, mask, ctx.cfg.logging.profile_buckets))
-    if plan.v_old is not Source.NONE:
-        m.update(_critic_metrics(gather_cat(models.old_values), gather_cat(critic.returns), mask))
-    if ctx.cfg.rollout.env:  # episodes: the critic's values and the advantages by turn
-        turns = ctx.cfg.rollout.max_turns
-        m["env/adv_by_turn"] = stats.per_turn_means(raw, mask, turns)
-        if plan.v_old is not Source.NONE:
-            m["env/value_by_turn"] = stats.per_turn_means(gather_cat(models.old_values), mask, turns)
+    values = gather_cat(models.old_values) if plan.v_old is not Source.NONE else None
+    if values is not None:
+        m.update(_critic_metrics(values, gather_cat(critic.returns), mask))
+    m.update(SAMPLERS[sampler_kind(ctx.cfg)].batch_metrics(ctx.cfg, raw, mask, values))  # episodes: by turn
     if plan.sampler_logprobs and plan.pi_old in (Source.PASS, Source.UPDATE):
         # (pi_old taken from the sampler: nothing to compare)
         m.update(mismatch_metrics(gather_cat(models.old_logprobs), gather_cat(rollout.sampler_logprobs), mask,
@@ -112,7 +110,7 @@ def kl_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Before
     ``actor/kl_coef``: this step's coefficient. With the KL in the reward, ``reward/kl_penalty``
     is what it took from a sample's return on average, and ``reward/with_kl_mean`` the mean return
     (sum of per-token rewards) that advantage estimation received."""
-    mask = rollout.response_mask
+    mask = rollout.policy_mask
     kl = models.kl if models.kl is not None else \
         kl_estimate(models.old_logprobs, models.ref_logprobs, ctx.cfg.algorithm.kl_estimator) * mask
     m = {"actor/kl_ref": gather_cat(sequence_mean_kl(kl, mask)).mean().item(), "actor/kl_coef": float(kl_coef)}

@@ -1,22 +1,24 @@
-"""The reward model as a reward source: a step's rollout scored on the training ranks, the scores
-optionally standardised by their running moments (``reward.normalize_model_scores``, kept in the run
-state so a resume continues them). How they combine with the rule's is the reward assembly's
-(:mod:`vcppo.driver.step.reward`). A reward model with its own tokenizer scores the decoded text
-re-tokenized with it.
+"""The reward model as a term of the reward (:mod:`vcppo.driver.step.reward`): a step's rollout
+scored on the training ranks, the scores optionally standardised by their running moments
+(``reward.normalize_model_scores``, kept in the run state so a resume continues them), and combined
+with the rule's as ``reward.combine`` says. A reward model with its own tokenizer scores the decoded
+text re-tokenized with it.
 """
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 
 import torch
 
-from vcppo.algos.rewards import Moments, batch_moments, normalise
+from vcppo.algos.rewards import Moments, batch_moments, combine_rewards, normalise
 from vcppo.config.rules import combine_mode
 from vcppo.driver.state import RunState
+from vcppo.driver.step.reward import RewardTerm
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.collectives import gather_cat
 from vcppo.engines.reward_model import RewardModelEngine
-from vcppo.experience import Layout, Rollout, make_layout
+from vcppo.experience import Layout, Rollout, last_token_rewards, make_layout
 from vcppo.config.schema import Config, ConfigError
 
 
@@ -44,7 +46,7 @@ class Retokenizer:
         P, prompts, responses = batch.prompt_len, [], []
         for i in range(batch.size):
             prompt = batch.input_ids[i, :P][batch.attention_mask[i, :P].bool()].tolist()
-            response = batch.responses[i][batch.response_mask[i].bool()].tolist()
+            response = batch.responses[i][batch.policy_mask[i].bool()].tolist()
             ids = self.rm(self.policy.decode(prompt, skip_special_tokens=True))["input_ids"]
             prompts.append(ids or [self.rm.bos_token_id if self.rm.bos_token_id is not None else self.pad_id])
             r = self.rm(self.policy.decode(response, skip_special_tokens=True), add_special_tokens=False)["input_ids"]
@@ -54,7 +56,7 @@ class Retokenizer:
         return make_layout(prompts, responses, pad_id=self.pad_id, device=batch.input_ids.device)
 
 
-class ModelReward:
+class ModelReward(RewardTerm):
     """Scores rollouts with the reward model (every training rank calls :meth:`scores` at the same
     point: the engine's passes are collective); ``mode``: ``reward.combine``."""
 
@@ -94,3 +96,24 @@ class ModelReward:
             model = normalise(raw, moments)
             metrics.update({"reward/model_running_mean": moments.mean, "reward/model_running_std": moments.std})
         return model, metrics
+
+    def outcome(self, rollout: Rollout, state: RunState, timer=None) -> tuple[Rollout, dict]:
+        """The term: ``rollout``'s scores (the rule's so far) combined with the model's, the reward on
+        each sample's last token; the same rollout where ``reward.combine`` is ``rule`` (the model
+        is only watched). Its pass is timed as ``reward_model``."""
+        with timer("reward_model") if timer is not None else nullcontext():
+            model, metrics = self.scores(rollout, state)
+            rule = rollout.scores
+            metrics["reward/rule_mean"] = gather_cat(rule).mean().item()
+            if self.mode == "rule":
+                return rollout, metrics
+            metrics["reward/model_minus_rule"] = gather_cat(model - rule).mean().item()
+            r = self.cfg.reward
+            combined = combine_rewards(rule, model, self.mode, r.rule_weight, r.model_weight, rollout.has_rule)
+        return dataclasses.replace(rollout, scores=combined,
+                                   token_rewards=last_token_rewards(combined, rollout.policy_mask)), metrics
+
+
+def model_term(cfg: Config, model: ModelReward | None) -> ModelReward | None:
+    """The run's reward model (built with the engines), or None without ``reward.model_path``."""
+    return model

@@ -66,7 +66,7 @@ def current_models(ctx: RunContext, plan: StepPlan, rollout: Rollout, timer: Pha
         with timer("ref_logprobs"):
             out.ref_logprobs, _ = ctx.reference.forward_logprobs(rollout)
     if plan.kl_in_reward:
-        out.kl = kl_estimate(out.old_logprobs, out.ref_logprobs, ctx.cfg.algorithm.kl_estimator) * rollout.response_mask
+        out.kl = kl_estimate(out.old_logprobs, out.ref_logprobs, ctx.cfg.algorithm.kl_estimator) * rollout.policy_mask
     return out
 
 
@@ -75,7 +75,7 @@ def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: Ru
     model's running moments, which the step advances); its metrics."""
     alg, timer = ctx.cfg.algorithm, PhaseTimer(timeline=ctx.timeline, rss=PeakRss())
     critic = ctx.critic if plan.v_old is not Source.NONE else None
-    reward = RewardAssembly(ctx.cfg, ctx.reward_model)
+    reward = RewardAssembly(ctx.cfg, ctx.reward_model, plan.phase)
     # 1. Sample and score (+ DAPO dynamic sampling); in a split run, receive. The outcome assembled.
     with timer("rollout"):
         rollout, sample_metrics = source.make(plan.phase, step)

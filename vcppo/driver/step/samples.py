@@ -35,7 +35,7 @@ def pick_samples(rollout: Rollout, rewards: Tensor, advantages: Tensor, tokenize
     P, out = rollout.prompt_len, []
     for i in range(min(n, rollout.size)):
         prompt = rollout.input_ids[i, :P][rollout.attention_mask[i, :P].bool()]
-        on = rollout.response_mask[i].bool()  # model tokens (an episode's observations are not)
+        on = rollout.policy_mask[i].bool()  # model tokens (an episode's observations are not)
         response = rollout.input_ids[i, P:][rollout.attention_mask[i, P:].bool()]  # the whole episode
         adv = advantages[i][on].float()
         out.append(Sample(

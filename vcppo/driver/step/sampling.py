@@ -1,11 +1,27 @@
 """From prompts to a scored :class:`~vcppo.experience.Rollout`: the part value pretraining, PPO,
-the reward model and evaluation share."""
+the reward model and evaluation share.
+
+A run makes its samples one way, chosen once (:func:`make_sampler`): a :class:`Sampler` is either
+:class:`SingleTurnSampler` (one response per sample, scored by the reward rule) or
+:class:`EpisodeSampler` (a multi-turn episode with ``rollout.env``, :mod:`vcppo.driver.step.episodes`).
+Everything that differs between the two (how a step's rows become a rollout, the step's sampling
+figures, a validation sample, the per-turn metrics of a batch) is a method of the sampler, so the
+step, its metrics and validation hold no branch on the kind.
+"""
 from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import torch
 
+from vcppo.algos import stats
+from vcppo.driver.step.env_errors import step_summary
+from vcppo.driver.step.episodes import (EpisodeRunner, episode_metrics, episode_runner, episodes_rollout,
+                                        summed_episode_metrics)
 from vcppo.engines.dist import DistInfo
-
 from vcppo.engines.collectives import all_gather_object
 from vcppo.engines.packing import balanced_partitions, sequence_lengths
 from vcppo.engines.rollout import RolloutEngine, sampled_logprobs_layout
@@ -13,7 +29,9 @@ from vcppo.engines.rollout_groups import RolloutGroups, contiguous_share
 from vcppo.experience import Rollout, compact, concat_batches, last_token_rewards, make_layout
 from vcppo.rewards.routing import data_source_of
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.config.schema import RolloutConfig
+from vcppo.config.schema import Config, RolloutConfig
+
+logger = logging.getLogger(__name__)
 
 
 def rank_slice(items: list, rank: int, world_size: int) -> tuple[int, list]:
@@ -57,7 +75,7 @@ def collect_rollout(rows: list[dict], first_index: int, *, rollout: RolloutEngin
                          pad_id=pad_id, device=device)
     B, R = layout.responses.shape
     score_t = torch.tensor(scores, dtype=torch.float32, device=device)
-    token_rewards = last_token_rewards(score_t, layout.response_mask)
+    token_rewards = last_token_rewards(score_t, layout.policy_mask)
     has_rule = None
     if scorer.functions_by_source:  # which rows a rule of their own scored (reward.combine=model_without_rule)
         sources = [data_source_of(rows[s.prompt_index]["answer"]) for s in samples]
@@ -107,3 +125,159 @@ def share_of_step(whole: Rollout, dist: DistInfo, balance: bool) -> Rollout:
         raise RuntimeError(f"rank {dist.rank} got no prompt group to train on: trainer.prompts_per_step "
                            f"({len(order)} groups) must be >= the number of ranks ({dist.world_size})")
     return compact(whole.select(rows))
+
+
+@dataclass
+class Scored:
+    """One validation sample: its row (an index into the rank's rows), whether it is correct, its
+    length in model tokens, its text, whether a limit cut it, and (an episode) its tool calls
+    (None: a single response, which calls no tool)."""
+    row: int
+    correct: bool
+    length: int
+    text: str
+    truncated: bool
+    tool_calls: int | None = None
+
+
+class Sampler(Protocol):
+    """How this run makes a sample (module docstring). ``rollout``: the engine it samples with."""
+    kind: ClassVar[str]
+    rollout: RolloutEngine
+
+    def begin_step(self) -> None:
+        """A step (or validation) begins."""
+
+    def sample(self, rows: list[dict], first_index: int, keep: range, seed: int, key: str) -> Rollout:
+        """This rank's scored samples of ``rows`` (``first_index``: the global index of ``rows[0]``;
+        ``keep``: the rows whose samples this rank keeps; ``key``: the phase's seed key)."""
+
+    def step_metrics(self, where: str, rank: int) -> dict:
+        """The step's sampling figures over every rank (collective); ``where`` names the step."""
+
+    def validation_samples(self, rows: list[dict], keep: range, n: int, temperature: float, top_p: float,
+                           seed: int) -> list[Scored]:
+        """``n`` samples of each kept row, judged."""
+
+    @staticmethod
+    def batch_metrics(cfg: Config, advantages: torch.Tensor, mask: torch.Tensor,
+                      values: torch.Tensor | None) -> dict:
+        """Metrics of a gathered batch that only this kind of sample has (training side)."""
+
+
+class SingleTurnSampler:
+    """One response per sample, scored by the reward rule (``scorer``)."""
+    kind = "single_turn"
+
+    def __init__(self, rollout: RolloutEngine, scorer: RewardScorer, sampling: RolloutConfig, pad_id: int,
+                 device, logprobs: bool):
+        self.rollout, self.scorer, self.sampling = rollout, scorer, sampling
+        self.pad_id, self.device, self.logprobs = pad_id, device, logprobs
+
+    @classmethod
+    def build(cls, cfg: Config, rollout: RolloutEngine, scorer: RewardScorer, pad_id: int, device, logprobs: bool,
+              max_model_len: int | None) -> "SingleTurnSampler":
+        return cls(rollout, scorer, cfg.rollout, pad_id, device, logprobs)
+
+    def begin_step(self) -> None:
+        pass
+
+    def sample(self, rows: list[dict], first_index: int, keep: range, seed: int, key: str) -> Rollout:
+        return collect_rollout(rows, first_index=first_index, keep=keep, rollout=self.rollout, scorer=self.scorer,
+                               pad_id=self.pad_id, device=self.device, sampling=self.sampling, seed=seed,
+                               logprobs=self.logprobs)
+
+    def step_metrics(self, where: str, rank: int) -> dict:
+        return {}
+
+    def validation_samples(self, rows: list[dict], keep: range, n: int, temperature: float, top_p: float,
+                           seed: int) -> list[Scored]:
+        s = self.sampling
+        out = self.rollout.generate([r["prompt_ids"] for r in rows], n=n, temperature=temperature, top_p=top_p,
+                                    max_tokens=s.max_response_tokens, stop=s.stop or None, seed=seed, logprobs=False)
+        out = [x for x in out if x.prompt_index in keep]
+        ok = self.scorer.judge([x.text for x in out], [rows[x.prompt_index]["answer"] for x in out],
+                               [x.finish_reason for x in out])[1]
+        return [Scored(x.prompt_index, bool(c), len(x.response_ids), x.text, x.finish_reason == "length")
+                for x, c in zip(out, ok)]
+
+    @staticmethod
+    def batch_metrics(cfg: Config, advantages: torch.Tensor, mask: torch.Tensor,
+                      values: torch.Tensor | None) -> dict:
+        return {}
+
+
+class EpisodeSampler:
+    """Multi-turn episodes of ``rollout.env`` (``runner``); the reward is the env's. Their env
+    failures count with the reward's (``scorer``'s tally: the same failure budget applies)."""
+    kind = "episodes"
+
+    def __init__(self, cfg: Config, runner: EpisodeRunner, scorer: RewardScorer, pad_id: int, device,
+                 logprobs: bool):
+        self.cfg, self.runner, self.scorer = cfg, runner, scorer
+        self.rollout, self.pad_id, self.device, self.logprobs = runner.rollout, pad_id, device, logprobs
+        self.figures: dict = {}
+
+    @classmethod
+    def build(cls, cfg: Config, rollout: RolloutEngine, scorer: RewardScorer | None, pad_id: int, device,
+              logprobs: bool, max_model_len: int | None) -> "EpisodeSampler":
+        """Its env in as many worker processes as the scorer has."""
+        runner = episode_runner(cfg, rollout, getattr(scorer, "num_workers", 0), max_model_len)
+        return cls(cfg, runner, scorer, pad_id, device, logprobs)
+
+    def begin_step(self) -> None:
+        self.runner.errors.take_step()  # the step's summary names the step's own first error
+
+    def sample(self, rows: list[dict], first_index: int, keep: range, seed: int, key: str) -> Rollout:
+        """The rows' episodes; their figures added to the step's. ``keep`` is every row: a
+        tensor-parallel sampler does not run episodes (the config rules refuse it)."""
+        start, before = time.perf_counter(), self.runner.env_seconds
+        done = self.runner.run(rows, self.cfg.rollout.n_samples_per_prompt, seed, key, self.cfg.rollout.temperature,
+                               self.logprobs)
+        figures = episode_metrics(done, self.runner.env_seconds - before)
+        figures["env/rollout_seconds"] = time.perf_counter() - start
+        self.figures = {k: self.figures.get(k, 0.0) + v for k, v in figures.items()}
+        self.scorer.num_scored += len(done)
+        self.scorer.num_failures += sum(e.failed for e in done)
+        return episodes_rollout(done, first_index, self.pad_id, self.device, self.logprobs)
+
+    def step_metrics(self, where: str, rank: int) -> dict:
+        """The step's episode figures; a summary line of its env errors in the log (first rank)."""
+        metrics = summed_episode_metrics(self.figures)
+        self.figures = {}
+        line = step_summary(where, self.cfg.rollout.env, metrics, self.runner.errors.take_step())
+        if line and rank == 0:  # the first rank that runs episodes (split: rollout rank 0)
+            logger.warning(line)
+        return metrics
+
+    def validation_samples(self, rows: list[dict], keep: range, n: int, temperature: float, top_p: float,
+                           seed: int) -> list[Scored]:
+        """Correct where the env says the episode solved the task; the length is its model tokens."""
+        done = self.runner.run(rows, n, seed, "val", temperature, logprobs=False)
+        return [Scored(e.prompt_index, e.solved, int(sum(e.policy)), self.rollout.tokenizer.decode(e.tokens),
+                       e.truncated, e.tool_calls) for e in done if e.prompt_index in keep]
+
+    @staticmethod
+    def batch_metrics(cfg: Config, advantages: torch.Tensor, mask: torch.Tensor,
+                      values: torch.Tensor | None) -> dict:
+        """The advantages (and the critic's values) by turn."""
+        turns = cfg.rollout.max_turns
+        m = {"env/adv_by_turn": stats.per_turn_means(advantages, mask, turns)}
+        if values is not None:
+            m["env/value_by_turn"] = stats.per_turn_means(values, mask, turns)
+        return m
+
+
+SAMPLERS: dict[str, type] = {SingleTurnSampler.kind: SingleTurnSampler, EpisodeSampler.kind: EpisodeSampler}
+
+
+def sampler_kind(cfg: Config) -> str:
+    """The run's kind of sample: episodes with ``rollout.env``, else single responses."""
+    return EpisodeSampler.kind if cfg.rollout.env else SingleTurnSampler.kind
+
+
+def make_sampler(cfg: Config, rollout: RolloutEngine, scorer: RewardScorer | None, *, pad_id: int = 0,
+                 device="cpu", logprobs: bool = False, max_model_len: int | None = None) -> Sampler:
+    """The run's :class:`Sampler`, chosen here once (``max_model_len``: the engine's context, default
+    the run's)."""
+    return SAMPLERS[sampler_kind(cfg)].build(cfg, rollout, scorer, pad_id, device, logprobs, max_model_len)

@@ -52,8 +52,8 @@ class PolicyLoss:
     def loss_mask(self, batch: ActorBatch) -> torch.Tensor:
         """(B, R): the tokens the policy loss averages over."""
         if self.alg.mask_truncated:
-            return mask_truncated(batch.response_mask, batch.truncated)
-        return batch.response_mask
+            return mask_truncated(batch.policy_mask, batch.truncated)
+        return batch.policy_mask
 
     def count_masks(self, minibatch: ActorBatch) -> dict[str, torch.Tensor]:
         masks = {RESPONSE: self.loss_mask(minibatch)}
@@ -114,12 +114,12 @@ class ValueLoss:
         if self.old_from_update:
             old = outputs.values.detach()
             self.kept.append((old,))
-        loss, metrics = losses.value_loss(outputs.values, old, micro.returns, micro.response_mask,
+        loss, metrics = losses.value_loss(outputs.values, old, micro.returns, micro.policy_mask,
                                           clip_range=self.clip, agg=self.agg,
                                           global_token_count=counts.tokens[RESPONSE],
                                           global_seq_count=counts.sequences[RESPONSE], norm_constant=self.norm)
         metrics = {f"critic/{k}": v for k, v in metrics.items()}
-        metrics["critic/value_loss"] = loss.detach() * counts.local_share(RESPONSE, micro.response_mask, self.agg)
+        metrics["critic/value_loss"] = loss.detach() * counts.local_share(RESPONSE, micro.policy_mask, self.agg)
         return loss, metrics
 
 

@@ -3,73 +3,37 @@ validation inside training, the SFT command's stopping rule, and `vcppo eval`.""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from vcppo.algos.stats import pass_at_k
-from vcppo.driver.step.episodes import EpisodeRunner
 from vcppo.driver.step.experience_maker import sample_seed
-from vcppo.driver.step.sampling import rollout_share
+from vcppo.driver.step.sampling import Sampler, Scored, rollout_share
 from vcppo.engines import collectives
 from vcppo.engines.dist import DistInfo
-from vcppo.engines.rollout import RolloutEngine
-from vcppo.rewards.verifier import RewardScorer
 from vcppo.config.schema import Config, RolloutConfig
 
 
-@dataclass
-class Scored:
-    """One validation sample: its row (an index into the rank's rows), whether it is correct, its
-    length in model tokens, its text, whether a limit cut it, and (an episode) its tool calls."""
-    row: int
-    correct: bool
-    length: int
-    text: str
-    truncated: bool
-    tool_calls: int = 0
-
-
-def _sampled(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sampling: RolloutConfig, keep: range,
-             episodes: EpisodeRunner | None, n: int, temperature: float, top_p: float, seed: int) -> list[Scored]:
-    """``n`` samples of each kept row: single-turn responses judged by the scorer, or with
-    ``episodes`` multi-turn episodes, correct where the env says it was solved."""
-    if episodes is not None:
-        done = episodes.run(mine, n, seed, "val", temperature, logprobs=False)
-        return [Scored(e.prompt_index, e.solved, int(sum(e.policy)), rollout.tokenizer.decode(e.tokens), e.truncated,
-                       e.tool_calls) for e in done if e.prompt_index in keep]
-    out = rollout.generate([r["prompt_ids"] for r in mine], n=n, temperature=temperature, top_p=top_p,
-                           max_tokens=sampling.max_response_tokens, stop=sampling.stop or None, seed=seed,
-                           logprobs=False)
-    out = [s for s in out if s.prompt_index in keep]
-    ok = scorer.judge([s.text for s in out], [mine[s.prompt_index]["answer"] for s in out],
-                      [s.finish_reason for s in out])[1]
-    return [Scored(s.prompt_index, bool(c), len(s.response_ids), s.text, s.finish_reason == "length")
-            for s, c in zip(out, ok)]
-
-
-def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScorer, sampling: RolloutConfig,
-                   n_samples: int, ks: list[int], seed: int, greedy: bool, keep: range, first: int,
-                   text_samples: int = 0, episodes: EpisodeRunner | None = None) -> dict:
+def _score_on_rank(sampler: Sampler, mine: list[dict], sampling: RolloutConfig, n_samples: int, ks: list[int],
+                   seed: int, greedy: bool, keep: range, first: int, text_samples: int = 0) -> dict:
     """Metrics of the rows in ``keep`` (indices into ``mine``, the rows this rank's rollout group
     samples: the whole group sends the same requests, each rank keeps its part); each entry's
     row, as an index into the whole split (``first``: the index of ``mine[0]``), in ``*_rows``;
-    ``text_samples`` greedy responses as text in ``samples``. With ``episodes`` a sample is a
-    multi-turn episode (its length: its model tokens)."""
+    ``text_samples`` greedy responses as text in ``samples``. A sample is the ``sampler``'s (a
+    single response, or a multi-turn episode whose length is its model tokens)."""
     part = {"greedy_correct": [], "greedy_lengths": [], "greedy_rows": [], "n_correct": [], "n_correct_rows": [],
             "sampled_lengths": [], "sampled_rows": [], "samples": [], "greedy_tools": [], "sampled_tools": []}
     if not mine:
         return part
     if greedy:
-        out = _sampled(rollout, mine, scorer, sampling, keep, episodes, 1, 0.0, 1.0, seed)
+        out = sampler.validation_samples(mine, keep, 1, 0.0, 1.0, seed)
         part["greedy_correct"] = [float(s.correct) for s in out]
         part["greedy_lengths"] = [s.length for s in out]
         part["greedy_rows"] = [first + s.row for s in out]
-        part["greedy_tools"] = [s.tool_calls for s in out] if episodes is not None else []
+        part["greedy_tools"] = [s.tool_calls for s in out if s.tool_calls is not None]
         part["samples"] = [_text_sample(mine[s.row], s) for s in out[:text_samples]]
     if n_samples > 0 and ks:
-        out = _sampled(rollout, mine, scorer, sampling, keep, episodes, n_samples, sampling.temperature,
-                       sampling.top_p, seed + 1)
+        out = sampler.validation_samples(mine, keep, n_samples, sampling.temperature, sampling.top_p, seed + 1)
         counts = [0] * len(mine)
         for s in out:
             counts[s.row] += int(s.correct)
@@ -77,7 +41,7 @@ def _score_on_rank(rollout: RolloutEngine, mine: list[dict], scorer: RewardScore
         part["n_correct_rows"] = [first + i for i in keep]
         part["sampled_lengths"] = [s.length for s in out]
         part["sampled_rows"] = [first + s.row for s in out]
-        part["sampled_tools"] = [s.tool_calls for s in out] if episodes is not None else []
+        part["sampled_tools"] = [s.tool_calls for s in out if s.tool_calls is not None]
     return part
 
 
@@ -90,10 +54,11 @@ def _text_sample(row: dict, sample: Scored) -> dict:
             "length": sample.length, "adv_mean": None, "adv_min": None, "adv_max": None}
 
 
-def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, dist: DistInfo,
-             sampling: RolloutConfig, n_samples: int, ks: list[int], seed: int = 0, greedy: bool = True,
-             groups: list[str] | None = None, text_samples: int = 0, episodes: EpisodeRunner | None = None) -> dict:
-    """Each rank evaluates its slice of ``rows`` ({"prompt_ids", "answer"}); results are merged.
+def evaluate(sampler: Sampler, rows: list[dict], *, dist: DistInfo, sampling: RolloutConfig, n_samples: int,
+             ks: list[int], seed: int = 0, greedy: bool = True, groups: list[str] | None = None,
+             text_samples: int = 0) -> dict:
+    """Each rank evaluates its slice of ``rows`` ({"prompt_ids", "answer"}) with the ``sampler``'s
+    samples (:func:`~vcppo.driver.step.sampling.make_sampler`); results are merged.
 
     Returns ``val/pass@1_greedy`` (temperature 0), ``val/pass@k`` for each k (unbiased estimator
     over ``n_samples`` samples at ``sampling.temperature``), mean response lengths, and on episodes
@@ -101,8 +66,8 @@ def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, 
     ``groups`` (a label per row, e.g. its data_source) the same per group, as ``val/<group>/...``.
     """
     sampled, kept = rollout_share(len(rows), dist, sampling.tensor_parallel_size)
-    part = _score_on_rank(rollout, rows[sampled.start:sampled.stop], scorer, sampling, n_samples, ks, seed, greedy,
-                          keep=kept, first=sampled.start, text_samples=text_samples, episodes=episodes)
+    part = _score_on_rank(sampler, rows[sampled.start:sampled.stop], sampling, n_samples, ks, seed, greedy,
+                          keep=kept, first=sampled.start, text_samples=text_samples)
     merged = {k: [] for k in part}
     for p in collectives.all_gather_object(part):
         for k, v in p.items():
@@ -120,14 +85,13 @@ def evaluate(rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, *, 
 SAMPLES_KEY = "samples"  # validate_run's greedy responses as text (logging.log_samples), beside the metrics
 
 
-def validate_run(cfg: Config, rollout: RolloutEngine, rows: list[dict], scorer: RewardScorer, dist: DistInfo,
-                 step: int, episodes: EpisodeRunner | None = None) -> dict:
+def validate_run(cfg: Config, sampler: Sampler, rows: list[dict], dist: DistInfo, step: int) -> dict:
     """A training run's validation with the weights of ``step`` (``trainer.val_*``, seeded per step
     and rollout engine): :func:`evaluate`'s metrics and ``time/val_s``, its wall-clock seconds."""
     start = time.perf_counter()
-    metrics = evaluate(rollout, rows, scorer, dist=dist, sampling=cfg.rollout, n_samples=cfg.trainer.val_n_samples,
-                       ks=cfg.trainer.val_k, seed=sample_seed(cfg.trainer.seed, "val", step, rollout.replica),
-                       text_samples=cfg.logging.log_samples, episodes=episodes)
+    metrics = evaluate(sampler, rows, dist=dist, sampling=cfg.rollout, n_samples=cfg.trainer.val_n_samples,
+                       ks=cfg.trainer.val_k, seed=sample_seed(cfg.trainer.seed, "val", step, sampler.rollout.replica),
+                       text_samples=cfg.logging.log_samples)
     metrics["time/val_s"] = time.perf_counter() - start
     return metrics
 
