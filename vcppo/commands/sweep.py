@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 from vcppo.sweep import collect, expand, launch_command, load_sweep, shipped_sweeps, with_overrides
 
 

@@ -24,12 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from vcppo.config.extends import read_yaml_chain
-from vcppo.config.paths import check_paths, commands_with_paths
 from vcppo.config.provenance import CRITIC_CACHE_KEYS, resume_classes
 from vcppo.config.rules import check_critic_keys, validate
-from vcppo.models.hub import resolve_model_keys
 from vcppo.methods import uses_critic
-from vcppo.config.schema import RESUME_CLASSES, Config, ConfigError
+from vcppo.config.schema import RESUME_CLASSES, Config
+from vcppo.errors import ConfigError
 
 # Presets ship inside the package (vcppo/configs/*.yaml), so an installed wheel has them too.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -223,19 +222,6 @@ def split_command_line(argv: Sequence[str], default_config: str | None) -> tuple
     if argv and "=" not in argv[0]:
         return argv[0], argv[1:]
     return default_config, argv
-
-
-def load_command_config(argv: Sequence[str], command: str, default_config: str | None = "base") -> Config:
-    """The config of ``vcppo COMMAND [CONFIG] [key=value ...]``, with the paths the command reads
-    checked (ConfigError naming the key otherwise)."""
-    config, overrides = split_command_line(argv, default_config)
-    if config is None:
-        raise ConfigError("a CONFIG (preset name or YAML file) is required")
-    cfg = load_config(config, overrides)
-    resolve_model_keys(cfg, command)  # hub ids -> snapshot directories, before any path is checked
-    if command in commands_with_paths():
-        check_paths(cfg, command)
-    return cfg
 
 
 def finalize(cfg: Config) -> Config:
