@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -126,14 +127,23 @@ def _auto_as_null(data: DictConfig) -> None:
             OmegaConf.update(data, key, None, merge=False)
 
 
-def _merge(base: DictConfig, data: DictConfig, where: str) -> DictConfig:
-    _check_keys(data, where)
-    _check_sections(data, where)
-    _auto_as_null(data)
+def _merge(base: DictConfig, layers: list[tuple[DictConfig, str]]) -> DictConfig:
+    """``base`` <- each ``(data, where)`` in turn, in one merge (it copies ``base`` once); an error names
+    the ``where`` of the layer it comes from."""
+    for data, where in layers:
+        _check_keys(data, where)
+        _check_sections(data, where)
+        _auto_as_null(data)
     try:
-        return OmegaConf.merge(base, data)
-    except OmegaConfBaseException as e:
-        raise _config_error(e, where) from None
+        return OmegaConf.merge(base, *(data for data, _ in layers))
+    except OmegaConfBaseException:
+        pass
+    for data, where in layers:  # which layer: merged one at a time
+        try:
+            base = OmegaConf.merge(base, data)
+        except OmegaConfBaseException as e:
+            raise _config_error(e, where) from None
+    raise AssertionError("a merge failed as a whole but not layer by layer")
 
 
 def _config_error(e: OmegaConfBaseException, where: str) -> ConfigError:
@@ -190,21 +200,29 @@ def parse_overrides(overrides: Sequence[str]) -> DictConfig:
     return merged
 
 
+@functools.lru_cache(maxsize=1)
+def _schema() -> DictConfig:
+    """The schema's defaults as OmegaConf's structured config, built once a process (most of a load's
+    time otherwise): every merge copies its base, and nothing writes into it."""
+    return OmegaConf.structured(Config)
+
+
 def load_config(config: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults <- YAML chain <- overrides; validated and finalized."""
-    merged = OmegaConf.structured(Config)
+    layers = []  # (data, where), merged in this order onto the schema's defaults
     preset, user_keys = None, {}  # the keys the user set (their files, the command line): key -> where
     if config:
         path = resolve_config_path(str(config))
         for p, data in read_yaml_chain(path, CONFIG_DIR):
-            merged = _merge(merged, data, where=str(p))
+            layers.append((data, str(p)))
             if CONFIG_DIR not in p.parents:  # a shipped preset's settings are not the user's
                 user_keys.update(dict.fromkeys(_leaf_keys(OmegaConf.to_container(data, resolve=False)), str(p)))
         preset = path.stem
     if overrides:
         data = parse_overrides(overrides)
-        merged = _merge(merged, data, where="command line")
+        layers.append((data, "command line"))
         user_keys.update(dict.fromkeys(_leaf_keys(OmegaConf.to_container(data, resolve=False)), "command line"))
+    merged = _merge(_schema(), layers) if layers else _schema()
     try:
         cfg: Config = OmegaConf.to_object(merged)  # resolves ${...} interpolations
     except OmegaConfBaseException as e:
