@@ -3,9 +3,10 @@ import re
 import pytest
 import yaml
 
-from vcppo.config.load import (CONFIG_DIR, ConfigError, all_keys, load_config, parse_overrides, save_config,
+from vcppo.config.load import (CONFIG_DIR, all_keys, load_config, parse_overrides, save_config,
                           schema_markdown)
-from vcppo.config.paths import check_paths
+from vcppo.errors import ConfigError
+from vcppo.preflight import check_host, check_paths, load_command_config
 
 PRESETS = ["vcppo", "ppo", "vcppo_no_dgae", "grpo", "vapo"]
 
@@ -162,7 +163,7 @@ def test_non_finite_and_command_section_values_name_the_field(override, field):
 
 
 def test_every_command_reads_config_then_overrides():
-    from vcppo.config.load import load_command_config, split_command_line
+    from vcppo.config.load import split_command_line
     assert split_command_line(["vapo", "a.b=1"], None) == ("vapo", ["a.b=1"])
     assert split_command_line(["a.b=1"], "base") == ("base", ["a.b=1"])
     cfg = load_command_config(["sft.steps=7"], "demo")  # demo checks no path
@@ -248,7 +249,9 @@ def test_episode_settings_are_checked_before_any_engine():
                            (["rollout.env=guess", "critic.confidence_features=true"], "critic.confidence_features"),
                            (["rollout.env=guess", "rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size")):
         with pytest.raises(ConfigError, match=f"config key '{re.escape(key)}'"):
-            load_config("vcppo", overrides)
+            check_host(load_config("vcppo", overrides))  # the env class: the pre-flight's; the rest: the config's
+    with pytest.raises(ConfigError, match="config key 'rollout.env'"):  # what every command's config goes through
+        load_command_config(["vcppo", "rollout.env=no_such_env"], "demo")
 
 
 def test_the_config_reference_is_the_schema():

@@ -8,9 +8,10 @@ import pytest
 
 from vcppo.cli import main as cli_main
 from vcppo.commands import plan as plan_cmd
-from vcppo.config.load import CONFIG_DIR, load_command_config, load_config
+from vcppo.config.load import CONFIG_DIR, load_config
+from vcppo.preflight import load_command_config
 from vcppo.config.extends import extends_candidates
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 
 def _write(path, text):

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from vcppo.config.load import ConfigError, load_config
-from vcppo.config.paths import check_paths
+from vcppo.config.load import load_config
+from vcppo.errors import ConfigError
+from vcppo.preflight import check_host, check_paths
 
 
 @pytest.mark.parametrize("override,named", [
@@ -129,16 +130,16 @@ def test_a_sandbox_that_cannot_start_stops_the_run_before_engines(monkeypatch):
         with pytest.raises(ConfigError, match=r"config key 'rollout.env_args': tools env: the python tool cannot "
                                               r"sandbox model code here: cannot start /nonexistent/bwrap.*"
                                               r"allow_unsandboxed_python=true"):
-            load_config("vcppo", ["rollout.env=tools", "rollout.env_args.tools=[calculator,python]"])
+            check_host(load_config("vcppo", ["rollout.env=tools", "rollout.env_args.tools=[calculator,python]"]))
         with pytest.raises(ConfigError, match=r"config key 'reward.functions_by_source.apps': the code reward runs "
                                               r"programs in a sandbox, which cannot start here"):
-            load_config("vcppo", ["reward.functions_by_source.apps=vcppo.rewards.code:score"])
-        load_config("vcppo", ["rollout.env=tools", "rollout.env_args.tools=[calculator,python]",
-                              "rollout.env_args.allow_unsandboxed_python=true"])  # on purpose
-        load_config("vcppo", ["rollout.env=tools"])  # the calculator alone needs no sandbox
+            check_host(load_config("vcppo", ["reward.functions_by_source.apps=vcppo.rewards.code:score"]))
+        check_host(load_config("vcppo", ["rollout.env=tools", "rollout.env_args.tools=[calculator,python]",
+                                         "rollout.env_args.allow_unsandboxed_python=true"]))  # on purpose
+        check_host(load_config("vcppo", ["rollout.env=tools"]))  # the calculator alone needs no sandbox
     finally:
         bwrap.sandbox_problem.cache_clear()
     with pytest.raises(ConfigError, match=r"'rollout.env_args': tools env: unknown argument 'python_timeout'"):
-        load_config("vcppo", ["rollout.env=tools", "rollout.env_args.python_timeout=3"])
+        check_host(load_config("vcppo", ["rollout.env=tools", "rollout.env_args.python_timeout=3"]))
     with pytest.raises(ConfigError, match=r"'rollout.env_args': cannot import module 'no_such_module'"):
-        load_config("vcppo", ["rollout.env=tools", "rollout.env_args.answer_reward=no_such_module:score"])
+        check_host(load_config("vcppo", ["rollout.env=tools", "rollout.env_args.answer_reward=no_such_module:score"]))

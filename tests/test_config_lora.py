@@ -2,8 +2,9 @@
 import pytest
 
 from tests.engines.conftest import build_tiny_model
-from vcppo.config.load import ConfigError, load_config
-from vcppo.config.paths import check_paths
+from vcppo.config.load import load_config
+from vcppo.errors import ConfigError
+from vcppo.preflight import check_paths
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from vcppo.config.load import CRITIC_KEYS, load_config
 from vcppo.methods import ESTIMATORS, uses_critic
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 NEW_PRESETS = {  # preset: (estimator, policy loss, loss aggregation)
     "rloo": ("rloo", "ppo", "token-mean"),

@@ -4,7 +4,7 @@ import pytest
 
 from vcppo.config.load import load_config
 from vcppo.config.placement import BOTH, CRITIC, ROLLOUT, TRAIN, Placement
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 
 def test_colocated_ranks_do_everything():

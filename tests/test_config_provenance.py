@@ -9,7 +9,8 @@ from vcppo.config import schema
 from vcppo.config.load import all_keys, load_config, to_dict
 from vcppo.config.provenance import (CLASSES, HISTORY_FILE, check_allow_list, diff_configs, read_history,
                                      record_segment, refuse_changes, summary)
-from vcppo.config.schema import RESUME_CLASSES, ConfigError
+from vcppo.config.schema import RESUME_CLASSES
+from vcppo.errors import ConfigError
 
 
 def test_every_key_is_classified():

@@ -7,7 +7,7 @@ import yaml
 from tests.conftest import vcppo
 from vcppo import sweep
 from vcppo.commands import sweep as sweep_cli
-from vcppo.config.load import ConfigError
+from vcppo.errors import ConfigError
 from vcppo.sweep import SWEEP_DIR, expand, load_sweep, resolve_sweep, shipped_sweeps
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ENV
-from vcppo.config.load import ConfigError
+from vcppo.errors import ConfigError
 from vcppo.sweep import expand, load_sweep, ppo_time, seed_summary, with_overrides
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,14 +39,6 @@ def test_chain_methods_runs_seven_methods_on_three_seeds_with_lambda_08_critics(
         assert "trainer.total_steps=50" in o and "rollout.n_samples_per_prompt=4" in o
         assert ("algorithm.lambda_actor=0.8" in o) == (r["preset"] in ("vcppo", "ppo"))
         assert ("algorithm.lambda_critic=0.8" in o) == (r["preset"] == "ppo")
-
-
-def test_chain_methods_dry_run_builds_nothing(tmp_path):
-    res = subprocess.run([str(REPO / "launch/chain_methods.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert len([line for line in res.stdout.splitlines() if " train " in line]) == 21
-    assert not any(tmp_path.iterdir())
 
 
 def test_ppo_time_and_entropy_in_the_seed_summary(tmp_path):
@@ -167,11 +159,32 @@ def test_regimes_episode_sweeps_run_every_method_at_64_episodes_a_step(sweep, en
     assert seen == {s: {"0", "1", "2"} for s in settings}
 
 
-@pytest.mark.parametrize("script,runs", [("regimes_samples", 18), ("regimes_critic_updates", 9), ("regimes_reuse", 18),
-                                         ("regimes_episodes", 30), ("regimes_length", 15)])
-def test_regimes_dry_run_lists_every_run_and_builds_nothing(script, runs, tmp_path):
-    res = subprocess.run([str(REPO / f"launch/{script}.sh"), "--dry-run"], cwd=tmp_path, env=ENV,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert len([line for line in res.stdout.splitlines() if " train " in line]) == runs
-    assert not any(tmp_path.iterdir())
+# Each launch script's dry run, and how many `vcppo train` lines it lists.
+DRY_RUNS = {"chain_methods": 21, "regimes_samples": 18, "regimes_critic_updates": 9, "regimes_reuse": 18,
+            "regimes_episodes": 30, "regimes_length": 15}
+# A `vcppo` that only writes down its command line (the script's part), so that every script's `vcppo
+# sweep` runs in this process (what `vcppo sweep NAME --dry-run` does), not in one interpreter each.
+RECORDING_VCPPO = '#!/bin/sh\nprintf "%s\\0" "$@" >> "$VCPPO_CALLS"\nprintf "\\n" >> "$VCPPO_CALLS"\n'
+
+
+def test_launch_scripts_dry_run_lists_every_run_and_builds_nothing(tmp_path, monkeypatch, capsys):
+    from vcppo.commands import sweep as sweep_command
+    stub = tmp_path / "bin" / "vcppo"
+    stub.parent.mkdir()
+    stub.write_text(RECORDING_VCPPO)
+    stub.chmod(0o755)
+    for script, runs in DRY_RUNS.items():
+        work, calls = tmp_path / script, tmp_path / f"{script}.calls"
+        work.mkdir()
+        res = subprocess.run([str(REPO / f"launch/{script}.sh"), "--dry-run"], cwd=work, capture_output=True,
+                             text=True, timeout=60, env=dict(ENV, VCPPO=str(stub), VCPPO_CALLS=str(calls)))
+        assert res.returncode == 0, (script, res.stderr[-3000:])
+        listed = 0
+        monkeypatch.chdir(work)
+        for line in calls.read_text().splitlines():
+            argv = line.split("\0")[:-1]
+            assert argv[0] == "sweep" and argv[-1] == "--dry-run", (script, argv)
+            assert sweep_command.main(argv[1:]) == 0, (script, argv)
+            listed += sum(" train " in out for out in capsys.readouterr().out.splitlines())
+        assert listed == runs, script
+        assert not any(work.iterdir()), script  # neither the script nor the sweep built anything

@@ -11,7 +11,7 @@ import importlib
 import sys
 import traceback
 
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 # command -> (module with a `main(argv: list[str]) -> int | None`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import yaml
 
-from vcppo.config.load import CONFIG_DIR, CRITIC_KEYS, ConfigError, load_config, resolve_named_file
+from vcppo.config.load import CONFIG_DIR, CRITIC_KEYS, load_config, resolve_named_file
+from vcppo.errors import ConfigError
 from vcppo.methods import uses_critic
 
 _TOP_KEYS = {"name", "output_root", "launcher", "preset", "overrides", "grid", "runs", "preset_overrides"}

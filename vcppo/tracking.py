@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vcppo.records import read_records
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

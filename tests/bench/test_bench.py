@@ -61,22 +61,36 @@ def test_rollout_bench_stops_hf_where_vllm_stops(tmp_path):
     assert rollout_bench.stop_token_ids(model) == [4]
 
 
-@pytest.mark.slow
-@pytest.mark.integration
-def test_rollout_bench_runs_the_real_engines(tmp_path):
-    """vLLM (eager and compiled), HF generate, the DeepSpeed actor / critic steps with the PPO
-    losses, and the weight sync."""
+def run_rollout_bench(tmp_path, *extra) -> dict:
     from tests.conftest import vcppo
-    res = vcppo("bench", "rollout", "--sizes", "tiny", "--rounds", "1", "--warmup", "0", "--train-step", "--compiled",
+    res = vcppo("bench", "rollout", "--sizes", "tiny", "--rounds", "1", "--warmup", "0", "--train-step", *extra,
                 "--prompts", "4", "--n", "2",
                 "--max-tokens", "16", "--micro-batch-size", "4", "--json", tmp_path / "out" / "rollout.json",
                 cwd=tmp_path, check=False, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     figures = json.loads((tmp_path / "out" / "rollout.json").read_text())["tiny"]
-    for key in ("engine_tok_per_s", "logprobs_tok_per_s", "seeded_tok_per_s", "hf_tok_per_s", "compiled_tok_per_s", "compiled_over_hf",
+    for key in ("engine_tok_per_s", "logprobs_tok_per_s", "seeded_tok_per_s", "hf_tok_per_s",
                 "fwd_logprobs_s", "fwd_values_s", "actor_step_s", "critic_step_s", "sync_s"):
         assert figures[key] > 0, key
     assert figures["train_tokens"] == figures["engine_tokens"]  # one round: the batch that trained
+    return figures
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_rollout_bench_runs_the_real_engines(tmp_path):
+    """vLLM (eager), HF generate, the DeepSpeed actor / critic steps with the PPO losses, and the weight
+    sync."""
+    assert "compiled_tok_per_s" not in run_rollout_bench(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.extended
+def test_rollout_bench_also_times_compiled_vllm(tmp_path):
+    """``--compiled``: a second vLLM engine, compiled, against HF generate."""
+    figures = run_rollout_bench(tmp_path, "--compiled")
+    assert figures["compiled_tok_per_s"] > 0 and figures["compiled_over_hf"] > 0
 
 
 def test_reward_bench_compares_serial_and_pool_on_the_same_batch(tmp_path):
@@ -158,20 +172,11 @@ def test_trl_phase_clock_splits_a_step_into_timed_calls_and_the_rest():
     assert _per_step_tokens([10.0, 20.0, 30.0, 40.0], 2) == [30.0, 70.0]
 
 
-@pytest.mark.slow
-@pytest.mark.integration
-def test_step_bench_runs_the_driver_rl_step_with_the_real_engines(tmp_path):
-    """vLLM + DeepSpeed actor / critic / reference through the driver's rl_step; with TRL
-    installed, TRL's PPOTrainer on the same workload and the ratios."""
+def run_step_bench(tmp_path, *extra):
     from tests.conftest import vcppo
-    try:
-        import trl  # noqa: F401
-        with_trl = ["--trl"]
-    except ImportError:
-        with_trl = []
     out = tmp_path / "out" / "step.json"
     res = vcppo("bench", "step", "--size", "tiny", "--steps", "2", "--prompts", "2", "--n", "2", "--max-tokens", "8",
-                "--micro-batch", "4", "--profile", "5", *with_trl, "--workdir", tmp_path / "w", "--json", out,
+                "--micro-batch", "4", "--profile", "5", *extra, "--workdir", tmp_path / "w", "--json", out,
                 cwd=tmp_path, check=False, timeout=900)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     row = json.loads(out.read_text())["settings"]["mb4"]
@@ -181,9 +186,26 @@ def test_step_bench_runs_the_driver_rl_step_with_the_real_engines(tmp_path):
         assert ours["phases"][phase] > 0, phase
     assert "values" not in ours["phases"]  # lambda_critic 1, one critic step: V_old from the update
     assert "Self CPU" in ours["profile"]  # --profile: torch.profiler's table of the last step
-    if with_trl:
-        assert row["trl"]["step_s"] > 0 and row["trl"]["phases"]["rollout"] > 0 and row["ratio_step"] > 0
-        assert 0 < row["trl"]["response_tokens"] <= 2 * 2 * 8 and "vcppo / TRL" in res.stdout
+    return row, res
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_step_bench_runs_the_driver_rl_step_with_the_real_engines(tmp_path):
+    """vLLM + DeepSpeed actor / critic / reference through the driver's rl_step."""
+    row, _ = run_step_bench(tmp_path)
+    assert "trl" not in row
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.extended
+def test_step_bench_also_runs_trl_on_the_same_workload(tmp_path):
+    """``--trl``: TRL's PPOTrainer on the same workload, and the ratios."""
+    pytest.importorskip("trl")
+    row, res = run_step_bench(tmp_path, "--trl")
+    assert row["trl"]["step_s"] > 0 and row["trl"]["phases"]["rollout"] > 0 and row["ratio_step"] > 0
+    assert 0 < row["trl"]["response_tokens"] <= 2 * 2 * 8 and "vcppo / TRL" in res.stdout
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from vcppo.commands import demo
-from vcppo.config.load import load_command_config
+from vcppo.preflight import load_command_config
 
 
 def _fake_run(calls, run_dir: Path):

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from vcppo.data.checks import DataError
+from vcppo.errors import DataError
 from vcppo.data.dataset import load_prompts
 from vcppo.models.tokenizer import build_tokenizer
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

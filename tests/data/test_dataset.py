@@ -115,7 +115,7 @@ def test_a_read_only_datasets_cache_is_named_with_the_fix(tmp_path, monkeypatch)
     import datasets
     import pandas as pd
 
-    from vcppo.data.checks import DataError
+    from vcppo.errors import DataError
     from vcppo.data.dataset import _read_table
     pd.DataFrame({"prompt": ["1+1"], "answer": ["2"]}).to_parquet(tmp_path / "train.parquet")
     cache = tmp_path / "ro"

@@ -7,9 +7,9 @@ import pytest
 
 from tests.hub_cache import add_snapshot, offline_hub
 from vcppo.data import hub_sources
-from vcppo.data.checks import DataError
+from vcppo.errors import DataError
 from vcppo.commands.data import main as data_main
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 
 @pytest.fixture

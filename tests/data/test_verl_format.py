@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from vcppo.data.checks import DataError
+from vcppo.errors import DataError
 from vcppo.data.dataset import format_prompt, load_prompts
 from vcppo.models.tokenizer import build_tokenizer
 from vcppo.rewards.routing import GroundTruth

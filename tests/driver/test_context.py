@@ -3,7 +3,7 @@ import pytest
 
 from vcppo.config.load import load_config
 from vcppo.driver import context
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 
 @pytest.mark.parametrize("overrides, key", [

@@ -208,7 +208,7 @@ def test_sft_that_stops_below_its_target_is_named_with_the_reason():
 ])
 def test_split_rank_counts_that_cannot_work_name_their_key(world, overrides, key):
     from vcppo.config.placement import Placement
-    from vcppo.config.schema import ConfigError
+    from vcppo.errors import ConfigError
     cfg = load_config("vcppo", ["placement.mode=split", *overrides])
     with pytest.raises(ConfigError, match=re.escape(f"config key {key}")):
         Placement.of(cfg).check_ranks(world, cfg.trainer.prompts_per_step)

@@ -5,7 +5,8 @@ import pytest
 from vcppo.driver.state import RunState
 from vcppo.driver.durability.guards import RewardFailureError, step_reward_failures, update_streaks
 from vcppo.engines.deepspeed_engine import NonFiniteError
-from vcppo.config.schema import ConfigError, TrainerConfig
+from vcppo.config.schema import TrainerConfig
+from vcppo.errors import ConfigError
 
 T = TrainerConfig(max_nonfinite_steps=3, max_failed_reward_steps=2)
 SKIP = {"actor/nonfinite_skipped": 1.0, "critic/nonfinite_skipped": 0.0}

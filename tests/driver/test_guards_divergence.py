@@ -8,7 +8,7 @@ import pytest
 from vcppo.config.load import load_config
 from vcppo.driver.state import RunState
 from vcppo.driver.durability.divergence import DivergenceError, check_divergence, out_of_range
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 # `vcppo train vcppo actor.lr=1 critic.lr=1` on the tiny test model (value pretraining off), steps 1-4
 LR_1 = [{"actor/entropy": 5.7325, "critic/value_loss": 0.5, "actor/grad_norm": 1.687, "critic/grad_norm": 5.812,

@@ -14,7 +14,8 @@ from vcppo.driver.step.rl_step import rl_step
 from vcppo.driver.step.update import PolicyLoss
 from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs
 from vcppo.experience import ActorBatch, Rollout, make_layout
-from vcppo.config.schema import AlgorithmConfig, ConfigError
+from vcppo.config.schema import AlgorithmConfig
+from vcppo.errors import ConfigError
 
 CPU = torch.device("cpu")
 ROLLOUT = [[1, -1], [1, 1], [-1, 1], [-1, -1]]

@@ -9,11 +9,12 @@ import torch
 
 from tests.fakes import scored
 from vcppo.config.load import load_config
-from vcppo.config.paths import check_paths
+from vcppo.preflight import check_paths
 from vcppo.driver.state import RunState
 from vcppo.driver.step.model_reward import ModelReward
 from vcppo.driver.step.reward import RewardAssembly
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 MODEL_SCORES = torch.tensor([0.5, 2.0, -1.0, 0.0])
 

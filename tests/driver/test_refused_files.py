@@ -9,7 +9,7 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 
 from vcppo.driver.durability.checkpoint import CheckpointError
 from vcppo.driver.durability.restore_engine import restore_engine
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 from vcppo.tracking import MetricsLogger
 
 

@@ -7,7 +7,7 @@ import pytest
 from vcppo.config.load import load_config, save_config
 from vcppo.driver.durability.resume_checks import RUN_CONFIG, check_resume, recorded_run_config, write_run_config
 from vcppo.engines.engine_setup import CHECKPOINT_TAG
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 
 def _policy(root, hidden=64, layers=2):

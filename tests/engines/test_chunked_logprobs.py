@@ -74,11 +74,30 @@ def test_chunked_actor_under_zero3_and_lora(info, tiny_model_dir):
     _assert_same(_run(info, tiny_model_dir, CHUNK, **lora), _run(info, tiny_model_dir, 0, **lora))
 
 
+def _adapted(actor):
+    """The actor with every LoRA B matrix set to the same seeded random values (peft starts them at
+    zero, where an adapter changes nothing and a path that skipped it would go unnoticed)."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in sorted(actor.module.named_parameters()):
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return actor
+
+
 def test_head_the_chunked_path_cannot_replace_keeps_full_logits(info, tiny_model_dir):
-    """LoRA on the LM head itself: its output is more than x W^T, so the engine keeps the full path."""
+    """LoRA on the LM head itself: its output is more than x W^T, so the engine keeps the full path:
+    with the adapters non-zero, its logprobs are those of ``logprob_chunk_size=0``'s full logits (x W^T
+    alone, the base head's, would differ)."""
     from vcppo.config.schema import LoRAConfig
-    actor = _actor(info, tiny_model_dir, logprob_chunk_size=CHUNK,
-                   lora=LoRAConfig(rank=2, alpha=4.0, target_modules=["lm_head", "q_proj"]))
+    lora = LoRAConfig(rank=2, alpha=4.0, target_modules=["lm_head", "q_proj"])
+    b = _uneven_batch()
+    actor = _adapted(_actor(info, tiny_model_dir, logprob_chunk_size=CHUNK, lora=lora, temperature=0.7))
     assert actor.head is None
-    lp, _ = actor.forward_logprobs(_uneven_batch())
-    assert torch.isfinite(lp).all()
+    lp, ent = actor.forward_logprobs(b, with_entropy=True)
+    full = _adapted(_actor(info, tiny_model_dir, logprob_chunk_size=0, lora=lora, temperature=0.7))
+    want_lp, want_ent = full.forward_logprobs(b, with_entropy=True)
+    torch.testing.assert_close(lp, want_lp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent, want_ent, rtol=1e-6, atol=1e-6)
+    base, _ = _actor(info, tiny_model_dir, logprob_chunk_size=0, temperature=0.7).forward_logprobs(b)
+    assert (lp - base).abs()[b.response_mask.bool()].max() > 1e-3  # the adapters do change the logprobs

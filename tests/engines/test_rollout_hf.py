@@ -10,7 +10,8 @@ from tests.engines.test_engines import LOGPROB_TOL, PROMPTS, _actor, _batch, _vl
 from vcppo.algos.mismatch import mismatch_stats
 from vcppo.engines import rollout_choice
 from vcppo.engines.rollout_hf import cut_response, length_batches, text_to_stop, truncate
-from vcppo.config.schema import ConfigError, RolloutConfig
+from vcppo.config.schema import RolloutConfig
+from vcppo.errors import ConfigError
 
 # prompts of several lengths: a batch left-pads the short ones
 MIXED = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15], [16], [17, 18, 19, 20]]

@@ -191,15 +191,16 @@ def test_head_rules():
 ])
 def test_config_refuses_unsupported_placements(overrides, message):
     from vcppo.config.load import load_config
-    from vcppo.config.schema import ConfigError
+    from vcppo.errors import ConfigError
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config("base", overrides)
 
 
 def test_config_names_the_key_and_the_model_counts(tiny_model_dir):
     from vcppo.config.load import load_config
-    from vcppo.config.parallel import check_sequence_parallel_heads, check_sequence_parallel_ranks
-    from vcppo.config.schema import ConfigError
+    from vcppo.config.parallel import check_sequence_parallel_ranks
+    from vcppo.preflight import check_sequence_parallel_heads
+    from vcppo.errors import ConfigError
     cfg = load_config("base", [f"model.policy_path={tiny_model_dir}", "critic.sequence_parallel_size=4"])
     with pytest.raises(ConfigError, match=r"'critic.sequence_parallel_size' \(4\): the model's 2 attention heads"):
         check_sequence_parallel_heads(cfg)

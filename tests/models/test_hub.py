@@ -7,7 +7,7 @@ import pytest
 
 from tests.hub_cache import add_model, add_snapshot, offline_hub
 from vcppo.models import hub
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def test_local_rank_0_writes_the_answer_the_others_read(hf_home, monkeypatch):
 
 
 def test_train_config_resolves_its_model_keys_and_the_run_records_them(hf_home, tiny_artifacts):
-    from vcppo.config.load import load_command_config
+    from vcppo.preflight import load_command_config
 
     policy = add_model(hf_home, "org/policy", tiny_artifacts / "tiny")
     critic = add_model(hf_home, "org/critic", tiny_artifacts / "rm")
@@ -110,7 +110,7 @@ def test_train_config_resolves_its_model_keys_and_the_run_records_them(hf_home, 
 
 
 def test_a_critic_path_no_critic_reads_is_not_resolved(hf_home, tiny_artifacts):
-    from vcppo.config.load import load_command_config
+    from vcppo.preflight import load_command_config
 
     add_model(hf_home, "org/policy", tiny_artifacts / "tiny")
     # a user's critic key for a critic-free method is refused for what it is (one line naming it),

@@ -11,7 +11,7 @@ from vcppo.plan.advise import Cluster, Shapes, plan_run, sequence_parallel_probl
 from vcppo.plan.knobs import Setting, apply, find_faster, find_fit, wider_sequence_parallel
 from vcppo.models.shapes import BUILTIN_SHAPES
 from vcppo.plan.hardware import HARDWARE
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 Q32 = BUILTIN_SHAPES["qwen2.5-32b"]
 LONG = ["rollout.max_response_tokens=65536"]

@@ -5,10 +5,10 @@ import pickle
 import pytest
 
 from vcppo.config.load import load_config
-from vcppo.config.paths import check_paths
+from vcppo.preflight import check_paths
 from vcppo.rewards.routing import GroundTruth, RewardRouter
 from vcppo.rewards.verifier import RewardScorer
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 T = "<think>\n1+2+0=3\n</think>\n"
 

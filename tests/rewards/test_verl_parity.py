@@ -7,7 +7,7 @@ from vcppo.config.load import load_config
 from vcppo.rewards.routing import GroundTruth, SourceTable
 from vcppo.rewards.verifier import RewardScorer, score
 from vcppo.rewards.verl_parity import VERL_DATA_SOURCES, functions_by_source, gsm8k, math, math_dapo
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 FAR = "\n" + "I checked every step again. " * 12  # > 300 characters
 

@@ -91,7 +91,7 @@ def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
     """``--steps`` calls of the driver's rl_step on a RunContext built as `vcppo train` builds it."""
     import torch
 
-    from vcppo.config.load import load_command_config
+    from vcppo.preflight import load_command_config
     from vcppo.driver.state import RunState
     from vcppo.driver.context import RunContext
     from vcppo.driver.step.step_plan import ppo_plan

@@ -60,7 +60,7 @@ class PhaseClock:
 def _prompt_rows(args, workdir: Path, micro_batch: int, tokenizer) -> list[list[int]]:
     """The prompt ids vcppo's run draws: our loader and PromptStream, the same seed and batches."""
     from vcppo.bench.step import train_overrides
-    from vcppo.config.load import load_command_config
+    from vcppo.preflight import load_command_config
     from vcppo.driver.context import load_prompt_set
 
     cfg = load_command_config(["vcppo", *train_overrides(args, workdir, micro_batch)], "train", default_config=None)

@@ -25,9 +25,8 @@ import json
 import os
 import tempfile
 
-from vcppo.config.load import load_command_config
-from vcppo.config.paths import split_paths
-from vcppo.data.checks import DataError
+from vcppo.preflight import load_command_config, split_paths
+from vcppo.errors import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.durability.model_export import export_checkpoint, is_checkpoint
 from vcppo.driver.durability.resume_checks import RUN_CONFIG
@@ -37,7 +36,8 @@ from vcppo.engines import dist as D
 from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.models.hub import parse_id
 from vcppo.rewards.routing import data_source_of
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 
 USAGE = ("usage: vcppo eval MODEL_DIR DATA [key=value ...]  (or: [CONFIG] MODEL_DIR DATA ..., "

@@ -27,7 +27,8 @@ from vcppo.plan import timing as T
 from vcppo.plan.knobs import REPORT_SPEEDUP, Setting, apply, find_faster, find_fit, sequence_parallel_limits
 from vcppo.models.shapes import BUILTIN_SHAPES, builtin_shape, read_shape
 from vcppo.plan.hardware import HARDWARE
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 
 def parser() -> argparse.ArgumentParser:

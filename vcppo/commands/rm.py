@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from vcppo.config.load import load_command_config
+from vcppo.preflight import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
 from vcppo.driver.step.sampling import collect_rollout, rollout_share
 from vcppo.engines import dist as D

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 from vcppo.sandbox.lifeline import run_tied
 from vcppo.sweep import collect, expand, launch_command, load_sweep, shipped_sweeps, with_overrides
 

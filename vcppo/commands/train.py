@@ -2,7 +2,7 @@
 every rank under the deepspeed launcher, torchrun, or plain python."""
 from __future__ import annotations
 
-from vcppo.config.load import load_command_config
+from vcppo.preflight import load_command_config
 from vcppo.driver.ppo import train
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 _KEY = re.compile(r"^[A-Za-z_][\w.+-]*$")  # what a config key (or extends) looks like

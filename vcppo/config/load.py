@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,12 +25,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from vcppo.config.extends import read_yaml_chain
-from vcppo.config.paths import check_paths, commands_with_paths
 from vcppo.config.provenance import CRITIC_CACHE_KEYS, resume_classes
 from vcppo.config.rules import check_critic_keys, validate
-from vcppo.models.hub import resolve_model_keys
 from vcppo.methods import uses_critic
-from vcppo.config.schema import RESUME_CLASSES, Config, ConfigError
+from vcppo.config.schema import RESUME_CLASSES, Config
+from vcppo.errors import ConfigError
 
 # Presets ship inside the package (vcppo/configs/*.yaml), so an installed wheel has them too.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -127,14 +127,23 @@ def _auto_as_null(data: DictConfig) -> None:
             OmegaConf.update(data, key, None, merge=False)
 
 
-def _merge(base: DictConfig, data: DictConfig, where: str) -> DictConfig:
-    _check_keys(data, where)
-    _check_sections(data, where)
-    _auto_as_null(data)
+def _merge(base: DictConfig, layers: list[tuple[DictConfig, str]]) -> DictConfig:
+    """``base`` <- each ``(data, where)`` in turn, in one merge (it copies ``base`` once); an error names
+    the ``where`` of the layer it comes from."""
+    for data, where in layers:
+        _check_keys(data, where)
+        _check_sections(data, where)
+        _auto_as_null(data)
     try:
-        return OmegaConf.merge(base, data)
-    except OmegaConfBaseException as e:
-        raise _config_error(e, where) from None
+        return OmegaConf.merge(base, *(data for data, _ in layers))
+    except OmegaConfBaseException:
+        pass
+    for data, where in layers:  # which layer: merged one at a time
+        try:
+            base = OmegaConf.merge(base, data)
+        except OmegaConfBaseException as e:
+            raise _config_error(e, where) from None
+    raise AssertionError("a merge failed as a whole but not layer by layer")
 
 
 def _config_error(e: OmegaConfBaseException, where: str) -> ConfigError:
@@ -191,21 +200,29 @@ def parse_overrides(overrides: Sequence[str]) -> DictConfig:
     return merged
 
 
+@functools.lru_cache(maxsize=1)
+def _schema() -> DictConfig:
+    """The schema's defaults as OmegaConf's structured config, built once a process (most of a load's
+    time otherwise): every merge copies its base, and nothing writes into it."""
+    return OmegaConf.structured(Config)
+
+
 def load_config(config: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults <- YAML chain <- overrides; validated and finalized."""
-    merged = OmegaConf.structured(Config)
+    layers = []  # (data, where), merged in this order onto the schema's defaults
     preset, user_keys = None, {}  # the keys the user set (their files, the command line): key -> where
     if config:
         path = resolve_config_path(str(config))
         for p, data in read_yaml_chain(path, CONFIG_DIR):
-            merged = _merge(merged, data, where=str(p))
+            layers.append((data, str(p)))
             if CONFIG_DIR not in p.parents:  # a shipped preset's settings are not the user's
                 user_keys.update(dict.fromkeys(_leaf_keys(OmegaConf.to_container(data, resolve=False)), str(p)))
         preset = path.stem
     if overrides:
         data = parse_overrides(overrides)
-        merged = _merge(merged, data, where="command line")
+        layers.append((data, "command line"))
         user_keys.update(dict.fromkeys(_leaf_keys(OmegaConf.to_container(data, resolve=False)), "command line"))
+    merged = _merge(_schema(), layers) if layers else _schema()
     try:
         cfg: Config = OmegaConf.to_object(merged)  # resolves ${...} interpolations
     except OmegaConfBaseException as e:
@@ -223,19 +240,6 @@ def split_command_line(argv: Sequence[str], default_config: str | None) -> tuple
     if argv and "=" not in argv[0]:
         return argv[0], argv[1:]
     return default_config, argv
-
-
-def load_command_config(argv: Sequence[str], command: str, default_config: str | None = "base") -> Config:
-    """The config of ``vcppo COMMAND [CONFIG] [key=value ...]``, with the paths the command reads
-    checked (ConfigError naming the key otherwise)."""
-    config, overrides = split_command_line(argv, default_config)
-    if config is None:
-        raise ConfigError("a CONFIG (preset name or YAML file) is required")
-    cfg = load_config(config, overrides)
-    resolve_model_keys(cfg, command)  # hub ids -> snapshot directories, before any path is checked
-    if command in commands_with_paths():
-        check_paths(cfg, command)
-    return cfg
 
 
 def finalize(cfg: Config) -> Config:

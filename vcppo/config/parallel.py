@@ -1,17 +1,16 @@
 """Checks of ``actor.sequence_parallel_size`` / ``critic.sequence_parallel_size`` that need no engine:
-what the config alone decides (:func:`check_sequence_parallel`), the model's heads
-(:func:`check_sequence_parallel_heads`) and the launched ranks (:func:`check_sequence_parallel_ranks`).
+what the config alone decides (:func:`check_sequence_parallel`) and the launched ranks
+(:func:`check_sequence_parallel_ranks`); the model's heads are the pre-flight's
+(:func:`vcppo.preflight.check_sequence_parallel_heads`).
 Each raises a ConfigError naming the key before any engine starts."""
 from __future__ import annotations
 
-import json
-import os
-
 from vcppo.config.placement import Placement
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 
-def _sections(cfg: Config) -> list[tuple[str, int]]:
+def sequence_parallel_sections(cfg: Config) -> list[tuple[str, int]]:
     """(section, SP size > 1) of the engines the run builds with sequence parallelism."""
     from vcppo.methods import uses_critic
 
@@ -22,42 +21,16 @@ def _sections(cfg: Config) -> list[tuple[str, int]]:
 
 def check_sequence_parallel(cfg: Config) -> None:
     """Placements that do not support SP yet."""
-    for section, size in _sections(cfg):
+    for section, size in sequence_parallel_sections(cfg):
         if Placement.of(cfg).split:
             raise ConfigError(f"config key '{section}.sequence_parallel_size' ({size}) is not supported with "
                               "placement.mode=split yet (SP groups are built over the colocated ranks); use "
                               "placement.mode=colocated or sequence_parallel_size=1")
 
 
-def _model_dir(cfg: Config, section: str) -> str | None:
-    if section == "actor" or cfg.model.critic_init == "policy":
-        return cfg.model.policy_path
-    return cfg.model.critic_path
-
-
-def check_sequence_parallel_heads(cfg: Config) -> None:
-    """Ulysses splits the attention heads over the group: the model's query heads must be divisible
-    by the SP size, its key/value heads divisible by it or dividing it (then replicated)."""
-    from vcppo.engines.sequence_parallel import head_problem
-
-    for section, size in _sections(cfg):
-        path = os.path.join(_model_dir(cfg, section) or "", "config.json")
-        if not os.path.isfile(path):
-            continue
-        c = json.load(open(path))
-        c = c.get("text_config", c)
-        heads = c.get("num_attention_heads")
-        if not heads:
-            continue
-        problem = head_problem(size, int(heads), int(c.get("num_key_value_heads") or heads))
-        if problem:
-            raise ConfigError(f"config key '{section}.sequence_parallel_size' ({size}): {problem} (model "
-                              f"{os.path.dirname(path)})")
-
-
 def check_sequence_parallel_ranks(cfg: Config, training_ranks: int) -> None:
     """An SP group is ``size`` of the training ranks: the size must divide their number."""
-    for section, size in _sections(cfg):
+    for section, size in sequence_parallel_sections(cfg):
         if training_ranks % size:
             raise ConfigError(f"config key '{section}.sequence_parallel_size' ({size}) must divide the number of "
                               f"training ranks ({training_ranks})")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 TRAIN, CRITIC, ROLLOUT, BOTH = "train", "critic", "rollout", "both"  # a rank's role
 SPLIT = "split"  # placement.mode: "colocated" (the default) or this

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from vcppo.records import read_records
-from vcppo.config.schema import RESUME_CLASSES, Config, ConfigError
+from vcppo.config.schema import RESUME_CLASSES, Config
+from vcppo.errors import ConfigError
 
 HISTORY_FILE = "config_history.jsonl"
 ALLOW_KEY = "trainer.resume_allow_changes"

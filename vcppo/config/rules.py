@@ -11,7 +11,8 @@ from vcppo.config.placement import Placement
 from vcppo.config.parallel import check_sequence_parallel
 from vcppo.config.provenance import check_allow_list
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES, uses_critic
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 
 def _check_range(key: str, value: Any, m: dict) -> None:
@@ -188,13 +189,6 @@ def _check_reward_sources(cfg: Config) -> None:
         raise ConfigError(f"config key 'trainer.dynamic_sampling' cannot be true with reward.combine={mode!r}: "
                           "dynamic sampling keeps the groups whose RULE rewards differ (the reward model "
                           "scores later, on the training ranks), so it would drop groups the model tells apart")
-    sandboxed = [(f"reward.functions_by_source.{src}", fn) for src, fn in r.functions_by_source.items()]
-    for key, fn in [("reward.function", r.function), *sandboxed]:
-        if isinstance(fn, str) and fn.startswith("vcppo.rewards.code"):
-            from vcppo.sandbox.bwrap import sandbox_problem
-            if problem := sandbox_problem():
-                raise ConfigError(f"config key '{key}': the code reward runs programs in a sandbox, which cannot "
-                                  f"start here: {problem}")
 
 
 def _check_placement(cfg: Config) -> None:
@@ -228,23 +222,11 @@ def _check_placement(cfg: Config) -> None:
 
 
 def _check_episodes(cfg: Config) -> None:
-    """``rollout.env``: the env class imports, and the settings that do not run on episodes yet are
-    named (docs/multiturn.md, "What works on episodes")."""
+    """``rollout.env``: the settings that do not run on episodes yet are named (docs/multiturn.md,
+    "What works on episodes"); that the env class imports is the pre-flight's (:mod:`vcppo.preflight`)."""
     r = cfg.rollout
     if not r.env:
         return
-    from vcppo.envs.base import env_class
-    try:
-        env_class(r.env)
-    except (ImportError, AttributeError, TypeError, ValueError) as e:
-        raise ConfigError(f"config key 'rollout.env': {r.env!r} is neither a built-in env (guess, tools) nor an "
-                          f"importable 'module:Class' ({str(e).splitlines()[0][:160]})") from None
-    if r.env == "tools":  # its tool list, its python tool's limits and sandbox, before any engine starts
-        from vcppo.envs.tools import ToolEnv
-        try:
-            ToolEnv(**dict(r.env_args))
-        except (TypeError, ValueError, ImportError, AttributeError) as e:
-            raise ConfigError(f"config key 'rollout.env_args': {str(e).splitlines()[0]}") from None
     refused = (("rollout.tensor_parallel_size", r.tensor_parallel_size > 1, "a tensor-parallel sampler"),
                ("reward.model_path", bool(cfg.reward.model_path), "a reward model (it would score the episode's "
                                                                     "observations as the policy's text)"),

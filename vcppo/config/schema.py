@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES
-# ConfigError, RESUME_CLASSES and the shared settings are the schema's public names too
-from vcppo.config.schema_base import (RESUME_CLASSES, ConfigError, EngineConfig, LoRAConfig, OptimConfig,  # noqa: F401
-                               UpdateConfig, _f)
+# RESUME_CLASSES and the shared settings are the schema's public names too
+from vcppo.config.schema_base import (RESUME_CLASSES, EngineConfig, LoRAConfig, OptimConfig,  # noqa: F401
+                                      UpdateConfig, _f)
 from vcppo.config.schema_commands import DemoConfig, EvalConfig, RMConfig, SFTConfig
 
 

@@ -1,14 +1,10 @@
 """What every config section is made of: the field helper with its doc line, range and resume class,
-the resume classes themselves, the config error, and the engine / optimizer / LoRA / update settings
+the resume classes themselves, and the engine / optimizer / LoRA / update settings
 the training sections share (:mod:`vcppo.config.schema` declares the sections)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
-
-
-class ConfigError(ValueError):
-    """A config problem the user must fix; the message names the key / file."""
 
 
 # What a change of a key on resume does (vcppo.config.provenance); every field names one:

@@ -16,13 +16,9 @@ from __future__ import annotations
 import gzip
 import json
 
-from vcppo.config.schema import ConfigError
+from vcppo.errors import DataError
 
 SHOW_ROWS = 5  # rows named in a message
-
-
-class DataError(ConfigError):
-    """Prompt data the user must fix; the message names the file and the line / row / field."""
 
 
 def _open_binary(path: str):

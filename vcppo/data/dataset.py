@@ -16,7 +16,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from vcppo.data.checks import DataError, all_too_long, check_rows, check_source
+from vcppo.data.checks import all_too_long, check_rows, check_source
+from vcppo.errors import DataError
 from vcppo.data.fields import reward_info_fields, use_column
 from vcppo.rewards.routing import GroundTruth
 
@@ -184,7 +185,7 @@ def load_prompts(path: str | os.PathLike, tokenizer, prompt_field: str = "prompt
     see :mod:`vcppo.data.fields`. Missing file -> FileNotFoundError naming it; missing field ->
     DataError (a ValueError) naming it and the available columns; an empty file, undecodable
     bytes, a wrongly typed field, empty prompts, null answers or prompts that are all too long ->
-    :class:`~vcppo.data.checks.DataError` naming the file and line / row / field (before any
+    :class:`~vcppo.errors.DataError` naming the file and line / row / field (before any
     engine starts). ``max_prompt_tokens=None`` keeps all. ``shuffle_seed=None`` keeps file order.
     ``limit`` keeps the first N after shuffling.
     """

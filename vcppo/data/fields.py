@@ -17,7 +17,8 @@ A verl-format row::
 """
 from __future__ import annotations
 
-from vcppo.data.checks import DataError, is_chat_messages  # noqa: F401 (re-exported)
+from vcppo.data.checks import is_chat_messages  # noqa: F401 (re-exported)
+from vcppo.errors import DataError
 
 DEFAULT_REWARD_INFO_FIELDS = ("data_source", "extra_info")
 # keyword arguments the scorer itself passes to reward functions: a data field may not shadow them

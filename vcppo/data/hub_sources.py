@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from vcppo.data.checks import DataError
+from vcppo.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ MATH-500 or AIME: MATH-500 follows ``math_dataset.py``; AIME gets the prompt of 
 since verl scores ``aime*`` sources by their ``Answer:`` line (``verl/utils/reward_score/__init__.py``).
 A MATH solution whose last box is ``\\fbox{}`` (verl's script stops there) gives its content.
 Rows are 1-based in messages; a missing column, an unreadable file or a row without an answer is
-a :class:`~vcppo.data.checks.DataError` naming the file and the field.
+a :class:`~vcppo.errors.DataError` naming the file and the field.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import difflib
 import os
 from typing import Any, Callable
 
-from vcppo.data.checks import DataError
+from vcppo.errors import DataError
 from vcppo.rewards.verl_parity import gsm8k_final_number, last_box, unbox
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'

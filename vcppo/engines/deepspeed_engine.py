@@ -40,7 +40,8 @@ from vcppo.engines.engine_setup import (CHECKPOINT_TAG, lr_lambda_factory, resol
 from vcppo.engines.loss_contract import EngineLoss, GlobalCounts, ModelOutputs
 from vcppo.engines.packing import sequence_lengths, token_budget_groups, use_packed_attention
 from vcppo.experience import Layout
-from vcppo.config.schema import ConfigError, EngineConfig, OptimConfig, UpdateConfig
+from vcppo.config.schema import EngineConfig, OptimConfig, UpdateConfig
+from vcppo.errors import ConfigError
 
 
 # -------------------------------------------------------------------------------------------------

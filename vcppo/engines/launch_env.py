@@ -15,7 +15,7 @@ from typing import Mapping
 
 import torch
 
-from vcppo.config.schema_base import ConfigError
+from vcppo.errors import ConfigError
 
 
 def free_port() -> int:

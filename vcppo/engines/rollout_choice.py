@@ -9,7 +9,7 @@ from vcppo.engines.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_hf import HFRolloutEngine
 from vcppo.config.schema import Config, RolloutConfig
-from vcppo.config.schema_base import ConfigError
+from vcppo.errors import ConfigError
 
 ENGINES = {"vllm": RolloutEngine, "hf": HFRolloutEngine}
 

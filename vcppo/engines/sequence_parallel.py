@@ -38,7 +38,7 @@ import torch.distributed as tdist
 
 from vcppo.engines.packing import PackedBatch, set_attention
 from vcppo.experience import Layout, concat_batches
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 
 @dataclass

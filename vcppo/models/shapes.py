@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from vcppo.plan import memory as M
 from vcppo.plan import timing as T
 from vcppo.plan.hardware import GiB, Hardware, dtype_bytes
 from vcppo.models.shapes import ModelShape
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 from vcppo.methods import uses_critic
 
 

@@ -35,7 +35,8 @@ import math
 from dataclasses import dataclass
 
 from vcppo.plan.advise import Lengths
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 
 @dataclass(frozen=True)

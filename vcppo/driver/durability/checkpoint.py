@@ -39,7 +39,7 @@ import torch
 
 from vcppo.driver.durability import manifest
 from vcppo.driver.state import RunState
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step_(\d+)$")

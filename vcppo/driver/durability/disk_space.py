@@ -11,7 +11,7 @@ import errno
 import shutil
 from pathlib import Path
 
-from vcppo.config.schema import ConfigError
+from vcppo.errors import ConfigError
 
 _SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")  # torch's zip writer, short of space

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from vcppo.driver.state import RunState
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 
 class DivergenceError(ConfigError):

@@ -15,7 +15,8 @@ import torch
 from vcppo.driver.state import RunState
 from vcppo.engines import collectives
 from vcppo.engines.deepspeed_engine import NonFiniteError
-from vcppo.config.schema import ConfigError, TrainerConfig
+from vcppo.config.schema import TrainerConfig
+from vcppo.errors import ConfigError
 
 SKIP_KEYS = ("actor/nonfinite_skipped", "critic/nonfinite_skipped")
 

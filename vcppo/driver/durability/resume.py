@@ -7,22 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
 
 from vcppo.driver.durability import checkpoint as ckpt
 from vcppo.driver.durability import disk_space, manifest, reshard
+from vcppo.driver.parts import CheckpointedSource, RunParts
 from vcppo.driver.state import Phase, RunState
 from vcppo.driver.durability.resume_checks import write_run_config
 from vcppo.driver.durability.run_records import metrics_size
 from vcppo.driver.durability.restore_engine import restore_engine
 from vcppo.engines import collectives
 
-if TYPE_CHECKING:  # what is saved: the run's parts and its source, built above durability
-    from vcppo.driver.context import RunContext
-    from vcppo.driver.step.sources import ExperienceSource
 
-
-def save_checkpoint(ctx: RunContext, state: RunState, source: ExperienceSource) -> None:
+def save_checkpoint(ctx: RunParts, state: RunState, source: CheckpointedSource) -> None:
     """Every rank writes its shards, then the main rank seals the directory (with the data
     position ``source`` reports, and in a split run the batches in flight). Not while optimizer
     steps are being skipped: weights that made a loss non-finite must not become the "last good"
@@ -52,7 +48,7 @@ def save_checkpoint(ctx: RunContext, state: RunState, source: ExperienceSource) 
     ctx.barrier()
 
 
-def _write_engines(ctx: RunContext, state: RunState, stage) -> None:
+def _write_engines(ctx: RunParts, state: RunState, stage) -> None:
     """This rank's share of the checkpoint: its RNG states and the engines' shards."""
     ckpt.write_rank_files(stage, ctx.dist.rank)
     if state.phase == Phase.PPO:  # during value pretraining the actor is frozen: nothing to save
@@ -61,7 +57,7 @@ def _write_engines(ctx: RunContext, state: RunState, stage) -> None:
         ctx.critic.save_checkpoint(str(stage / "critic"))
 
 
-def _space_error(ctx: RunContext, state: RunState, stage, error: BaseException):
+def _space_error(ctx: RunParts, state: RunState, stage, error: BaseException):
     """The checkpoint's write failing for space as one line (None: another error). The bytes needed
     are the last complete checkpoint's size, when there is one."""
     done = ckpt.list_complete(stage.parent)
@@ -72,7 +68,7 @@ def _space_error(ctx: RunContext, state: RunState, stage, error: BaseException):
                                   after=kept + f" (the unfinished {stage.name} is removed when the run restarts)")
 
 
-def resume_or_start(ctx: RunContext) -> RunState:
+def resume_or_start(ctx: RunParts) -> RunState:
     """The state to continue from: the resume point's (engines restored; the data position and
     the sampler's weights are the experience source's, :meth:`ExperienceSource.start`), or a fresh
     start."""

@@ -26,7 +26,8 @@ from omegaconf import OmegaConf
 from vcppo.config.load import SAVED_CONFIG, to_dict
 from vcppo.config.provenance import Change, diff_configs, refuse_changes
 from vcppo.engines.engine_setup import checkpoint_zero_stage
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 RUN_CONFIG = "run_config.json"
 # what fixes the shapes of a model's tensors (config.json keys)

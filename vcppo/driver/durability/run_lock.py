@@ -29,7 +29,8 @@ from omegaconf import OmegaConf
 
 from vcppo.config.load import SAVED_CONFIG
 from vcppo.config.provenance import same_value
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 LOCK_FILE = ".run.lock"

@@ -1,7 +1,7 @@
 """What a step reports: phase timings, the collapse diagnostics over the global batch, validation."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,13 +13,11 @@ from vcppo.engines.collectives import gather_cat
 from vcppo.driver.step.samples import pick_samples
 from vcppo.driver.step.sampling import SAMPLERS, sampler_kind
 from vcppo.driver.step.step_plan import Source, StepPlan
+from vcppo.driver.parts import RunParts
 from vcppo.driver.state import Phase
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.validation import SAMPLES_KEY
 from vcppo.experience import Advantages, BeforeUpdate, CriticResult, Rollout
-
-if TYPE_CHECKING:  # the step reads the run's parts; the wiring that builds them sits above it
-    from vcppo.driver.context import RunContext
 
 
 def position_diagnostics(adv: torch.Tensor, mask: torch.Tensor, buckets: int) -> dict:
@@ -30,7 +28,7 @@ def position_diagnostics(adv: torch.Tensor, mask: torch.Tensor, buckets: int) ->
             "adv/position_edges": [float(x) for x in profile.edges]}
 
 
-def _response_metrics(ctx: RunContext, batch: Rollout) -> dict:
+def _response_metrics(ctx: RunParts, batch: Rollout) -> dict:
     lengths = gather_cat(batch.response_lengths)
     m = {"reward/mean": gather_cat(batch.scores).mean().item(),
          "reward/accuracy": gather_cat(batch.correct).mean().item(),
@@ -62,7 +60,7 @@ def mismatch_metrics(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
     return m
 
 
-def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: BeforeUpdate, adv: Advantages,
+def step_metrics(ctx: RunParts, plan: StepPlan, rollout: Rollout, models: BeforeUpdate, adv: Advantages,
                  timer: PhaseTimer, critic: CriticResult | None = None) -> dict:
     """The per-step diagnostics over the global batch (gathered from every rank). ``models``: what
     the models said before the updates, with what the updates' own forwards gave filled in;
@@ -94,7 +92,7 @@ def step_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Befo
     return m
 
 
-def log_samples(ctx: RunContext, phase: Phase, step: int, rollout: Rollout, rewards: torch.Tensor,
+def log_samples(ctx: RunParts, phase: Phase, step: int, rollout: Rollout, rewards: torch.Tensor,
                 adv: Advantages) -> None:
     """``logging.log_samples`` of the main rank's samples, as text (:mod:`vcppo.driver.step.samples`)."""
     n = ctx.cfg.logging.log_samples
@@ -103,7 +101,7 @@ def log_samples(ctx: RunContext, phase: Phase, step: int, rollout: Rollout, rewa
         ctx.log.log_samples([s.record() for s in picked], step=step, phase=str(phase))
 
 
-def kl_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: BeforeUpdate, rewards: torch.Tensor,
+def kl_metrics(ctx: RunParts, plan: StepPlan, rollout: Rollout, models: BeforeUpdate, rewards: torch.Tensor,
                kl_coef: float) -> dict:
     """The KL of pi_old to the reference over the global batch. ``actor/kl_ref``: the mean over
     samples of each sample's token-mean KL (what the adaptive controller reads, as verl's);
@@ -120,7 +118,7 @@ def kl_metrics(ctx: RunContext, plan: StepPlan, rollout: Rollout, models: Before
     return m
 
 
-def validate(ctx: RunContext, source, step: int, final: bool = False) -> None:
+def validate(ctx: RunParts, source, step: int, final: bool = False) -> None:
     """Greedy pass@1 and sampled unbiased pass@k on the validation prompts, with the weights of
     ``step`` (``source.validate``). Colocated, it is done and logged here; in a split run the
     rollout ranks validate while training goes on, and :func:`log_validations` logs the result
@@ -129,7 +127,7 @@ def validate(ctx: RunContext, source, step: int, final: bool = False) -> None:
     log_validations(ctx, source, wait=final, final_step=step if final else None)
 
 
-def log_validations(ctx: RunContext, source, wait: bool = False, final_step: int | None = None) -> None:
+def log_validations(ctx: RunParts, source, wait: bool = False, final_step: int | None = None) -> None:
     """Log the validations that have finished, in step order (``wait``: every one asked for, as a
     checkpoint must hold every record up to its step)."""
     for step, metrics in source.finished_validations(wait):

@@ -19,7 +19,8 @@ from vcppo.engines.dist import DistInfo
 from vcppo.engines.collectives import gather_cat
 from vcppo.engines.reward_model import RewardModelEngine
 from vcppo.experience import Layout, Rollout, last_token_rewards, make_layout
-from vcppo.config.schema import Config, ConfigError
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 
 
 def same_tokenizer(a, b) -> bool:

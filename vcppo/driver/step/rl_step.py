@@ -27,10 +27,9 @@ own, while this rank's actor trains), and hands back its targets and metrics aft
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
 from vcppo.driver.step.advantages import estimate
+from vcppo.driver.parts import RunParts
 from vcppo.driver.state import RunState
 from vcppo.driver.step.metrics import kl_metrics, log_samples, step_metrics
 from vcppo.driver.step.reward import RewardAssembly
@@ -42,9 +41,6 @@ from vcppo.engines.collectives import global_sum
 from vcppo.experience import ActorBatch, BeforeUpdate, Rollout
 from vcppo.config.schema import AlgorithmConfig
 
-if TYPE_CHECKING:  # the step reads the run's parts; the wiring that builds them sits above it
-    from vcppo.driver.context import RunContext
-
 
 def kl_coef_now(state: RunState, alg: AlgorithmConfig) -> float:
     """The KL coefficient of this step: the adaptive controller's (``algorithm.kl_target`` set; its
@@ -53,7 +49,7 @@ def kl_coef_now(state: RunState, alg: AlgorithmConfig) -> float:
     return state.kl_coef if alg.kl_target is not None and state.kl_coef is not None else alg.kl_coef
 
 
-def current_models(ctx: RunContext, plan: StepPlan, rollout: Rollout, timer: PhaseTimer) -> BeforeUpdate:
+def current_models(ctx: RunParts, plan: StepPlan, rollout: Rollout, timer: PhaseTimer) -> BeforeUpdate:
     """Step 2: the policy's and the reference's outputs the plan takes from passes before the updates
     (or from the sampler); V_old is the critic side's (step 4)."""
     out = BeforeUpdate()
@@ -70,7 +66,7 @@ def current_models(ctx: RunContext, plan: StepPlan, rollout: Rollout, timer: Pha
     return out
 
 
-def rl_step(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: RunState, step: int) -> dict:
+def rl_step(ctx: RunParts, source: ExperienceSource, plan: StepPlan, state: RunState, step: int) -> dict:
     """One step of ``plan.phase`` (``state``: the run's, for the KL coefficient and the reward
     model's running moments, which the step advances); its metrics."""
     alg, timer = ctx.cfg.algorithm, PhaseTimer(timeline=ctx.timeline, rss=PeakRss())

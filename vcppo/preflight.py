@@ -1,7 +1,9 @@
-"""Pre-flight: the files each command reads or writes, checked before any engine starts (a typo must
-not cost a vLLM start-up): paths that must exist, outputs that must be writable, the model's
-context against the prompt and response budget, reward models and functions that load, LoRA
-targets that fit the model. Every error names the config key."""
+"""Pre-flight: what a command's config needs of this machine, checked before any engine starts (a typo
+must not cost a vLLM start-up), above the config (which checks the config alone) and below the
+commands and benches that load it (:func:`load_command_config`): paths that must exist, outputs
+that must be writable, the model's context against the prompt and response budget, reward models
+and functions that load, LoRA targets and sequence-parallel sizes that fit the model, the env class
+that imports, the sandbox the python tool and the code reward need. Every error names the config key."""
 from __future__ import annotations
 
 import json
@@ -10,9 +12,84 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vcppo.config.parallel import check_sequence_parallel_heads
+from typing import Sequence
+
+from vcppo.config.load import load_config, split_command_line
+from vcppo.config.parallel import sequence_parallel_sections
+from vcppo.config.schema import Config
+from vcppo.errors import ConfigError
 from vcppo.methods import uses_critic
-from vcppo.config.schema import Config, ConfigError
+from vcppo.models.hub import resolve_model_keys
+
+
+def load_command_config(argv: Sequence[str], command: str, default_config: str | None = "base") -> Config:
+    """The config of ``vcppo COMMAND [CONFIG] [key=value ...]``, with what the command needs of this
+    machine checked (ConfigError naming the key otherwise)."""
+    config, overrides = split_command_line(argv, default_config)
+    if config is None:
+        raise ConfigError("a CONFIG (preset name or YAML file) is required")
+    cfg = load_config(config, overrides)
+    check_host(cfg)
+    resolve_model_keys(cfg, command)  # hub ids -> snapshot directories, before any path is checked
+    if command in commands_with_paths():
+        check_paths(cfg, command)
+    return cfg
+
+
+def check_host(cfg: Config) -> None:
+    """What any command of ``cfg`` needs here, whatever its paths: the env class imports and its tools
+    start (the python tool's sandbox), and the code reward's sandbox starts."""
+    _check_env(cfg)
+    r = cfg.reward
+    sandboxed = [(f"reward.functions_by_source.{src}", fn) for src, fn in r.functions_by_source.items()]
+    for key, fn in [("reward.function", r.function), *sandboxed]:
+        if isinstance(fn, str) and fn.startswith("vcppo.rewards.code"):
+            from vcppo.sandbox.bwrap import sandbox_problem
+            if problem := sandbox_problem():
+                raise ConfigError(f"config key '{key}': the code reward runs programs in a sandbox, which cannot "
+                                  f"start here: {problem}")
+
+
+def _check_env(cfg: Config) -> None:
+    """``rollout.env``: the env class imports; the tools env's tool list, its python tool's limits and
+    sandbox."""
+    r = cfg.rollout
+    if not r.env:
+        return
+    from vcppo.envs.base import env_class
+    try:
+        env_class(r.env)
+    except (ImportError, AttributeError, TypeError, ValueError) as e:
+        raise ConfigError(f"config key 'rollout.env': {r.env!r} is neither a built-in env (guess, tools) nor an "
+                          f"importable 'module:Class' ({str(e).splitlines()[0][:160]})") from None
+    if r.env == "tools":
+        from vcppo.envs.tools import ToolEnv
+        try:
+            ToolEnv(**dict(r.env_args))
+        except (TypeError, ValueError, ImportError, AttributeError) as e:
+            raise ConfigError(f"config key 'rollout.env_args': {str(e).splitlines()[0]}") from None
+
+
+def check_sequence_parallel_heads(cfg: Config) -> None:
+    """Ulysses splits the attention heads over the group: the model's query heads must be divisible
+    by the SP size, its key/value heads divisible by it or dividing it (then replicated)."""
+    from vcppo.engines.sequence_parallel import head_problem
+
+    for section, size in sequence_parallel_sections(cfg):
+        model = cfg.model.policy_path if section == "actor" or cfg.model.critic_init == "policy" \
+            else cfg.model.critic_path
+        path = os.path.join(model or "", "config.json")
+        if not os.path.isfile(path):
+            continue
+        c = json.load(open(path))
+        c = c.get("text_config", c)
+        heads = c.get("num_attention_heads")
+        if not heads:
+            continue
+        problem = head_problem(size, int(heads), int(c.get("num_key_value_heads") or heads))
+        if problem:
+            raise ConfigError(f"config key '{section}.sequence_parallel_size' ({size}): {problem} (model "
+                              f"{os.path.dirname(path)})")
 
 # The paths each command reads; checked before any engine starts (a typo must not cost a
 # vLLM start-up). Optional ones are checked only when set.
