@@ -1,5 +1,5 @@
 """Checks of ``actor.sequence_parallel_size`` / ``critic.sequence_parallel_size`` that need no engine:
-what the config alone decides (:func:`check_sequence_parallel`), the model's heads
+what a placement does not support (its own rule: :meth:`vcppo.config.placement.Placement.check`), the model's heads
 (:func:`check_sequence_parallel_heads`) and the launched ranks (:func:`check_sequence_parallel_ranks`).
 Each raises a ConfigError naming the key before any engine starts."""
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 
-from vcppo.config.placement import Placement
 from vcppo.config.schema import Config, ConfigError
 
 
@@ -18,15 +17,6 @@ def _sections(cfg: Config) -> list[tuple[str, int]]:
     sections = ["actor"] + (["critic"] if uses_critic(cfg.algorithm.advantage_estimator) else [])
     return [(s, getattr(cfg, s).sequence_parallel_size) for s in sections
             if getattr(cfg, s).sequence_parallel_size > 1]
-
-
-def check_sequence_parallel(cfg: Config) -> None:
-    """Placements that do not support SP yet."""
-    for section, size in _sections(cfg):
-        if Placement.of(cfg).split:
-            raise ConfigError(f"config key '{section}.sequence_parallel_size' ({size}) is not supported with "
-                              "placement.mode=split yet (SP groups are built over the colocated ranks); use "
-                              "placement.mode=colocated or sequence_parallel_size=1")
 
 
 def _model_dir(cfg: Config, section: str) -> str | None:
