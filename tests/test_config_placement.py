@@ -1,5 +1,7 @@
 """vcppo.config.placement: each placement's answers (the rank roles, the ranks each part gets, the checks)
 from the config alone, and the table that names the implementations."""
+import re
+
 import pytest
 
 from vcppo.config.load import load_config
@@ -61,3 +63,21 @@ def test_the_config_and_the_planner_read_the_placements_without_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+BUILDERS = {"driver/ppo.py", "config/rules.py", "plan/advise.py", "plan/knobs.py", "commands/plan.py", "bench/step.py",
+            "driver/step/step_plan.py"}  # a run, a config's checks, a plan (and its knobs), a bench; step_plan: None given
+
+
+def test_the_placement_is_built_where_a_config_becomes_a_run_a_check_or_a_plan_and_handed_on():
+    """Placement.of(cfg) only where a config becomes a run, its checks or a plan; every other module is
+    handed the placement, and none tells placements apart by name or class (it asks their answers)."""
+    from pathlib import Path
+    pkg = Path(__file__).resolve().parent.parent / "vcppo"
+    built = {str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if "Placement.of(" in p.read_text()
+             and str(p.relative_to(pkg)) != "config/placement.py"}
+    assert built <= BUILDERS and "driver/ppo.py" in built, built - BUILDERS
+    told_apart = re.compile(r"placement\.name\s*[!=]=|isinstance\([^)]*(placement|Split|Colocated)")
+    hits = [str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if told_apart.search(p.read_text())]
+    assert not hits, hits
+    assert told_apart.search("if placement.name == 'split':") and told_apart.search("isinstance(p, Split)")
