@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from vcppo.driver.state import Phase, RunState
 from vcppo.driver.durability.critic_cache import cached_critic, critic_source
