@@ -366,8 +366,8 @@ def test_the_order_check_sees_an_upward_import():
 
 PLACEMENT_FIELDS = ("mode", "rollout_ranks", "critic_ranks")
 DIST_NAMES = ("dist", "init_run_distributed", "init_distributed")  # what a rank's DistInfo is called
-# Known lookups on a rank's role, file -> count: what each role of a split run serves (driver/ppo.py's
-# SERVES) moves into the Placement, whose rows will answer it; until then, this one.
+# Known lookups on a rank's role, file -> count: driver/ppo.py asks the placement what a rank of each role
+# serves (Placement.serves()) and looks its own role up there.
 ROLE_LOOKUPS_KNOWN = {"driver/ppo.py": 1}
 
 

@@ -2,6 +2,7 @@
 import pytest
 
 from vcppo.config.load import load_config
+from vcppo.config.placement import Placement
 from vcppo.driver import context
 from vcppo.errors import ConfigError
 
@@ -18,11 +19,11 @@ def test_a_rank_count_error_exits_before_deepspeed_builds_its_shm_segments(overr
     monkeypatch.setattr(context.D, "init_distributed", lambda *a, **k: started.append(a))
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=f"config key '{key}'"):
-        context.init_run_distributed(load_config("vcppo", overrides))
+        context.init_run_distributed(cfg := load_config("vcppo", overrides), Placement.of(cfg))
     assert started == []
     monkeypatch.setenv("WORLD_SIZE", "4")
     if key == "actor.sequence_parallel_size":
-        context.init_run_distributed(load_config("vcppo", overrides))
+        context.init_run_distributed(cfg := load_config("vcppo", overrides), Placement.of(cfg))
         assert len(started) == 1
 
 

@@ -211,6 +211,6 @@ def test_split_rank_counts_that_cannot_work_name_their_key(world, overrides, key
     from vcppo.errors import ConfigError
     cfg = load_config("vcppo", ["placement.mode=split", *overrides])
     with pytest.raises(ConfigError, match=re.escape(f"config key {key}")):
-        Placement.of(cfg).check_ranks(world, cfg.trainer.prompts_per_step)
+        Placement.of(cfg).check_ranks(cfg, world)
     ok = load_config("vcppo", ["placement.mode=split", "placement.critic_ranks=1"])
-    Placement.of(ok).check_ranks(3, ok.trainer.prompts_per_step)  # 1 + 1 + 1
+    Placement.of(ok).check_ranks(ok, 3)  # 1 + 1 + 1

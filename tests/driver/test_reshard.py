@@ -4,6 +4,7 @@ placement refuses, and that no file outside the manifest is read."""
 import pytest
 
 from vcppo.config.load import load_config
+from vcppo.config.placement import Placement
 from vcppo.driver.durability import manifest
 from vcppo.driver.durability.checkpoint import CheckpointError, write_rank_files
 from vcppo.driver.durability.reshard import (_check_only_listed_files, check_stages, plan_reshard, prepare,
@@ -38,7 +39,7 @@ def test_the_world_size_a_checkpoint_was_written_on(tmp_path):
 
 def test_same_world_size_needs_nothing(tmp_path):
     point = _checkpoint(tmp_path, ranks=2)
-    assert prepare(point, tmp_path, load_config("vcppo"), True, 2, lambda x: [x]) == {}
+    assert prepare(point, tmp_path, load_config("vcppo"), True, 2, lambda x: [x], Placement.of(load_config("vcppo"))) == {}
 
 
 def test_only_zero_1_to_3_engines_are_converted(tmp_path):
@@ -58,14 +59,14 @@ def test_a_stage_that_cannot_load_the_checkpoint_is_named(tmp_path):
         check_stages(point, {"actor": 3, "critic": 3}, 2, 1)
     cfg = load_config("vcppo", ["actor.zero_stage=0"])
     with pytest.raises(CheckpointError, match="actor.zero_stage=0"):
-        prepare(point, tmp_path, cfg, True, 1, lambda x: [x])
+        prepare(point, tmp_path, cfg, True, 1, lambda x: [x], Placement.of(cfg))
 
 
 def test_split_placement_resumes_on_its_own_shape_only(tmp_path):
     point = _checkpoint(tmp_path, ranks=2)
     cfg = load_config("vcppo", ["placement.mode=split"])
     with pytest.raises(CheckpointError, match=r"written by 2 training rank\(s\) and this split run has 3"):
-        prepare(point, tmp_path, cfg, True, 3, lambda x: [x])
+        prepare(point, tmp_path, cfg, True, 3, lambda x: [x], Placement.of(cfg))
 
 
 def test_a_file_the_manifest_does_not_list_is_never_read(tmp_path):
@@ -76,4 +77,4 @@ def test_a_file_the_manifest_does_not_list_is_never_read(tmp_path):
     with pytest.raises(CheckpointError, match="zero_pp_rank_7.*not in the checkpoint's manifest"):
         _check_only_listed_files(point, "actor")
     with pytest.raises(CheckpointError, match="zero_pp_rank_7"):  # and prepare says so on every rank
-        prepare(point, tmp_path, load_config("vcppo"), True, 1, lambda x: [x])
+        prepare(point, tmp_path, load_config("vcppo"), True, 1, lambda x: [x], Placement.of(load_config("vcppo")))

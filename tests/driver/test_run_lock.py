@@ -60,6 +60,7 @@ def test_a_start_up_failure_releases_the_lock_in_a_process_that_lives_on(tiny_ar
     """An in-process caller (a notebook, a test) whose run failed while starting keeps its traceback,
     and with it the frame that opened the lock: the next attempt must not find the directory taken."""
     from vcppo.config.load import load_config
+    from vcppo.config.placement import Placement
     from vcppo.driver import context
 
     def engines_fail(*args, **kwargs):
@@ -69,7 +70,7 @@ def test_a_start_up_failure_releases_the_lock_in_a_process_that_lives_on(tiny_ar
     cfg = load_config("vcppo", base_overrides(tiny_artifacts, tmp_path) + ["logging.wandb=false"])
     run_dir = tmp_path / "vcppo-seed0"
     with pytest.raises(RuntimeError, match="engines failed") as failure:
-        context.RunContext.create(cfg, run_dir)
+        context.RunContext.create(cfg, run_dir, Placement.of(cfg))
     handle, why = try_lock_run_dir(run_dir)
     assert why is None, why
     release(handle)

@@ -96,15 +96,16 @@ def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
     from vcppo.driver.context import RunContext
     from vcppo.driver.step.step_plan import ppo_plan
     from vcppo.driver.ppo import run_dir_of
-    from vcppo.driver.placement.colocated import ColocatedSource
+    from vcppo.config.placement import Placement
     from vcppo.driver.step.rl_step import rl_step
 
     torch.set_num_threads(args.threads)
     cfg = load_command_config(["vcppo", *train_overrides(args, workdir, micro_batch)], "train", default_config=None)
     t0 = time.perf_counter()
-    ctx = RunContext.create(cfg, run_dir_of(cfg))
-    plan = ppo_plan(cfg, ctx.dist.device)
-    maker = ColocatedSource.for_run(ctx, plan)
+    placement = Placement.of(cfg)
+    ctx = RunContext.create(cfg, run_dir_of(cfg), placement)
+    plan = ppo_plan(cfg, ctx.dist.device, placement)
+    maker = placement.source(ctx, plan)
     steps, startup_s, profile_table = [], time.perf_counter() - t0, None
     state = RunState(phase="ppo")
     try:

@@ -189,7 +189,7 @@ def render(cfg: Config, shapes: Shapes, plan: Plan, knobs: list[str] | None, fit
     chunks = {e.role: e.logprob_chunk_size for e in plan.engines if e.role in ("actor", "reference")}
     head = ", ".join(f"{r} {'chunked by ' + format(c, ',') if c else 'full logits'}" for r, c in chunks.items())
     out = [f"## vcppo plan: {cfg.preset} on {cl.nodes} x {cl.gpus_per_node} {cl.hardware.name} "
-           f"({Placement.of(cfg).mode}); {policy.name}, {_params(policy.params)} params, {dtype}", "",
+           f"({Placement.of(cfg).name}); {policy.name}, {_params(policy.params)} params, {dtype}", "",
            f"Estimates: memory from shapes (LM head: {head}), time from a fitted pass model and datasheet "
            "bandwidth (formulas: vcppo/plan/). GiB.", ""]
     out += memory_table(plan) + [""] + check_table(plan)

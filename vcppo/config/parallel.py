@@ -1,11 +1,10 @@
 """Checks of ``actor.sequence_parallel_size`` / ``critic.sequence_parallel_size`` that need no engine:
-what the config alone decides (:func:`check_sequence_parallel`) and the launched ranks
-(:func:`check_sequence_parallel_ranks`); the model's heads are the pre-flight's
-(:func:`vcppo.preflight.check_sequence_parallel_heads`).
+what a placement does not support is its own rule (:meth:`vcppo.config.placement.Placement.check`), the
+model's heads are the pre-flight's (:func:`vcppo.preflight.check_sequence_parallel_heads`), and the
+launched ranks are checked here (:func:`check_sequence_parallel_ranks`).
 Each raises a ConfigError naming the key before any engine starts."""
 from __future__ import annotations
 
-from vcppo.config.placement import Placement
 from vcppo.config.schema import Config
 from vcppo.errors import ConfigError
 
@@ -19,13 +18,6 @@ def sequence_parallel_sections(cfg: Config) -> list[tuple[str, int]]:
             if getattr(cfg, s).sequence_parallel_size > 1]
 
 
-def check_sequence_parallel(cfg: Config) -> None:
-    """Placements that do not support SP yet."""
-    for section, size in sequence_parallel_sections(cfg):
-        if Placement.of(cfg).split:
-            raise ConfigError(f"config key '{section}.sequence_parallel_size' ({size}) is not supported with "
-                              "placement.mode=split yet (SP groups are built over the colocated ranks); use "
-                              "placement.mode=colocated or sequence_parallel_size=1")
 
 
 def check_sequence_parallel_ranks(cfg: Config, training_ranks: int) -> None:

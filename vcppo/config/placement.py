@@ -1,25 +1,39 @@
-"""Where a run's parts live (``placement.*``), answered by one object built once from the config.
+"""Where a run's parts live (``placement.mode``): the :class:`Placement` protocol, its table of
+implementations (:data:`PLACEMENTS`), and the rank arithmetic the implementations share.
 
-:class:`Placement` says which role a launched rank has, how many ranks train, sample and hold the
-critic, whether the critic lives on ranks of its own, whether sampling overlaps training, what the
-placement does not support, and the rank counts a run needs. The config rules, the planner, the
-process groups and the driver ask it rather than reading ``placement.mode``. :class:`Roles` is split
-placement's rank arithmetic (which launched rank does what).
+A placement is one class in a module of its own (``vcppo/driver/placement/colocated.py``,
+``split.py``) and one row of :data:`PLACEMENTS` naming it as ``"module:Class"`` (imported on first use,
+as the methods table's rows are, so the config checks and ``vcppo plan`` read it without torch). It is
+built once (:meth:`Placement.of`: once per run by the driver, once per loaded config by the rules, once per
+plan by the planner) and passed on; it answers everything that depends on where the parts live:
 
-Two placements exist: ``colocated`` (every rank samples with its own vLLM between its updates, role
-``both``) and ``split`` (the last ``rollout_ranks`` only sample, ``critic_ranks`` more may hold the
-critic only, the first ones train). A new one is a mode here, its rank arithmetic, and its experience
-source in ``vcppo/driver/placement/`` (docs/architecture.md, "How to add ... a placement").
+* its config rules (:meth:`Placement.check`) and the launched rank counts (:meth:`Placement.check_ranks`);
+* the planner's shares: the ranks that train and sample (:meth:`Placement.ranks`), whether sampling has
+  ranks of its own (``rollout_apart``), the critic too (``critic_apart``), whether sampling overlaps
+  training (``overlapped``);
+* the run's parts: its process groups (:meth:`Placement.init_groups`), what a rank of each role
+  serves instead of training (:meth:`Placement.serves`), which roles sample (:meth:`Placement.samples_on`),
+  a training rank's experience source (:meth:`Placement.source`) and its critic side
+  (:meth:`Placement.remote_critic`).
+
+Nothing else reads ``placement.mode`` or branches on a placement's name (tests/test_architecture.py).
+:class:`Roles` is the rank arithmetic of a placement whose ranks have roles (which launched rank does
+what). docs/architecture.md, "How to add ... a placement", lists what a new one changes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from vcppo.config.schema import Config
 from vcppo.errors import ConfigError
 
 TRAIN, CRITIC, ROLLOUT, BOTH = "train", "critic", "rollout", "both"  # a rank's role
-SPLIT = "split"  # placement.mode: "colocated" (the default) or this
+
+# placement.mode -> "module:Class" of its implementation (a subclass of Placement). The schema's choices.
+PLACEMENTS = {
+    "colocated": "vcppo.driver.placement.colocated:Colocated",
+    "split": "vcppo.driver.placement.split:Split",
+}
 
 
 @dataclass(frozen=True)
@@ -74,77 +88,81 @@ class Roles:
         return rank + self.train_ranks if rank < self.train_ranks else rank - self.train_ranks
 
 
-@dataclass(frozen=True)
 class Placement:
-    """The run's placement (``Placement.of(cfg)``); ``world`` below is the number of launched ranks
-    (GPUs, for the planner)."""
-    mode: str            # "colocated" or SPLIT
-    rollout_ranks: int   # split: ranks that only sample
-    critic_ranks: int    # split: ranks that hold only the critic (0: the critic trains beside the actor)
-    max_staleness: int   # split: how many steps sampling may run ahead of training
+    """The protocol every placement implements; the defaults are those of a placement whose every rank
+    samples and trains (role ``both``). ``world`` below is the number of launched ranks (GPUs, for
+    the planner). Built from the config (``cfg``: a :class:`vcppo.config.schema.Config`, which offers
+    PLACEMENTS' rows as ``placement.mode``'s choices) by :meth:`of`; its keys are read here and nowhere else."""
+    name = ""              # its placement.mode (its row in PLACEMENTS)
+    rollout_apart = False  # sampling on ranks of its own: the training ranks hold no vLLM, read no prompts
+    reshards = True        # a checkpoint resumes on another number of training ranks (converted)
+    sequence_parallel = True  # SP groups can be built over its training ranks
+
+    def __init__(self, cfg):
+        p = cfg.placement
+        self.rollout_ranks = p.rollout_ranks    # ranks that only sample (where sampling has ranks of its own)
+        self.critic_ranks = p.critic_ranks      # ranks that hold only the critic (0: beside the actor)
+        self.max_staleness = cfg.trainer.max_staleness  # steps sampling may run ahead of training
 
     @classmethod
-    def of(cls, cfg: Config) -> "Placement":
-        p = cfg.placement
-        return cls(p.mode, p.rollout_ranks, p.critic_ranks, cfg.trainer.max_staleness)
+    def of(cls, cfg) -> "Placement":
+        """The run's placement: the class ``placement.mode``'s row names, built from ``cfg``."""
+        from vcppo.methods import load_fn
+        return load_fn(PLACEMENTS[cfg.placement.mode])(cfg)
 
-    @property
-    def split(self) -> bool:
-        """Sampling on ranks of its own: the training ranks hold no vLLM and read no prompts."""
-        return self.mode == SPLIT
-
+    # --- the config's and the planner's answers (no torch) -----------------------------------------
     @property
     def critic_apart(self) -> bool:
         """The critic on ranks of its own (its passes beside the actor's, over a link)."""
-        return self.split and self.critic_ranks > 0
+        return False
 
     @property
     def overlapped(self) -> bool:
         """Sampling runs ahead of training (a step's time is the longer of the two, not their sum)."""
-        return self.split and self.max_staleness > 0
+        return False
 
     @property
     def rollout_beside_training(self) -> bool:
         """vLLM shares the training ranks (and their memory): it sleeps while they train."""
-        return not self.split
+        return not self.rollout_apart
 
-    def roles(self, world: int) -> Roles:
-        """Split placement's rank layout over ``world`` launched ranks (ConfigError naming the key)."""
-        try:
-            return Roles(world, self.rollout_ranks, self.critic_ranks)
-        except ValueError as e:
-            raise ConfigError(f"config key {e}") from None
+    def check(self, cfg) -> None:
+        """Its config rules: a ConfigError naming the key of a setting it cannot run."""
 
     def ranks(self, world: int) -> tuple[int, int]:
-        """(training ranks, rollout ranks) among ``world``: colocated, every rank does both; with
-        critic ranks the training ranks are the actor's (the critic has as many of its own)."""
-        if not self.split:
-            return world, world
-        return self.roles(world).train_ranks, self.rollout_ranks
+        """(training ranks, rollout ranks) among ``world``."""
+        return world, world
 
-    def check_ranks(self, world: int, prompts_per_step: int) -> None:
-        """The rank counts against ``world`` launched ranks and the prompts each step shares out."""
-        if not self.split:
-            check_share(prompts_per_step, world, "number of ranks")
-            return
-        train, rollout = self.ranks(world)
-        check_share(prompts_per_step, rollout, "placement.rollout_ranks", " in placement.mode=split")
-        check_share(prompts_per_step, train, "training ranks", " in placement.mode=split")
+    def check_ranks(self, cfg, world: int) -> None:
+        """The launched rank counts (and the prompts each step shares out), checked on every rank
+        before any process group exists."""
+        check_share(cfg.trainer.prompts_per_step, world, "number of ranks")
 
     def samples_on(self, role: str) -> bool:
         """Whether a rank of ``role`` samples (holds vLLM, reads the prompts)."""
         return role in (BOTH, ROLLOUT)
 
-    def dist_args(self) -> dict:
-        """The process groups' keyword arguments (:func:`vcppo.engines.dist.init_distributed`)."""
-        if not self.split:
-            return {}
-        return {"split_rollout_ranks": self.rollout_ranks, "split_critic_ranks": self.critic_ranks}
-
     def describe(self) -> str:
-        """The start-up line's account of a split run's ranks (a split run's training rank says it)."""
-        return f"split placement: {self.rollout_ranks} rollout rank(s) sample" + \
-            (f", {self.critic_ranks} critic rank(s) hold the critic" if self.critic_ranks else "")
+        """The start-up line's account of where the parts live, for a rank that reads no prompts."""
+        return f"{self.name} placement"
+
+    # --- the run's parts (the driver's; imported where they are asked for) ---------------------------
+    def init_groups(self, cfg):
+        """This rank's process groups, set up once: its :class:`vcppo.engines.dist.DistInfo`."""
+        raise NotImplementedError
+
+    def serves(self) -> dict[str, Callable]:
+        """{role: what a rank of that role does instead of training, ``fn(cfg, run_dir, placement)``}."""
+        return {}
+
+    def source(self, ctx, plan):
+        """A training rank's :class:`~vcppo.driver.step.sources.ExperienceSource`."""
+        raise NotImplementedError
+
+    def remote_critic(self, resume_point):
+        """The critic started on ranks of its own (a :class:`~vcppo.driver.step.critic_side.Critic`),
+        or None: the training ranks build it."""
+        return None
 
 
 def check_share(prompts_per_step: int, ranks: int, what: str, where: str = "") -> None:

@@ -8,7 +8,6 @@ import math
 from typing import Any
 
 from vcppo.config.placement import Placement
-from vcppo.config.parallel import check_sequence_parallel
 from vcppo.config.provenance import check_allow_list
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES, uses_critic
 from vcppo.config.schema import Config
@@ -82,8 +81,7 @@ def validate(cfg: Config) -> None:
     _check_truncated_sampling(cfg, users)
     check_allow_list(cfg.trainer.resume_allow_changes)
     _check_lora_sync(cfg)
-    _check_placement(cfg)
-    check_sequence_parallel(cfg)
+    _check_placement(cfg, Placement.of(cfg))
     _check_reward_sources(cfg)
     _check_episodes(cfg)
     if cfg.algorithm.kl_target is not None and cfg.algorithm.kl_coef == 0:
@@ -163,9 +161,6 @@ def _check_lora_sync(cfg: Config) -> None:
     if rank > VLLM_MAX_LORA_RANK:
         raise ConfigError(f"config key 'actor.lora.rank' ({rank}) exceeds vLLM's largest LoRA rank "
                           f"({VLLM_MAX_LORA_RANK}) with rollout.lora_sync=adapter: use rollout.lora_sync=merged")
-    if Placement.of(cfg).split:
-        raise ConfigError("config key 'rollout.lora_sync' must be 'merged' with placement.mode=split (the rollout "
-                          "ranks receive full weights)")
 
 
 def combine_mode(cfg: Config) -> str:
@@ -191,23 +186,11 @@ def _check_reward_sources(cfg: Config) -> None:
                           "scores later, on the training ranks), so it would drop groups the model tells apart")
 
 
-def _check_placement(cfg: Config) -> None:
-    """Split placement and staleness: what a run ahead of training needs (docs/launching.md)."""
-    placement = Placement.of(cfg)
+def _check_placement(cfg: Config, placement: Placement) -> None:
+    """The placement's own rules (:meth:`Placement.check`), then what a run ahead of training needs
+    (docs/launching.md)."""
+    placement.check(cfg)
     staleness = placement.max_staleness
-    if placement.split and cfg.rollout.tensor_parallel_size > 1:
-        raise ConfigError(f"config key 'rollout.tensor_parallel_size' ({cfg.rollout.tensor_parallel_size}) must be 1 "
-                          "with placement.mode=split: tensor-parallel rollout groups are not built on rollout ranks "
-                          "yet (each rollout rank runs one whole engine)")
-    critics = placement.critic_ranks
-    if critics and not placement.split:
-        raise ConfigError(f"config key 'placement.critic_ranks' ({critics}) needs placement.mode=split")
-    if critics and not uses_critic(cfg.algorithm.advantage_estimator):
-        raise ConfigError(f"config key 'placement.critic_ranks' ({critics}) needs a critic, and "
-                          f"algorithm.advantage_estimator={cfg.algorithm.advantage_estimator!r} has none")
-    if staleness and not placement.split:
-        raise ConfigError(f"config key 'trainer.max_staleness' ({staleness}) needs placement.mode=split: "
-                          "colocated ranks sample and train in turn, so a batch is never stale")
     if staleness and cfg.algorithm.old_logprobs_from_sampler:
         raise ConfigError("config key 'algorithm.old_logprobs_from_sampler' cannot be true with "
                           "trainer.max_staleness > 0: the clip must be anchored on pi_old recomputed by the "

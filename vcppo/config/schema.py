@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from vcppo.config.placement import PLACEMENTS
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES
 # RESUME_CLASSES and the shared settings are the schema's public names too
 from vcppo.config.schema_base import (RESUME_CLASSES, EngineConfig, LoRAConfig, OptimConfig,  # noqa: F401
@@ -335,7 +336,7 @@ class PlacementConfig:
                    "placement.rollout_ranks ranks only sample (vLLM), the others only train (ZeRO-3 among "
                    "themselves; the critic on ranks of its own with placement.critic_ranks), and weights and "
                    "samples cross between them (docs/launching.md).",
-                   choices=("colocated", "split"), resume="numerics")
+                   choices=PLACEMENTS, resume="numerics")
     rollout_ranks: int = _f(1, "Split placement: how many ranks (the last ones) run vLLM only.", low=1,
                             resume="numerics")
     critic_ranks: int = _f(0, "Split placement: ranks that hold the critic only (after the actor's ranks, "

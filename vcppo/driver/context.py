@@ -131,24 +131,20 @@ def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunSt
             or error
 
 
-def init_run_distributed(cfg: Config) -> DistInfo:
-    """The run's process groups: one world, or (split placement) this rank's role world and the
-    bridge (:mod:`vcppo.engines.bridge`). The rank counts are checked on every rank before anything
-    starts: a config error then exits before any process group or DeepSpeed shm segment exists (an
-    error after it leaves none either: :func:`vcppo.engines.dist.init_distributed`)."""
-    placement = Placement.of(cfg)
+def init_run_distributed(cfg: Config, placement: Placement) -> DistInfo:
+    """The run's process groups, as ``placement`` sets them up (:meth:`Placement.init_groups`: one world,
+    or split placement's role worlds and bridge). The rank counts are checked on every rank before
+    anything starts: a config error then exits before any process group or DeepSpeed shm segment exists
+    (an error after it leaves none either: :func:`vcppo.engines.dist.init_distributed`)."""
     if D.get_info() is None:  # before the group exists: the peers are not waited for
-        world = launch_env.launched_world_size()
-        if not placement.split:
-            check_sequence_parallel_ranks(cfg, world)
-        placement.check_ranks(world, cfg.trainer.prompts_per_step)
-    return D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer), **placement.dist_args())
+        placement.check_ranks(cfg, launch_env.launched_world_size())
+    return placement.init_groups(cfg)
 
 
-def _describe_prompts(cfg: Config, train_set, val_rows: list) -> str:
-    """The start-up line's account of the prompts (a split training rank reads none)."""
+def _describe_prompts(placement: Placement, train_set, val_rows: list) -> str:
+    """The start-up line's account of the prompts (a rank that samples nothing reads none)."""
     if train_set is None:
-        return Placement.of(cfg).describe()
+        return placement.describe()
     return (f"{len(train_set)} train prompts ({train_set.num_dropped} dropped as too long), "
             f"{len(val_rows)} val prompts")
 
@@ -177,19 +173,18 @@ class RunContext:
     tokenizer: Any = None  # the policy's tokenizer (samples as text: logging.log_samples)
 
     @classmethod
-    def create(cls, cfg: Config, run_dir: Path, remote_critic=None) -> "RunContext":
-        """Every part of the run on this rank; ``remote_critic`` starts the critic where the placement
-        gives it ranks of its own (:func:`~vcppo.driver.engines.build_engines`)."""
+    def create(cls, cfg: Config, run_dir: Path, placement: Placement) -> "RunContext":
+        """Every part of the run on this rank, where ``placement`` (built once for the run) puts them."""
         from transformers import AutoTokenizer
 
-        dist = init_run_distributed(cfg)
+        dist = init_run_distributed(cfg, placement)
         check_sequence_parallel_ranks(cfg, dist.world_size)
         check_share(cfg.trainer.prompts_per_step, dist.world_size, "number of ranks")  # this rank's role world
         seed_process(cfg)
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path)
         max_tokens = cfg.data.max_prompt_tokens
-        sampler = Placement.of(cfg).samples_on(dist.role)  # split training ranks read no prompts
+        sampler = placement.samples_on(dist.role)  # a rank that does not sample reads no prompts
         train_set = load_prompt_set(cfg, cfg.data.train_files, tokenizer, max_prompt_tokens=max_tokens,
                                     shuffle_seed=cfg.trainer.seed) if sampler else None
         val_rows = []
@@ -212,7 +207,8 @@ class RunContext:
             same_ranks = point is None or reshard.written_world_size(point) in (None, dist.world_size)
             changes = check_resume(cfg, point, same_ranks)
             # written on another number of training ranks: engine checkpoints converted for this one
-            universal = reshard.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, collectives.all_gather_object) \
+            universal = reshard.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, collectives.all_gather_object,
+                                        placement) \
                 if point is not None else {}
             resumed = peek_state(point) if point is not None else None
             log = open_records(cfg, run_dir, dist, point, resumed, replays=own or point is None)
@@ -221,9 +217,9 @@ class RunContext:
             if dist.is_main:
                 record_config(cfg, run_dir, point, resumed, changes, log.info)
             log.info(f"run dir {run_dir} | ranks {dist.world_size} | device {dist.device} | "
-                     f"{_describe_prompts(cfg, train_set, val_rows)}")
+                     f"{_describe_prompts(placement, train_set, val_rows)}")
             scorer = make_scorer(cfg)
-            engines = build_engines(cfg, dist, log, resumed, resume_point=point, remote_critic=remote_critic)
+            engines = build_engines(cfg, dist, log, placement, resumed, resume_point=point)
             reward_model = ModelReward.build(cfg, dist, tokenizer, log.info)  # None without reward.model_path
             return cls(cfg=cfg, run_dir=run_dir, dist=dist, pad_id=pad_token_id(tokenizer),
                        prompts=train_set.stream(seed=cfg.trainer.seed) if sampler else None, val_rows=val_rows,

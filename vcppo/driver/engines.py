@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from vcppo.driver.state import Phase, RunState
 from vcppo.driver.durability.critic_cache import cached_critic, critic_source
@@ -108,27 +107,22 @@ def build_critic(cfg: Config, dist: DistInfo, log, resumed: RunState | None,
     return critic, from_cache
 
 
-def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, resumed: RunState | None = None,
-                  resume_point: Path | None = None,
-                  remote_critic: Callable | None = None) -> Engines:
+def build_engines(cfg: Config, dist: DistInfo, log: MetricsLogger, placement: Placement,
+                  resumed: RunState | None = None, resume_point: Path | None = None) -> Engines:
     """vLLM first (its start-up module scan must precede any numba / llvmlite import), then the DeepSpeed engines. ``resumed``:
     the state of the checkpoint the run resumes from, in ``resume_point`` (None: a fresh start).
-    ``remote_critic``: starts the critic on ranks of its own, where the placement puts it there
-    (:func:`vcppo.driver.placement.remote_critic.start_remote_critic`)."""
-    alg, temperature, placement = cfg.algorithm, cfg.rollout.temperature, Placement.of(cfg)
+    ``placement``: whether this rank samples, and where the critic starts
+    (:meth:`~vcppo.config.placement.Placement.remote_critic`: on ranks of its own, or here)."""
+    alg, temperature = cfg.algorithm, cfg.rollout.temperature
     ckpt = (lambda role: resume_point / role) if resume_point is not None else (lambda role: None)
-    rollout = None  # split placement: the rollout ranks sample (driver/placement/rollout_worker.py)
+    rollout = None  # a rank that does not sample holds no vLLM
     if placement.samples_on(dist.role):
         rollout = make_rollout_engine(cfg.model.policy_path, cfg.rollout, dist, seed=cfg.trainer.seed,
                                       max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens,
                                       dtype=cfg.model.dtype, lora_rank=adapter_sync_rank(cfg), log=log.info,
                                       max_sequences=sequences_per_call(cfg))
-    remote = None
-    if uses_critic(alg.advantage_estimator) and placement.critic_apart:  # they start while the actor does here
-        if remote_critic is None:
-            raise RuntimeError("the critic has ranks of its own (placement.critic_ranks), but the run gave no "
-                               "remote critic to start")
-        remote = remote_critic(resume_point)
+    # a critic on ranks of its own starts there while the actor starts here
+    remote = placement.remote_critic(resume_point) if uses_critic(alg.advantage_estimator) else None
     actor_steps = cfg.trainer.total_steps * optimizer_steps_per_rl_step(cfg.actor)
     actor_cfg = with_zero_stage(cfg.actor, dist, log, "actor", ckpt("actor"))
     actor = ActorEngine(cfg.model.policy_path, actor_cfg, dist, total_optimizer_steps=max(1, actor_steps),

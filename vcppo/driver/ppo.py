@@ -11,20 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vcppo.config.placement import CRITIC, ROLLOUT
+from vcppo.config.placement import Placement
 from vcppo.config.schema import Config
 from vcppo.driver.context import RunContext, init_run_distributed
 from vcppo.driver.durability.resume import resume_or_start
 from vcppo.driver.loops import ppo_loop, reuse_pretrained_critic, value_pretrain
-from vcppo.driver.placement.colocated import make_source
-from vcppo.driver.placement.critic_worker import serve_critic
-from vcppo.driver.placement.remote_critic import start_remote_critic
-from vcppo.driver.placement.rollout_worker import serve_rollouts
 from vcppo.driver.state import Phase
 from vcppo.driver.step.step_plan import ppo_plan, pretrain_plan
-
-
-SERVES = {ROLLOUT: serve_rollouts, CRITIC: serve_critic}  # what a split run's other ranks do
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -34,21 +27,22 @@ def run_dir_of(cfg: Config) -> Path:
 
 
 def train(cfg: Config) -> Path:
-    """Both phases; returns the run directory. The rollout ranks of a split run serve batches
-    instead, and its critic ranks (``placement.critic_ranks``) the critic's steps."""
-    serve = SERVES.get(init_run_distributed(cfg).role)
+    """Both phases; returns the run directory. The run's placement is built here, once, and passed on: a
+    rank whose role it serves otherwise (a split run's rollout ranks, its critic ranks) does that instead."""
+    placement = Placement.of(cfg)
+    serve = placement.serves().get(init_run_distributed(cfg, placement).role)
     if serve is not None:  # a rank that only samples, or only holds the critic
-        serve(cfg, run_dir_of(cfg))
+        serve(cfg, run_dir_of(cfg), placement)
         return run_dir_of(cfg)
-    ctx = RunContext.create(cfg, run_dir_of(cfg), remote_critic=start_remote_critic)
+    ctx = RunContext.create(cfg, run_dir_of(cfg), placement)
     finished = False
     try:
         state = resume_or_start(ctx)
-        pretrain, ppo = pretrain_plan(cfg, ctx.dist.device), ppo_plan(cfg, ctx.dist.device)
+        pretrain, ppo = pretrain_plan(cfg, ctx.dist.device, placement), ppo_plan(cfg, ctx.dist.device, placement)
         if state.phase == Phase.VALUE_PRETRAIN and ctx.critic_from_cache is not None:
             reuse_pretrained_critic(ctx)
             state.phase = Phase.PPO
-        source = make_source(ctx, ppo)  # both plans ask vLLM for the same logprobs
+        source = placement.source(ctx, ppo)  # both plans ask vLLM for the same logprobs
         source.start(state, resumed=ctx.resume_point is not None)
         if state.phase == Phase.VALUE_PRETRAIN:
             value_pretrain(ctx, source, pretrain, state)

@@ -1,4 +1,4 @@
-"""Process-group set-up shared by every engine: the default group, split placement's role worlds, the
+"""Process-group set-up shared by every engine: the default group (or the groups a placement sets up), the
 process's exit and the ordered teardown (the launcher's environment: :mod:`vcppo.engines.launch_env`;
 the collectives: :mod:`vcppo.engines.collectives`).
 
@@ -34,27 +34,37 @@ class DistInfo:
     device: torch.device
     backend: str
     is_main: bool
-    role: str = BOTH     # vcppo.config.placement: TRAIN, CRITIC or ROLLOUT under split placement
+    role: str = BOTH     # vcppo.config.placement: TRAIN, CRITIC or ROLLOUT where ranks have roles
+
+
+@dataclass(frozen=True)
+class GroupSetup:
+    """What a placement's own process groups are made from (:func:`init_distributed`'s ``groups``): the
+    launcher's rank and world, the device, the backend, the collectives' timeout and the rendezvous store."""
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    timeout_s: float
+    store: object
 
 
 _INFO: DistInfo | None = None
-_BRIDGE = None  # split placement: this rank's engines.bridge.Bridge (trainer 0 and rollout ranks)
-_CRITIC_LINK = None  # split placement with critic ranks: this training / critic rank's engines.bridge.CriticLink
 _CLOSERS: list[Callable[[], None]] = []
 _EVER_INITIALISED = False  # a process group was set up in this process (exit_process)
 
 
-def init_distributed(device: str = "auto", split_rollout_ranks: int | None = None,
-                     timeout_s: float = 1800.0, split_critic_ranks: int = 0,
-                     rendezvous_timeout_s: float = 600.0) -> DistInfo:
+def init_distributed(device: str = "auto", timeout_s: float = 1800.0, rendezvous_timeout_s: float = 600.0,
+                     groups: Callable[[GroupSetup], DistInfo] | None = None) -> DistInfo:
     """Initialise (once) the default process group and return this rank's :class:`DistInfo`.
 
     ``rendezvous_timeout_s`` bounds the ranks' meeting at MASTER_ADDR:MASTER_PORT (a
     :class:`~vcppo.engines.launch_env.RendezvousError` past it), ``timeout_s`` every collective after it.
 
-    ``split_rollout_ranks``: split placement with that many rollout ranks (and ``split_critic_ranks``
-    critic ranks): the default group is then this rank's role world and the bridge (and the
-    critic links) are built (:mod:`vcppo.engines.bridge`)."""
+    ``groups``: a placement whose ranks have roles sets up its own groups from the rendezvous store
+    (:meth:`vcppo.config.placement.Placement.init_groups`; split placement's role worlds and bridge:
+    :mod:`vcppo.engines.bridge`) and returns this rank's DistInfo."""
     global _INFO, _EVER_INITIALISED
     if _INFO is not None:
         return _INFO
@@ -87,10 +97,10 @@ def init_distributed(device: str = "auto", split_rollout_ranks: int | None = Non
     # a warning per step buries the progress bar and says nothing the user can act on.
     warnings.filterwarnings("ignore", message=r".*reduce_scatter_tensor.*is deprecated", category=FutureWarning)
 
-    if split_rollout_ranks is not None:
+    if groups is not None:
         store = rendezvous_store(rank, world, rendezvous_timeout_s, timeout_s)
-        return _init_split(split_rollout_ranks, split_critic_ranks, rank, world, local_rank, dev, backend, timeout_s,
-                           store)
+        _INFO = groups(GroupSetup(rank, world, local_rank, dev, backend, timeout_s, store))
+        return _INFO
     if not cuda and world == 1:
         skip_shm_collective()
     if not torch.distributed.is_initialized():
@@ -133,45 +143,6 @@ def _init_default_group(rank: int, world: int, backend: str, dev: torch.device, 
     torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world,
                                          timeout=timedelta(seconds=timeout_s), **bind)
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
-
-
-def _init_split(rollout_ranks: int, critic_ranks: int, rank: int, world: int, local_rank: int, dev: torch.device,
-                backend: str, timeout_s: float, store) -> DistInfo:
-    """Split placement: this rank's role world as the default group, then the bridge and the critic
-    links. A critic world's rank 0 is its main rank (it writes the critic's exports)."""
-    global _INFO, _BRIDGE, _CRITIC_LINK
-    from datetime import timedelta
-
-    import deepspeed
-
-    from vcppo.config.placement import CRITIC, Roles
-    from vcppo.engines.bridge import Bridge, CriticLink, init_role_world
-    roles, timeout = Roles(world, rollout_ranks, critic_ranks), timedelta(seconds=timeout_s)
-    if dev.type == "cpu":
-        # DeepSpeed's CPU shm all-reduce sizes itself by the node's launcher ranks, which now
-        # include the rollout ranks: plain gloo collectives within the training world instead.
-        skip_shm_collective()
-    init_role_world(roles, rank, backend, timeout, store)
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the role world
-    role = roles.role_of(rank)
-    if roles.bridge_rank(rank) is not None:
-        _BRIDGE = Bridge(store, roles, rank, backend, dev, timeout)
-    if roles.critic_partner(rank) is not None:
-        _CRITIC_LINK = CriticLink(store, roles, rank, timeout)
-    main = rank == 0 or (role == CRITIC and roles.role_rank(rank) == 0)
-    _INFO = DistInfo(rank=roles.role_rank(rank), world_size=roles.role_size(rank), local_rank=local_rank,
-                     device=dev, backend=backend, is_main=main, role=role)
-    return _INFO
-
-
-def get_bridge():
-    """This rank's bridge (split placement, trainer 0 and the rollout ranks), else None."""
-    return _BRIDGE
-
-
-def get_critic_link():
-    """This training or critic rank's link to its partner (split placement with critic ranks), else None."""
-    return _CRITIC_LINK
 
 
 def exit_process(code: int) -> None:
@@ -243,7 +214,7 @@ def shutdown(wait_for_peers: bool = False) -> None:
     no rank tears its sockets down while a peer is still in its last collective (the suspect of a
     2-rank gloo abort at exit seen once in CI). Only on a clean end: a rank unwinding an error
     must not wait at a barrier its peers never reach."""
-    global _INFO, _BRIDGE, _CRITIC_LINK
+    global _INFO
     while _CLOSERS:
         _CLOSERS.pop()()
     try:  # vLLM's TP/PP/world group wrappers (only present if an LLM was built)
@@ -272,8 +243,6 @@ def shutdown(wait_for_peers: bool = False) -> None:
                 raise
     _forget_deepspeed_groups()
     _INFO = None
-    _BRIDGE = None
-    _CRITIC_LINK = None
 
 
 def _forget_deepspeed_groups() -> None:

@@ -129,11 +129,11 @@ class Plan:
         return all(c.fits for c in self.checks)
 
 
-def ranks(cfg: Config, cluster: Cluster) -> tuple[int, int]:
-    """(training ranks, rollout ranks) of the run; with ``placement.critic_ranks`` the training
-    ranks are the actor's (the critic has as many of its own)."""
+def ranks(cfg: Config, cluster: Cluster, placement: Placement | None = None) -> tuple[int, int]:
+    """(training ranks, rollout ranks) of the run, as its placement (None: built from ``cfg``) shares
+    ``cluster``'s GPUs out; with ``placement.critic_ranks`` the training ranks are the actor's."""
     try:
-        return Placement.of(cfg).ranks(cluster.world)
+        return (placement or Placement.of(cfg)).ranks(cluster.world)
     except ConfigError as e:
         raise ConfigError(f"{e} ({cluster.world} GPUs: {cluster.gpus_per_node} per node x {cluster.nodes} nodes)") from None
 
@@ -247,15 +247,15 @@ def rollout_memory(cfg: Config, shape: ModelShape, cluster: Cluster, d: int) -> 
                             on_cpu=cluster.hardware.is_cpu)
 
 
-def phase_checks(cfg: Config, cluster: Cluster, engines: list[EngineMemory], vllm: M.RolloutMemory) -> list[Check]:
+def phase_checks(cfg: Config, cluster: Cluster, engines: list[EngineMemory], vllm: M.RolloutMemory,
+                 placement: Placement) -> list[Check]:
     """The phases whose memory must fit (see the module docstring). On a CPU "device" the ranks of a
     node share its memory: each gets its share."""
     usable = cluster.hardware.usable_bytes / (cluster.gpus_per_node if cluster.hardware.is_cpu else 1)
     resident = sum(e.states.resident_bytes for e in engines)
     working = max(e.working_bytes for e in engines)
     kv_sequences = vllm.max_length_sequences
-    placement = Placement.of(cfg)
-    if placement.split:
+    if placement.rollout_apart:
         vllm_check = Check("rollout ranks: vLLM", "rollout", vllm.budget_bytes, usable, kv_sequences)
         if not placement.critic_apart:
             return [Check("training ranks: states + working set", "train", resident + working, usable), vllm_check]
@@ -270,13 +270,14 @@ def phase_checks(cfg: Config, cluster: Cluster, engines: list[EngineMemory], vll
             Check("rollout: states + vLLM", "rollout", resident + vllm.budget_bytes, usable, kv_sequences)]
 
 
-def cpu_bytes_per_node(cfg: Config, cluster: Cluster, engines: list[EngineMemory], vllm: M.RolloutMemory) -> float:
+def cpu_bytes_per_node(cfg: Config, cluster: Cluster, engines: list[EngineMemory], vllm: M.RolloutMemory,
+                       placement: Placement) -> float:
     """Offloaded states of the training ranks on one node, plus vLLM's weights while it sleeps
     (level 1 keeps them in host memory)."""
-    train_ranks, _ = ranks(cfg, cluster)
+    train_ranks, _ = ranks(cfg, cluster, placement)
     per_node = min(cluster.gpus_per_node, train_ranks)
     offloaded = sum(e.states.cpu_bytes for e in engines) * per_node
-    sleeping = Placement.of(cfg).rollout_beside_training and cfg.rollout.free_memory_during_training
+    sleeping = placement.rollout_beside_training and cfg.rollout.free_memory_during_training
     return offloaded + (vllm.weights_bytes * cluster.gpus_per_node if sleeping and not cluster.hardware.is_cpu else 0.0)
 
 
@@ -321,13 +322,14 @@ def trained_models(cfg: Config, shapes: Shapes, lengths: Lengths, responses: int
 
 
 def step_time(cfg: Config, shapes: Shapes, cluster: Cluster, engines: list[EngineMemory],
-              vllm: M.RolloutMemory, d: int, mfu: float | None, lengths: Lengths | None = None) -> StepTime:
+              vllm: M.RolloutMemory, d: int, mfu: float | None, lengths: Lengths | None = None,
+              placement: Placement | None = None) -> StepTime:
     """Rollout and training seconds of one step (vcppo.plan.timing; lengths spread evenly up to
     rollout.max_response_tokens, so the mean response is half the maximum, unless ``lengths`` says
     otherwise for training). ``mfu`` None: training by the measured pass model, rollout at
     timing.ROLLOUT_MFU."""
-    lengths = lengths or Lengths.of(cfg)
-    train_gpus, rollout_gpus = ranks(cfg, cluster)
+    lengths, placement = lengths or Lengths.of(cfg), placement or Placement.of(cfg)
+    train_gpus, rollout_gpus = ranks(cfg, cluster, placement)
     prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.max_response_tokens
     responses = cfg.trainer.prompts_per_step * cfg.rollout.n_samples_per_prompt
     tp = cfg.rollout.tensor_parallel_size
@@ -341,7 +343,6 @@ def step_time(cfg: Config, shapes: Shapes, cluster: Cluster, engines: list[Engin
                  else math.inf)
     tokens = responses * (lengths.prompt + lengths.response)
     models = trained_models(cfg, shapes, lengths, responses, cluster, d)
-    placement = Placement.of(cfg)
     if placement.critic_apart:  # the two updates side by side
         sides = ([m for m in models if m.role != "critic"], [m for m in models if m.role == "critic"])
         training_s = max(T.training_seconds(side, tokens, cluster.hardware, d, train_gpus, mfu) for side in sides)
@@ -366,7 +367,8 @@ def plan_run(cfg: Config, shapes: Shapes, cluster: Cluster, mfu: float | None = 
         raise ConfigError(f"config key 'rollout.tensor_parallel_size' ({cfg.rollout.tensor_parallel_size}) "
                           f"must divide the {cluster.world} GPUs")
     d = dtype_bytes(cfg.model.dtype, cluster.hardware)
-    train_ranks, _ = ranks(cfg, cluster)
+    placement = Placement.of(cfg)  # once per plan, passed on
+    train_ranks, _ = ranks(cfg, cluster, placement)
     for role, ecfg, _, shape, trained, _ in engine_roles(cfg, shapes):
         problem = sequence_parallel_problem(sequence_parallel(ecfg), shape, train_ranks) if trained else None
         if problem:
@@ -374,12 +376,12 @@ def plan_run(cfg: Config, shapes: Shapes, cluster: Cluster, mfu: float | None = 
     engines = engine_memory(cfg, shapes, train_ranks, d)
     vllm = rollout_memory(cfg, shapes.policy, cluster, d)
     notes = []
-    if Placement.of(cfg).split and rollout_share(cfg, cluster) < 0.8:
+    if placement.rollout_apart and rollout_share(cfg, cluster) < 0.8:
         notes.append("split: the rollout ranks run only vLLM; rollout.gpu_memory_utilization=0.9 gives it "
                      "the rest of their memory as KV cache")
-    return Plan(cluster, d, engines, vllm, phase_checks(cfg, cluster, engines, vllm),
-                step_time(cfg, shapes, cluster, engines, vllm, d, mfu, lengths),
-                cpu_bytes_per_node(cfg, cluster, engines, vllm), notes)
+    return Plan(cluster, d, engines, vllm, phase_checks(cfg, cluster, engines, vllm, placement),
+                step_time(cfg, shapes, cluster, engines, vllm, d, mfu, lengths, placement),
+                cpu_bytes_per_node(cfg, cluster, engines, vllm, placement), notes)
 
 
 def gib(n: float) -> float:

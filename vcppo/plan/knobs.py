@@ -57,6 +57,11 @@ class Setting:
     cfg: Config
     cluster: Cluster
 
+    @property
+    def placement(self) -> Placement:
+        """The setting's placement (its answers: which ranks sample, what it supports)."""
+        return Placement.of(self.cfg)
+
 
 def apply(setting: Setting, knob: list[str]) -> Setting:
     """``knob``: ``section.key=value`` overrides (values already in their schema type's spelling) and
@@ -121,7 +126,7 @@ def fitting_share(s: Setting, plan: Plan, shapes: Shapes) -> list[str]:
     """The largest gpu_memory_utilization (in steps of 0.05) that the resident states leave room for,
     if it differs from the current one and its KV cache holds a sequence of the maximum length."""
     hw = s.cluster.hardware
-    resident = 0.0 if Placement.of(s.cfg).split else sum(e.states.resident_bytes for e in plan.engines)
+    resident = 0.0 if s.placement.rollout_apart else sum(e.states.resident_bytes for e in plan.engines)
     share = min(0.95, math.floor((hw.usable_bytes - resident) / hw.memory_bytes * 20) / 20)
     if share < 0.05 or abs(share - rollout_share(s.cfg, s.cluster)) < 1e-9:
         return []
@@ -132,7 +137,7 @@ def fitting_share(s: Setting, plan: Plan, shapes: Shapes) -> list[str]:
 
 def wider_tensor_parallel(s: Setting, shapes: Shapes) -> list[str]:
     tp = s.cfg.rollout.tensor_parallel_size * 2
-    if Placement.of(s.cfg).split or s.cluster.gpus_per_node % tp or shapes.policy.num_heads % tp:
+    if s.placement.rollout_apart or s.cluster.gpus_per_node % tp or shapes.policy.num_heads % tp:
         return []
     return [f"rollout.tensor_parallel_size={tp}"]
 
@@ -144,7 +149,7 @@ def section_shape(section: str, shapes: Shapes):
 def next_sequence_parallel(s: Setting, section: str, shapes: Shapes, current: int) -> int | None:
     """The smallest SP size above ``current`` that ``section``'s model and the training ranks allow
     (None under split placement, which SP does not support yet, or when there is none)."""
-    if Placement.of(s.cfg).split:
+    if not s.placement.sequence_parallel:
         return None
     train_ranks, _ = ranks(s.cfg, s.cluster)
     return next((n for n in sequence_parallel_sizes(section_shape(section, shapes), train_ranks) if n > current), None)
@@ -274,8 +279,8 @@ def find_faster(setting: Setting, shapes: Shapes, mfu: float | None = None,
 
 def sequence_parallel_limits(s: Setting, shapes: Shapes) -> str:
     """Which SP sizes the trained engines' models and training ranks allow, and why no larger one."""
-    if Placement.of(s.cfg).split:
-        return "sequence parallelism does not run under placement.mode=split yet"
+    if not s.placement.sequence_parallel:
+        return f"sequence parallelism does not run under placement.mode={s.placement.name} yet"
     train_ranks, _ = ranks(s.cfg, s.cluster)
     by_shape: dict = {}
     for sec in trained_sections(s.cfg):

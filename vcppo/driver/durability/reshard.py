@@ -129,17 +129,19 @@ def check_stages(point: Path, stages: dict[str, int], wrote: int, world_size: in
                               f"{role}.zero_stage={stage} (leave it null: the checkpoint's stage)")
 
 
-def prepare(point: Path, run_dir: Path, cfg, rank_is_main: bool, world_size: int, gather) -> dict[str, Path]:
+def prepare(point: Path, run_dir: Path, cfg, rank_is_main: bool, world_size: int, gather,
+            placement: Placement) -> dict[str, Path]:
     """Collective, before the engines start: {} when ``point`` was written on ``world_size`` training
     ranks; else its ZeRO 1-3 engine checkpoints converted (:func:`reshard`), after checking that
-    the stages the engines will run at can load them. Split placement resumes on its own shape only."""
+    the stages the engines will run at can load them. A placement that does not reshard (split)
+    resumes on its own shape only."""
     wrote = written_world_size(point)
     if not wrote or wrote == world_size:
         return {}
-    if Placement.of(cfg).split:
-        raise CheckpointError(f"checkpoint {point} was written by {wrote} training rank(s) and this split run has "
-                              f"{world_size}: with placement.mode=split a run resumes only on the training ranks "
-                              "that checkpointed it")
+    if not placement.reshards:
+        raise CheckpointError(f"checkpoint {point} was written by {wrote} training rank(s) and this {placement.name} "
+                              f"run has {world_size}: with placement.mode={placement.name} a run resumes only on the "
+                              "training ranks that checkpointed it")
     stages = {role: resolve_zero_stage(getattr(cfg, role).zero_stage, world_size, str(point / role))
               for role in ROLES if (point / role).is_dir()}
     check_stages(point, stages, wrote, world_size)

@@ -1,20 +1,50 @@
-"""The colocated source: every training rank samples its share with its own rollout engine, between
-its updates (:class:`~vcppo.driver.step.sources.ExperienceSource`); :func:`make_source` picks it or the
-rollout ranks' (:class:`~vcppo.driver.placement.remote_source.RemoteSource`) from the rank's role."""
+"""Colocated placement (``placement.mode=colocated``, the default): every rank samples its share with
+its own vLLM engine between its updates (role ``both``), in one world of all the launched ranks.
+
+:class:`Colocated` is the placement (its row: ``"colocated"`` in
+:data:`vcppo.config.placement.PLACEMENTS`): its rules, its rank counts, its one process group, and its
+source, :class:`ColocatedSource` (:class:`~vcppo.driver.step.sources.ExperienceSource`). Its ranks serve
+nothing else and the critic trains beside the actor. Only its answers are imported with it (no torch);
+its parts are imported where they are asked for.
+"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vcppo.config.placement import Placement
-from vcppo.driver.context import RunContext
+from vcppo.errors import ConfigError
 from vcppo.driver.state import Phase, RunState
-from vcppo.driver.placement.remote_source import RemoteSource
-from vcppo.driver.step.experience_maker import ExperienceMaker
-from vcppo.driver.step.sources import ExperienceSource
-from vcppo.driver.step.step_plan import StepPlan
-from vcppo.driver.step.validation import validate_run
-from vcppo.engines.actor import ActorEngine
-from vcppo.experience import Rollout
+
+if TYPE_CHECKING:
+    from vcppo.driver.context import RunContext
+    from vcppo.driver.step.experience_maker import ExperienceMaker
+    from vcppo.driver.step.step_plan import StepPlan
+    from vcppo.engines.actor import ActorEngine
+    from vcppo.experience import Rollout
+
+
+class Colocated(Placement):
+    name = "colocated"
+
+    def check(self, cfg) -> None:
+        if self.critic_ranks:
+            raise ConfigError(f"config key 'placement.critic_ranks' ({self.critic_ranks}) needs placement.mode=split")
+        if self.max_staleness:
+            raise ConfigError(f"config key 'trainer.max_staleness' ({self.max_staleness}) needs placement.mode=split: "
+                              "colocated ranks sample and train in turn, so a batch is never stale")
+
+    def check_ranks(self, cfg, world: int) -> None:
+        from vcppo.config.parallel import check_sequence_parallel_ranks
+        check_sequence_parallel_ranks(cfg, world)
+        super().check_ranks(cfg, world)
+
+    def init_groups(self, cfg):
+        from vcppo.engines import dist as D
+        return D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer))
+
+    def source(self, ctx: RunContext, plan: StepPlan) -> "ColocatedSource":
+        return ColocatedSource.for_run(ctx, plan)
 
 
 class ColocatedSource:
@@ -26,6 +56,7 @@ class ColocatedSource:
 
     @classmethod
     def for_run(cls, ctx: RunContext, plan: StepPlan) -> "ColocatedSource":
+        from vcppo.driver.step.experience_maker import ExperienceMaker
         return cls(ctx, ExperienceMaker(ctx.cfg, ctx.dist, ctx.prompts, ctx.rollout, ctx.scorer, ctx.pad_id,
                                         logprobs=plan.sampler_logprobs))
 
@@ -51,6 +82,7 @@ class ColocatedSource:
 
     def validate(self, step: int) -> None:
         """Done at once: these ranks sample and train in turn."""
+        from vcppo.driver.step.validation import validate_run
         ctx = self.ctx
         if ctx.val_rows:
             self.finished.append((step, validate_run(ctx.cfg, self.maker.sampler, ctx.val_rows, ctx.dist, step)))
@@ -65,10 +97,3 @@ class ColocatedSource:
     def close(self) -> None:
         pass
 
-
-def make_source(ctx: RunContext, plan: StepPlan) -> ExperienceSource:
-    """The run's source: this rank's own engine where it samples (colocated), else the rollout ranks'
-    (the training ranks of a split run)."""
-    if Placement.of(ctx.cfg).samples_on(ctx.dist.role):
-        return ColocatedSource.for_run(ctx, plan)
-    return RemoteSource(ctx)

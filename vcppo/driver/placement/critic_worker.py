@@ -116,11 +116,12 @@ class CriticServer:
         self.link.flush()
 
 
-def serve_critic(cfg: Config, run_dir: Path) -> None:
-    """A critic rank's whole life in a split run; returns when its actor rank says stop."""
-    dist = init_run_distributed(cfg)
+def serve_critic(cfg: Config, run_dir: Path, placement) -> None:
+    """A critic rank's whole life in a split run (``placement``: its Split, which holds the link to its
+    actor rank); returns when its actor rank says stop."""
+    dist = init_run_distributed(cfg, placement)
     seed_process(cfg)
-    server = CriticServer(cfg, dist, D.get_critic_link(), Timeline(run_dir if cfg.logging.timeline else None, CRITIC))
+    server = CriticServer(cfg, dist, placement.critic_link, Timeline(run_dir if cfg.logging.timeline else None, CRITIC))
     clean = False
     try:
         server.serve()

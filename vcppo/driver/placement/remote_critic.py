@@ -15,7 +15,6 @@ import torch
 
 from vcppo.driver.placement.critic_protocol import (Command, CriticStep, Done, Failed, Ready, StartCritic, StopCritic,
                                           UpdateDone, Values)
-from vcppo.engines import dist as D
 from vcppo.experience import CriticResult, Rollout
 
 
@@ -88,9 +87,9 @@ class RemoteCritic:
         self.link.flush()
 
 
-def start_remote_critic(resume_point: Path | None) -> RemoteCritic:
-    """This training rank's critic, on its critic rank (``placement.critic_ranks``): asked to build its
-    engine from ``resume_point`` (None: a fresh start), which it does while this rank builds the actor."""
-    remote = RemoteCritic(D.get_critic_link())
+def start_remote_critic(link, resume_point: Path | None) -> RemoteCritic:
+    """This training rank's critic, on its critic rank (``placement.critic_ranks``, over ``link``): asked to
+    build its engine from ``resume_point`` (None: a fresh start), which it does while this rank builds the actor."""
+    remote = RemoteCritic(link)
     remote.start(resume_point)
     return remote

@@ -18,13 +18,11 @@ from pathlib import Path
 
 import torch
 
-from vcppo.config.placement import Placement
 from vcppo.driver.state import Phase, RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.step.sampling import share_of_step
 from vcppo.driver.placement.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate, ValidationResult,
                                          held_after_checkpoint)
-from vcppo.engines import dist as D
 from vcppo.engines import collectives
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.bridge import pack_weights
@@ -48,9 +46,9 @@ def _batch_message(rec: dict) -> SampledBatch:
 class RemoteSource:
     """A training rank's :class:`~vcppo.driver.step.sources.ExperienceSource` in a split run."""
 
-    def __init__(self, ctx: RunContext):
+    def __init__(self, ctx: RunContext, bridge):
         self.ctx, self.cfg, self.dist = ctx, ctx.cfg, ctx.dist
-        self.bridge = D.get_bridge()  # trainer 0 only
+        self.bridge = bridge  # trainer 0 only (engines.bridge.Bridge; None on the other training ranks)
         self.mailbox: dict[tuple, SampledBatch | ValidationResult] = {}
         self.phase = Phase.PPO
         self.consumed_state: dict | None = None  # the prompt position after the last batch trained on
@@ -151,7 +149,7 @@ class RemoteSource:
         done = state.phase_step
         total = self.cfg.trainer.total_steps if phase == Phase.PPO else self.cfg.value_pretrain.steps
         held = [self._fetch(("batch", phase, j))
-                for j in held_after_checkpoint(phase, done, total, Placement.of(self.cfg).max_staleness)]
+                for j in held_after_checkpoint(phase, done, total, self.cfg.trainer.max_staleness)]
         if held:
             torch.save({"batches": [_batch_record(m) for m in held]}, stage / INFLIGHT)
         return held[-1].prompt_state if held else self.consumed_state

@@ -34,10 +34,11 @@ from vcppo.config.schema import Config
 class RolloutServer:
     """One rollout rank's state: the engine, the prompt stream, and where the run stands."""
 
-    def __init__(self, cfg: Config, run_dir: Path):
+    def __init__(self, cfg: Config, run_dir: Path, placement: Placement):
         from transformers import AutoTokenizer
 
-        self.cfg, self.dist, self.bridge = cfg, init_run_distributed(cfg), D.get_bridge()
+        self.cfg, self.dist = cfg, init_run_distributed(cfg, placement)
+        self.bridge = placement.bridge
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path)
         train_set = load_prompt_set(cfg, cfg.data.train_files, tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens,
                                     shuffle_seed=cfg.trainer.seed)
@@ -61,7 +62,7 @@ class RolloutServer:
         return self.cfg.value_pretrain.steps if self.phase != Phase.PPO else self.cfg.trainer.total_steps
 
     def can_sample(self) -> bool:
-        ahead = lookahead(self.phase, Placement.of(self.cfg).max_staleness)
+        ahead = lookahead(self.phase, self.cfg.trainer.max_staleness)
         return self.started and self.next_step <= self.total() and may_sample(self.next_step, self.trainer_done, ahead)
 
     def message_waiting(self) -> bool:
@@ -137,9 +138,9 @@ class RolloutServer:
         self.engine.close()
 
 
-def serve_rollouts(cfg: Config, run_dir: Path) -> None:
+def serve_rollouts(cfg: Config, run_dir: Path, placement: Placement) -> None:
     """A rollout rank's whole life in a split run; returns when the trainer says stop."""
-    server = RolloutServer(cfg, run_dir)
+    server = RolloutServer(cfg, run_dir, placement)
     clean = False
     try:
         server.serve()

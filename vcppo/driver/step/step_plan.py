@@ -128,10 +128,10 @@ def _v_old(cfg: Config, lambda_critic: float, overlap: bool = False) -> Source:
     return Source.PASS
 
 
-def ppo_plan(cfg: Config, device=None) -> StepPlan:
+def ppo_plan(cfg: Config, device=None, placement: Placement | None = None) -> StepPlan:
     """The PPO phase's plan (every preset and estimator) on ``device`` (a torch.device). ``device``
     None: the passes only (what `vcppo plan` counts), ``sampler_logprobs`` left False (it needs the
-    dtype resolved on a device)."""
+    dtype resolved on a device). ``placement``: the run's (None: built from ``cfg``)."""
     kl_on = cfg.algorithm.kl_coef > 0
     kl_in_reward = kl_on and cfg.algorithm.kl_in == "reward"
     one_step = one_optimizer_step(cfg.actor)
@@ -145,7 +145,7 @@ def ppo_plan(cfg: Config, device=None) -> StepPlan:
         entropy = Source.PASS
     else:
         entropy = Source.UPDATE if one_step else Source.NONE
-    remote = Placement.of(cfg).critic_apart
+    remote = (placement or Placement.of(cfg)).critic_apart
     v_old = _v_old(cfg, cfg.algorithm.lambda_critic, overlap=remote)
     return StepPlan(phase=Phase.PPO, pi_old=pi_old, v_old=v_old, entropy=entropy,
                     critic_first=v_old is Source.UPDATE, kl_in_reward=kl_in_reward,
@@ -154,7 +154,7 @@ def ppo_plan(cfg: Config, device=None) -> StepPlan:
                     sampler_logprobs=device is not None and wants_sampler_logprobs(cfg, device), critic_remote=remote)
 
 
-def pretrain_plan(cfg: Config, device=None) -> StepPlan:
+def pretrain_plan(cfg: Config, device=None, placement: Placement | None = None) -> StepPlan:
     """Value pretraining's plan: the PPO step with the actor frozen and Monte-Carlo targets."""
     lam = cfg.value_pretrain.lambda_critic
     v_old = _v_old(cfg, lam)
@@ -162,4 +162,4 @@ def pretrain_plan(cfg: Config, device=None) -> StepPlan:
                     critic_first=v_old is Source.UPDATE, kl_in_reward=False, kl_in_loss=False,
                     actor_trains=False, lambda_critic=lam,
                     sampler_logprobs=device is not None and wants_sampler_logprobs(cfg, device),
-                    critic_remote=Placement.of(cfg).critic_apart)
+                    critic_remote=(placement or Placement.of(cfg)).critic_apart)
