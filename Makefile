@@ -43,7 +43,8 @@ test-faults: install
 # The heavier variants of features whose main case `make test` runs: the padded SP and packed
 # data-parallel equalities on two ranks, two ranks skipping a non-finite step together, a killed
 # rollout / critic / training rank resuming, the hostfile launcher, the mismatch and LoRA benches,
-# the rollout bench's compiled vLLM and the step bench's TRL run beside ours.
+# the rollout bench's compiled vLLM and the step bench's TRL run beside ours, the kill -9 during
+# checkpoint writes at five more offsets, the real `vcppo eval` of a `model make` dir on a verl file.
 test-extended: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m extended $(PYTEST_ARGS)
 

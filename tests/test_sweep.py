@@ -99,7 +99,7 @@ def test_grid_runs_collects_rows_groups_seeds_and_skips_finished_runs(tiny_artif
                       f"data.val_files={art / 'data/val.parquet'}", "trainer.total_steps=1",
                       "trainer.prompts_per_step=2", "rollout.max_response_tokens=32", "trainer.val_max_prompts=2",
                       "trainer.val_n_samples=2", "trainer.val_k=[1,2]", "logging.wandb=false",
-                      "logging.progress_bar=false"],
+                      "logging.progress_bar=false", "rollout.engine=hf"],  # the sweep's path, not vLLM's start-up
         "grid": {"rollout.n_samples_per_prompt": [2], "trainer.seed": [0, 1]},
     }
     path = tmp_path / "sweep.yaml"

@@ -4,8 +4,9 @@ with chat-message prompts and reward_model.ground_truth); the config form keeps 
 directory or file, a directory that is not a causal LM, an unsupported format is one line naming it.
 
 Everything but the last test runs without an engine (errors are raised before any starts; the
-scoring path runs with a stand-in for vLLM); the last one runs the real command (vLLM CPU) on a
-`vcppo model make` dir with a trained BPE tokenizer and a `vcppo data make --format verl` file."""
+scoring path runs with a stand-in for vLLM); the last one (`make test-extended`) runs the real command
+(vLLM CPU) on a `vcppo model make` dir with a trained BPE tokenizer and a `vcppo data make --format verl`
+file."""
 import json
 import re
 import shutil
@@ -142,11 +143,13 @@ class AddingRollout:
 
 
 @pytest.mark.parametrize("name", ["verl/test.parquet", "verl.jsonl", "plain.parquet", "plain.jsonl"])
-def test_every_format_reaches_the_scorer(art, name, monkeypatch, tmp_path):
+def test_every_format_reaches_the_scorer(art, name, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(evaluate, "make_rollout_engine", AddingRollout)
     out = tmp_path / "not_yet" / "m.json"  # a folder that does not exist yet is made, not a lost evaluation
     assert main(["eval", str(art / "model"), str(art / name), "eval.n_samples=2", "eval.k=[1,2]",
                  "reward.num_workers=0", f"eval.output_json={out}"]) == 0
+    # a verl file's answers come from reward_model.ground_truth without data.answer_field, and it says so
+    assert ("reading the answer from reward_model.ground_truth" in capsys.readouterr().out) == name.startswith("verl")
     m = json.loads(out.read_text())
     assert m["val/num_prompts"] == 6 and m["val/pass@1_greedy"] == 1.0
     assert m["val/pass@1"] == 0.5 and m["val/pass@2"] == 1.0
@@ -165,9 +168,14 @@ def test_samples_jsonl_holds_every_greedy_response(art, monkeypatch, tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.extended
 def test_eval_a_model_make_dir_on_a_verl_file(art, tmp_path):
     """The real command, vLLM CPU: a random untied BPE model answers nothing right, but the whole
-    path runs (the answers come from reward_model.ground_truth without data.answer_field)."""
+    path runs (the answers come from reward_model.ground_truth without data.answer_field).
+    A second case of paths `make test` runs for real elsewhere: `vcppo eval MODEL_DIR DATA` with vLLM
+    (tests/driver/test_model_export_e2e.py), a BPE model on verl-format data through vLLM
+    (tests/driver/test_bpe_e2e.py), an untied model in vLLM (tests/engines/test_engines.py); the
+    answer read from reward_model.ground_truth: test_every_format_reaches_the_scorer above."""
     out = tmp_path / "m.json"
     res = vcppo("eval", art / "model", art / "verl" / "test.parquet", "eval.max_prompts=4", "eval.n_samples=2",
                 "eval.k=[1,2]", "rollout.max_response_tokens=16", f"eval.output_json={out}", cwd=tmp_path,

@@ -124,7 +124,15 @@ WRITER = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("delay_s", [0.0, 0.03, 0.08, 0.15, 0.25, 0.4, 0.6, 0.9])
+# Each offset is a fresh interpreter importing torch (~5 s); `make test` kills at three of them (the
+# crash-at-every-line test below reaches each line of sealing and pruning in this process), `make
+# test-extended` at the other five.
+KILL_DELAYS_S = [0.0, 0.08, 0.4]
+MORE_KILL_DELAYS_S = [0.03, 0.15, 0.25, 0.6, 0.9]
+
+
+@pytest.mark.parametrize("delay_s", KILL_DELAYS_S + [pytest.param(d, marks=pytest.mark.extended)
+                                                     for d in MORE_KILL_DELAYS_S])
 def test_kill_9_during_checkpoint_writes_leaves_only_intact_checkpoints(tmp_path, delay_s):
     """Checkpoints of 4.5 MiB are written back to back (keep_last=2, so cleanup runs too); the
     writer is killed at an offset after its first checkpoint, somewhere in a write, a manifest,
