@@ -45,6 +45,8 @@ def logprob_users(cfg: Config) -> list[str]:
         users.append("algorithm.rollout_is_cap")
     if alg.old_logprobs_from_sampler:
         users.append("algorithm.old_logprobs_from_sampler")
+    if POLICY_LOSSES[alg.policy_loss].sampler_ratio:
+        users.append(f"algorithm.policy_loss={alg.policy_loss}")
     if cfg.critic.confidence_features and uses_critic(alg.advantage_estimator):
         users.append("critic.confidence_features")
     return users
@@ -127,6 +129,9 @@ def _check_method(cfg: Config) -> None:
         raise ConfigError(f"config key 'algorithm.loss_agg' ({alg.loss_agg!r}) is not defined for "
                           f"algorithm.policy_loss={alg.policy_loss!r}, which averages each sequence's tokens, then "
                           f"the sequences: set algorithm.loss_agg={loss.aggregations[0]}")
+    if loss.sampler_ratio and alg.rollout_is_cap is not None:
+        raise ConfigError(f"config key 'algorithm.rollout_is_cap' has no meaning for algorithm.policy_loss="
+                          f"{alg.policy_loss!r} (its ratio is against the sampler already): drop algorithm.rollout_is_cap")
     if alg.dual_clip_c is not None and not loss.dual_clip:
         raise ConfigError(f"config key 'algorithm.dual_clip_c' has no meaning for algorithm.policy_loss="
                           f"{alg.policy_loss!r} (it clips whole sequences): drop algorithm.dual_clip_c")
@@ -218,7 +223,7 @@ def _check_placement(cfg: Config) -> None:
         raise ConfigError("config key 'algorithm.old_logprobs_from_sampler' cannot be true with "
                           "trainer.max_staleness > 0: the clip must be anchored on pi_old recomputed by the "
                           "current actor, not on the (stale) sampler")
-    if staleness and cfg.algorithm.rollout_is_cap is None:
+    if staleness and cfg.algorithm.rollout_is_cap is None and not POLICY_LOSSES[cfg.algorithm.policy_loss].sampler_ratio:
         raise ConfigError("config key 'algorithm.rollout_is_cap' must be set with trainer.max_staleness > 0: the "
                           "stale sampler enters the loss through the truncated weight min(pi_old / pi_sampler, "
                           "cap) (decoupled PPO); e.g. algorithm.rollout_is_cap=2")

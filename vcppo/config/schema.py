@@ -166,7 +166,10 @@ class AlgorithmConfig:
                        resume="math")
     policy_loss: str = _f("ppo", "'ppo': the clipped surrogate per token; 'gspo': GSPO's length-normalised "
                           "sequence ratio, clipped per sequence (eps_low / eps_high; the paper: 3e-4 / 4e-4; "
-                          "loss_agg seq-mean-token-mean). Either composes with any advantage_estimator.",
+                          "loss_agg seq-mean-token-mean); 'dis': SAO's direct double-sided importance sampling, "
+                          "the ratio against the sampler's own logprobs (no old-logprob pass), tokens whose ratio "
+                          "leaves [1 - eps_low, 1 + eps_high] masked out (SAO: eps_low 0.8, eps_high 3.0, i.e. "
+                          "[0.2, 4.0]). Each composes with any advantage_estimator.",
                           choices=tuple(POLICY_LOSSES), resume="math", critic_cache=False)
     kl_coef: float = _f(0.0, "KL coefficient vs the reference policy (paper: 0); >0 loads a reference "
                         "engine. With kl_target set, the adaptive controller's starting value.", low=0.0,
