@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from vcppo.config.critic_start import check_critic_start
 from vcppo.config.parallel import check_sequence_parallel_heads
 from vcppo.methods import uses_critic
 from vcppo.config.schema import Config, ConfigError
@@ -72,6 +73,7 @@ def check_paths(cfg: Config, command: str = "train") -> None:
     if command == "train":
         _check_lora_targets(cfg)
         check_sequence_parallel_heads(cfg)
+        check_critic_start(cfg)
     if cfg.reward.function:
         _check_reward_function(cfg.reward.function)
     for source, path in cfg.reward.functions_by_source.items():

@@ -73,6 +73,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'model.critic_path' is required when model.critic_init="
                           f"'{cfg.model.critic_init}'")
     _check_method(cfg)
+    _check_critic_start(cfg)
     if cfg.trainer.dynamic_sampling and cfg.rollout.n_samples_per_prompt < 2:
         raise ConfigError("config key 'rollout.n_samples_per_prompt' must be >= 2 with trainer.dynamic_sampling "
                           "(a group of one sample always has equal rewards and would be dropped)")
@@ -135,6 +136,20 @@ def _check_method(cfg: Config) -> None:
     if alg.dual_clip_c is not None and not loss.dual_clip:
         raise ConfigError(f"config key 'algorithm.dual_clip_c' has no meaning for algorithm.policy_loss="
                           f"{alg.policy_loss!r} (it clips whole sequences): drop algorithm.dual_clip_c")
+
+
+def _check_critic_start(cfg: Config) -> None:
+    """``critic.freeze``'s syntax; ``critic.init_from`` against another critic source."""
+    from vcppo.engines.freeze import parse
+
+    for spec in cfg.critic.freeze:
+        try:
+            parse(str(spec))
+        except ValueError as e:
+            raise ConfigError(f"config key 'critic.freeze': {e}") from None
+    if cfg.critic.init_from and cfg.model.critic_init != "policy":
+        raise ConfigError(f"config key 'critic.init_from' and model.critic_init={cfg.model.critic_init!r} both name "
+                          "the critic's start: keep one")
 
 
 def _check_truncated_sampling(cfg: Config, users: list[str]) -> None:

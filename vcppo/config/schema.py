@@ -131,6 +131,17 @@ class CriticConfig(UpdateConfig):
                               "hundreds of steps to read what the features already hold "
                               "(docs/results.md).", low=0.0,
                               low_open=True, resume="math")
+    freeze: List[str] = _f([], "Critic modules that do not train: any of 'attention' (SAO's frozen-attention "
+                           "critic), 'mlp', 'embeddings', 'layers:N' (the first N decoder layers); the value head "
+                           "always trains. Frozen parameters get no gradient and no optimizer state (LoRA "
+                           "adapters inside them too); a spec that matches nothing is refused.", resume="fixed",
+                           critic=True)
+    init_from: Optional[str] = _f(None, "Warm-start the critic from a value model written before: a vcppo "
+                                  "value-model directory (a run's final/critic, a critic-cache entry, `vcppo rm` "
+                                  "output) or a run directory (its final/critic). Replaces value pretraining (no "
+                                  "value_pretrain steps run, the critic cache is neither read nor written); "
+                                  "the run records the source. Its shape and tokenizer must match the policy's.",
+                                  resume="math", critic=True)
 
 
 @dataclass
