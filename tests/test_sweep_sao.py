@@ -36,3 +36,10 @@ def test_regimes_sao_dry_run_lists_every_run_and_builds_nothing(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert len([line for line in res.stdout.splitlines() if " train " in line]) == 12
     assert not any(tmp_path.iterdir())
+
+
+def test_regimes_sao_warm_starts_each_sao_run_from_the_exported_pretrained_critic():
+    first, *warm = expand(load_sweep("regimes_sao_warm")[1])
+    assert first["preset"] == "vcppo" and last(first["overrides"], "trainer.total_steps") == "0"
+    assert [last(r["overrides"], "trainer.seed") for r in warm] == ["0", "1", "2"]
+    assert all(last(r["overrides"], "critic.init_from") == "runs/regimes_sao_warm/critic80" for r in warm)
