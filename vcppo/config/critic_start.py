@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 
+from vcppo.config.freeze_spec import unmatched
 from vcppo.config.schema import Config, ConfigError
 from vcppo.methods import uses_critic
 
@@ -89,8 +90,6 @@ def check_critic_start(cfg: Config) -> None:
     source = check_init_from(cfg) if cfg.critic.init_from else None
     if not cfg.critic.freeze:
         return
-    from vcppo.engines.freeze import unmatched
-
     init = cfg.model.critic_init
     model_dir = source or (cfg.model.policy_path if init == "policy" else cfg.model.critic_path)
     if not model_dir or not os.path.isfile(os.path.join(model_dir, "config.json")):

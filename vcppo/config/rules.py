@@ -11,6 +11,7 @@ from vcppo.config.placement import Placement
 from vcppo.config.parallel import check_sequence_parallel
 from vcppo.config.provenance import check_allow_list
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES, uses_critic
+from vcppo.config.freeze_spec import parse
 from vcppo.config.schema import Config, ConfigError
 
 
@@ -140,8 +141,6 @@ def _check_method(cfg: Config) -> None:
 
 def _check_critic_start(cfg: Config) -> None:
     """``critic.freeze``'s syntax; ``critic.init_from`` against another critic source."""
-    from vcppo.engines.freeze import parse
-
     for spec in cfg.critic.freeze:
         try:
             parse(str(spec))
