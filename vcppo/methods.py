@@ -58,12 +58,14 @@ ESTIMATORS = {e.name: e for e in (
 class PolicyLossSpec:
     """A policy loss. ``aggregations``: the ``algorithm.loss_agg`` values it defines (None: all).
     ``dual_clip``: it has a dual clip (``algorithm.dual_clip_c``).
+    ``sampler_ratio``: its ratio is against the sampler's own logprobs (no pi_old pass, no TIS).
     ``fn``: ``"module:function"`` computing it (:func:`vcppo.algos.losses.policy_loss`' signature)."""
     name: str
     aggregations: tuple[str, ...] | None
     dual_clip: bool
     source: str
     fn: str
+    sampler_ratio: bool = False
 
 
 POLICY_LOSSES = {p.name: p for p in (
@@ -74,6 +76,10 @@ POLICY_LOSSES = {p.name: p for p in (
     PolicyLossSpec("gspo", aggregations=("seq-mean-token-mean",), dual_clip=False,
                    source="GSPO (Zheng et al. 2025, arXiv 2507.18071): the length-normalised sequence ratio, "
                           "clipped per sequence", fn="vcppo.algos.gspo:gspo_loss"),
+    PolicyLossSpec("dis", aggregations=None, dual_clip=False,
+                   source="SAO's direct double-sided importance sampling (arXiv 2607.07508 sec. 3.1): the ratio "
+                          "against the sampler's logprobs, tokens outside [1 - eps_low, 1 + eps_high] masked out",
+                   fn="vcppo.algos.dis:dis_loss", sampler_ratio=True),
 )}
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from typing import Sequence
 
+from vcppo.config.critic_start import check_critic_start
 from vcppo.config.load import load_config, split_command_line
 from vcppo.config.parallel import sequence_parallel_sections
 from vcppo.config.schema import Config
@@ -149,6 +150,7 @@ def check_paths(cfg: Config, command: str = "train") -> None:
     if command == "train":
         _check_lora_targets(cfg)
         check_sequence_parallel_heads(cfg)
+        check_critic_start(cfg)
     if cfg.reward.function:
         _check_reward_function(cfg.reward.function)
     for source, path in cfg.reward.functions_by_source.items():

@@ -100,4 +100,4 @@ def test_head_the_chunked_path_cannot_replace_keeps_full_logits(info, tiny_model
     torch.testing.assert_close(lp, want_lp, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(ent, want_ent, rtol=1e-6, atol=1e-6)
     base, _ = _actor(info, tiny_model_dir, logprob_chunk_size=0, temperature=0.7).forward_logprobs(b)
-    assert (lp - base).abs()[b.response_mask.bool()].max() > 1e-3  # the adapters do change the logprobs
+    assert (lp - base).abs()[b.policy_mask.bool()].max() > 1e-3  # the adapters do change the logprobs

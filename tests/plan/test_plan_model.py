@@ -137,3 +137,23 @@ def test_the_planner_reads_the_step_plans_of_every_preset_without_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+def test_a_frozen_critic_module_carries_no_optimizer_state():
+    """critic.freeze: only the trainable parameters get gradients and Adam states in the plan; a frozen
+    attention takes its q/k/v/o weights out of them (with LoRA: their adapters)."""
+    shape = BUILTIN_SHAPES["qwen2.5-7b"]
+    shapes = Shapes(*[shape] * 3)
+
+    def critic(*overrides):
+        plan = plan_run(load_config("vcppo", LONG_COT + list(overrides)), shapes, Cluster(HARDWARE["h100"]))
+        return next(e for e in plan.engines if e.role == "critic").states
+
+    full, frozen = critic(), critic("critic.freeze=[attention]")
+    h, q, kv = shape.hidden_size, shape.q_dim, shape.kv_dim
+    attention = shape.num_layers * (2 * h * q + 2 * h * kv + q + 2 * kv)
+    assert full.optimizer_bytes - frozen.optimizer_bytes == pytest.approx(attention * 12 / 8)  # ZeRO-3 over 8
+    assert frozen.params_bytes == full.params_bytes  # the weights are all still there
+    lora, lora_frozen = critic("critic.lora.rank=8"), critic("critic.lora.rank=8", "critic.freeze=[attention]")
+    adapters = shape.num_layers * 8 * (h + q + 2 * (h + kv) + q + h)
+    assert lora.optimizer_bytes - lora_frozen.optimizer_bytes == pytest.approx(adapters * 12 / 8)

@@ -10,6 +10,7 @@ from typing import Any
 from vcppo.config.placement import Placement
 from vcppo.config.provenance import check_allow_list
 from vcppo.methods import ESTIMATORS, POLICY_LOSSES, uses_critic
+from vcppo.config.freeze_spec import parse
 from vcppo.config.schema import Config
 from vcppo.errors import ConfigError
 
@@ -45,6 +46,8 @@ def logprob_users(cfg: Config) -> list[str]:
         users.append("algorithm.rollout_is_cap")
     if alg.old_logprobs_from_sampler:
         users.append("algorithm.old_logprobs_from_sampler")
+    if POLICY_LOSSES[alg.policy_loss].sampler_ratio:
+        users.append(f"algorithm.policy_loss={alg.policy_loss}")
     if cfg.critic.confidence_features and uses_critic(alg.advantage_estimator):
         users.append("critic.confidence_features")
     return users
@@ -71,6 +74,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'model.critic_path' is required when model.critic_init="
                           f"'{cfg.model.critic_init}'")
     _check_method(cfg)
+    _check_critic_start(cfg)
     if cfg.trainer.dynamic_sampling and cfg.rollout.n_samples_per_prompt < 2:
         raise ConfigError("config key 'rollout.n_samples_per_prompt' must be >= 2 with trainer.dynamic_sampling "
                           "(a group of one sample always has equal rewards and would be dropped)")
@@ -126,9 +130,24 @@ def _check_method(cfg: Config) -> None:
         raise ConfigError(f"config key 'algorithm.loss_agg' ({alg.loss_agg!r}) is not defined for "
                           f"algorithm.policy_loss={alg.policy_loss!r}, which averages each sequence's tokens, then "
                           f"the sequences: set algorithm.loss_agg={loss.aggregations[0]}")
+    if loss.sampler_ratio and alg.rollout_is_cap is not None:
+        raise ConfigError(f"config key 'algorithm.rollout_is_cap' has no meaning for algorithm.policy_loss="
+                          f"{alg.policy_loss!r} (its ratio is against the sampler already): drop algorithm.rollout_is_cap")
     if alg.dual_clip_c is not None and not loss.dual_clip:
         raise ConfigError(f"config key 'algorithm.dual_clip_c' has no meaning for algorithm.policy_loss="
                           f"{alg.policy_loss!r} (it clips whole sequences): drop algorithm.dual_clip_c")
+
+
+def _check_critic_start(cfg: Config) -> None:
+    """``critic.freeze``'s syntax; ``critic.init_from`` against another critic source."""
+    for spec in cfg.critic.freeze:
+        try:
+            parse(str(spec))
+        except ValueError as e:
+            raise ConfigError(f"config key 'critic.freeze': {e}") from None
+    if cfg.critic.init_from and cfg.model.critic_init != "policy":
+        raise ConfigError(f"config key 'critic.init_from' and model.critic_init={cfg.model.critic_init!r} both name "
+                          "the critic's start: keep one")
 
 
 def _check_truncated_sampling(cfg: Config, users: list[str]) -> None:
@@ -195,7 +214,7 @@ def _check_placement(cfg: Config, placement: Placement) -> None:
         raise ConfigError("config key 'algorithm.old_logprobs_from_sampler' cannot be true with "
                           "trainer.max_staleness > 0: the clip must be anchored on pi_old recomputed by the "
                           "current actor, not on the (stale) sampler")
-    if staleness and cfg.algorithm.rollout_is_cap is None:
+    if staleness and cfg.algorithm.rollout_is_cap is None and not POLICY_LOSSES[cfg.algorithm.policy_loss].sampler_ratio:
         raise ConfigError("config key 'algorithm.rollout_is_cap' must be set with trainer.max_staleness > 0: the "
                           "stale sampler enters the loss through the truncated weight min(pi_old / pi_sampler, "
                           "cap) (decoupled PPO); e.g. algorithm.rollout_is_cap=2")

@@ -134,6 +134,17 @@ class CriticConfig(UpdateConfig):
                               "hundreds of steps to read what the features already hold "
                               "(docs/results.md).", low=0.0,
                               low_open=True, resume="math")
+    freeze: List[str] = _f([], "Critic modules that do not train: any of 'attention' (SAO's frozen-attention "
+                           "critic), 'mlp', 'embeddings', 'layers:N' (the first N decoder layers); the value head "
+                           "always trains. Frozen parameters get no gradient and no optimizer state (LoRA "
+                           "adapters inside them too); a spec that matches nothing is refused.", resume="fixed",
+                           critic=True)
+    init_from: Optional[str] = _f(None, "Warm-start the critic from a value model written before: a vcppo "
+                                  "value-model directory (a run's final/critic, a critic-cache entry, `vcppo rm` "
+                                  "output) or a run directory (its final/critic). Replaces value pretraining (no "
+                                  "value_pretrain steps run, the critic cache is neither read nor written); "
+                                  "the run records the source. Its shape and tokenizer must match the policy's.",
+                                  resume="math", critic=True)
 
 
 @dataclass
@@ -169,7 +180,10 @@ class AlgorithmConfig:
                        resume="math")
     policy_loss: str = _f("ppo", "'ppo': the clipped surrogate per token; 'gspo': GSPO's length-normalised "
                           "sequence ratio, clipped per sequence (eps_low / eps_high; the paper: 3e-4 / 4e-4; "
-                          "loss_agg seq-mean-token-mean). Either composes with any advantage_estimator.",
+                          "loss_agg seq-mean-token-mean); 'dis': SAO's direct double-sided importance sampling, "
+                          "the ratio against the sampler's own logprobs (no old-logprob pass), tokens whose ratio "
+                          "leaves [1 - eps_low, 1 + eps_high] masked out (SAO: eps_low 0.8, eps_high 3.0, i.e. "
+                          "[0.2, 4.0]). Each composes with any advantage_estimator.",
                           choices=tuple(POLICY_LOSSES), resume="math", critic_cache=False)
     kl_coef: float = _f(0.0, "KL coefficient vs the reference policy (paper: 0); >0 loads a reference "
                         "engine. With kl_target set, the adaptive controller's starting value.", low=0.0,

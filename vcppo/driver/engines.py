@@ -19,6 +19,7 @@ from vcppo.engines.lora import enabled as lora_enabled
 from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_choice import make_rollout_engine, sequences_per_call
+from vcppo.config.critic_start import resolve_init_from
 from vcppo.config.placement import Placement
 from vcppo.config.schema import Config
 from vcppo.tracking import MetricsLogger
@@ -92,7 +93,10 @@ def build_critic(cfg: Config, dist: DistInfo, log, resumed: RunState | None,
     from_cache = None
     # a run resumed from its own pretraining continues it, even once the cache holds the
     # critic it published before it was killed: the rerun then finishes as an uninterrupted one
-    if vp.enabled and vp.reuse and not pretrained_itself(resumed):
+    if cfg.critic.init_from:  # a warm start replaces value pretraining and the cache
+        init, path = "checkpoint", resolve_init_from(cfg.critic.init_from)
+        from_cache = Path(path)
+    elif vp.enabled and vp.reuse and not pretrained_itself(resumed):
         from_cache = cached_critic(cfg)
         if from_cache is not None:
             init, path = "checkpoint", str(from_cache)

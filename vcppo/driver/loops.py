@@ -21,9 +21,14 @@ from vcppo.driver.step.value_pretrain import settled
 
 
 def reuse_pretrained_critic(ctx: RunContext) -> None:
-    """The run started its critic from the cache: value pretraining is skipped (logged)."""
-    ctx.log.info(f"value pretraining: reusing the pretrained critic {ctx.critic_from_cache}")
-    ctx.log.log({"reused_from": str(ctx.critic_from_cache)}, step=0, phase="value_pretrain_reused")
+    """The run started its critic from the cache, or from ``critic.init_from``: value pretraining is
+    skipped (logged, with the source's files for a warm start)."""
+    record = {"reused_from": str(ctx.critic_from_cache)}
+    if ctx.cfg.critic.init_from:
+        record["critic_init_from"] = critic_cache.fingerprint_path(str(ctx.critic_from_cache))
+    ctx.log.info(f"value pretraining: reusing the pretrained critic {ctx.critic_from_cache}"
+                 + (" (critic.init_from)" if ctx.cfg.critic.init_from else ""))
+    ctx.log.log(record, step=0, phase="value_pretrain_reused")
 
 
 def value_pretrain(ctx: RunContext, source: ExperienceSource, plan: StepPlan, state: RunState) -> None:

@@ -42,6 +42,8 @@ def train(cfg: Config) -> Path:
         if state.phase == Phase.VALUE_PRETRAIN and ctx.critic_from_cache is not None:
             reuse_pretrained_critic(ctx)
             state.phase = Phase.PPO
+        elif ctx.cfg.critic.init_from and ctx.resume_point is None:  # value pretraining off: still recorded
+            reuse_pretrained_critic(ctx)
         source = placement.source(ctx, ppo)  # both plans ask vLLM for the same logprobs
         source.start(state, resumed=ctx.resume_point is not None)
         if state.phase == Phase.VALUE_PRETRAIN:

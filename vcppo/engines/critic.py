@@ -10,6 +10,7 @@ import torch
 
 from vcppo.algos.confidence import confidence_features
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
+from vcppo.engines.freeze import freeze
 from vcppo.engines.loss_contract import ModelOutputs
 from vcppo.engines.dist import DistInfo
 from vcppo.engines.collectives import barrier
@@ -17,6 +18,7 @@ from vcppo.engines.packing import pack
 from vcppo.engines.sequence_parallel import gather_slices, shard_packed
 from vcppo.experience import Rollout
 from vcppo.config.schema import OptimConfig
+from vcppo.errors import ConfigError
 
 CRITIC_INITS = ("policy", "reward_model", "checkpoint")
 
@@ -29,6 +31,7 @@ class CriticEngine(DeepSpeedModelEngine):
         if init not in CRITIC_INITS:
             raise ValueError(f"critic init must be one of {CRITIC_INITS}, got {init!r}")
         self.init, self.path = init, path
+        self.frozen: set[str] = set()  # critic.freeze's parameters (names as the module has them)
         super().__init__(cfg, dist, total_optimizer_steps, dtype=dtype, train=train)
 
     def _build_module(self):
@@ -48,8 +51,15 @@ class CriticEngine(DeepSpeedModelEngine):
         return confidence_features(micro.sampler_logprobs, micro.policy_mask)
 
     def _param_groups(self, module: torch.nn.Module) -> list:
-        """The backbone at lr, the value head at lr x head_lr_scale, the confidence head (if any) at
-        lr x confidence_lr_scale; one group when nothing is scaled."""
+        """``critic.freeze`` applied first (before the optimizer exists: frozen parameters get no
+        state); then the backbone at lr, the value head at lr x head_lr_scale, the confidence head (if
+        any) at lr x confidence_lr_scale; one group when nothing is scaled."""
+        specs = list(getattr(self.cfg, "freeze", []) or [])
+        if specs:
+            try:
+                self.frozen = freeze(module, specs)
+            except ValueError as e:
+                raise ConfigError(f"config key 'critic.freeze': {e}") from None
         lr = float(self.cfg.lr)
         rates = {"value_head.": lr * float(getattr(self.cfg, "head_lr_scale", 1.0))}
         if getattr(module, "confidence_head", None) is not None:

@@ -192,8 +192,13 @@ def engine_roles(cfg: Config, shapes: Shapes) -> list[tuple[str, object, int, Mo
 
 
 def lora_trained(engine_cfg, shape: ModelShape, value_model: bool) -> int | None:
-    """With ``lora`` on: the adapters' parameters, plus a value model's head (what trains); else None."""
+    """What trains when not every parameter does: with ``lora`` on, the adapters' parameters plus a value
+    model's head; with ``critic.freeze``, the value model's unfrozen parameters; else None."""
     lora = getattr(engine_cfg, "lora", None)
+    freeze = list(getattr(engine_cfg, "freeze", []) or []) if value_model else []
+    if freeze:  # critic.freeze: only what stays trainable carries gradients and optimizer states
+        rank = 0 if lora is None else lora.rank
+        return M.value_model_trained(shape, freeze, rank, list(lora.target_modules) if rank else None)
     if lora is None or lora.rank == 0:
         return None
     head = shape.hidden_size + 1 if value_model else 0

@@ -73,6 +73,32 @@ def model_states(n_params: int, largest_module: int, ranks: int, stage: int, dty
     return ModelStates(params, grads, opt, gather, cpu)
 
 
+ATTENTION_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_LINEAR = ("gate_proj", "up_proj", "down_proj")
+
+
+def value_model_trained(shape: ModelShape, freeze: list[str], lora_rank: int = 0,
+                        lora_targets: list[str] | None = None) -> int:
+    """Parameters of a value model that train under ``critic.freeze`` (attention, mlp, embeddings,
+    layers:N; vcppo.engines.freeze) with or without LoRA adapters (rank 0: none): only they carry
+    gradients and optimizer states. The scalar head always trains."""
+    h, layers = shape.hidden_size, shape.num_layers
+    first = max([int(s.split(":")[1]) for s in freeze if s.startswith("layers:")], default=0)
+    frozen = {g for g in ("attention", "mlp", "embeddings") if g in freeze}
+    widths = shape.linear_widths()
+    if lora_rank:
+        targets = list(widths) if list(lora_targets or []) == ["all-linear"] else list(lora_targets or [])
+        kept = [t for t in targets if t in widths and not (t in ATTENTION_LINEAR and "attention" in frozen)
+                and not (t in MLP_LINEAR and "mlp" in frozen)]
+        per_layer = sum(lora_rank * sum(widths[t]) for t in kept)
+        return max(0, layers - first) * per_layer + h + 1
+    mlp = 3 * h * shape.intermediate_size
+    attention = shape.layer_params - mlp - 2 * h
+    per_layer = (0 if "attention" in frozen else attention) + (0 if "mlp" in frozen else mlp) + 2 * h
+    embeddings = 0 if "embeddings" in frozen else shape.embedding_params
+    return max(0, layers - first) * per_layer + embeddings + h + h + 1  # + the final norm and the head
+
+
 # ---------------------------------------------------------------------------------------------
 # Activations
 #

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from vcppo.config.placement import Placement
 from vcppo.config.rules import logprob_users
 from vcppo.driver.state import Phase
-from vcppo.methods import uses_critic
+from vcppo.methods import POLICY_LOSSES, uses_critic
 from vcppo.config.schema import Config, UpdateConfig
 
 
@@ -135,7 +135,9 @@ def ppo_plan(cfg: Config, device=None, placement: Placement | None = None) -> St
     kl_on = cfg.algorithm.kl_coef > 0
     kl_in_reward = kl_on and cfg.algorithm.kl_in == "reward"
     one_step = one_optimizer_step(cfg.actor)
-    if one_step and not kl_in_reward:
+    if POLICY_LOSSES[cfg.algorithm.policy_loss].sampler_ratio:
+        pi_old = Source.SAMPLER  # DIS: the ratio is against the sampler itself, never a pass
+    elif one_step and not kl_in_reward:
         pi_old = Source.UPDATE
     elif cfg.algorithm.old_logprobs_from_sampler:
         pi_old = Source.SAMPLER  # the TIS weights are then 1
