@@ -71,7 +71,8 @@ def test_no_sandbox_refuses_naming_the_cause_and_the_key(monkeypatch):
         message = str(e.value)
         assert "\n" not in message and "/nonexistent/bwrap" in message
         assert "rollout.env_args.allow_unsandboxed_python=true" in message
-        env = make_env("tools", tools=["python"], allow_unsandboxed_python=True)  # on purpose: it runs
+        # on purpose: it runs (a generous limit: a loaded host took over the default 2 s to start python)
+        env = make_env("tools", tools=["python"], allow_unsandboxed_python=True, python_timeout_s=60)
         env.reset({"answer": "0"}, seed=0)
         assert "42" in checked_turn(env.step(_python_call("print(6*7)"))).observation
         make_env("tools")  # the calculator alone needs no sandbox
