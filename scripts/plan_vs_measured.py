@@ -30,16 +30,14 @@ if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":  # see the docstring; mu
 import torch  # noqa: E402
 
 
+from vcppo.driver.step.timeline import PeakRss, proc_status_bytes  # noqa: E402
+
+
 def status_kib(field: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
-def reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    value = proc_status_bytes(field)
+    if value is None:
+        raise KeyError(field)
+    return value // 1024
 
 
 class TokenLoss:
@@ -82,7 +80,7 @@ def measure(size: str, checkpointing: bool, args, info, tmp: str) -> dict:
     gc.collect()
     rss_states = status_kib("VmRSS")
     big = batch(args.batch, args.prompt, args.response, shape.vocab_size)
-    reset_peak()
+    PeakRss.reset()
     rss_before = status_kib("VmRSS")
     actor.train_step(big, TokenLoss())
     peak = status_kib("VmHWM")

@@ -76,7 +76,7 @@ def cpu_kv_cache_need(model_path: str, dtype: str, sequences: int, max_model_len
     x ``KV_MARGIN``. A cache that size admits every sequence a call would run at once with any larger
     one, so what is sampled does not change (a smaller one does: the call's sampler draws in the order
     the sequences run). On a CPU vLLM takes its cache from host RAM, where a share of RAM (verl's
-    ``gpu_memory_utilization`` 0.4 is 9.4 GiB on a 24 GiB host) can be far more than a call fills."""
+    ``gpu_memory_utilization``) can be far more than a call fills."""
     from transformers import AutoConfig
     c = AutoConfig.from_pretrained(model_path)
     c = getattr(c, "text_config", c)

@@ -90,14 +90,20 @@ class PeakRss:
     @staticmethod
     def read() -> int | None:
         """Bytes, or None when /proc does not say."""
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return None
+        return proc_status_bytes("VmHWM")
+
+
+def proc_status_bytes(field: str) -> int | None:
+    """A memory field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...) in bytes, or None when /proc
+    does not say."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 @dataclass
