@@ -41,8 +41,8 @@ setup(
         "gpu": ["vllm==0.33.0"],
         # pytest-xdist: `make test` runs the suite on 2 workers (most of its time is process start-up).
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100"],
-        # `vcppo bench step --trl` only (never CI): TRL's PPOTrainer exists up to 1.12.0
-        # (trl.experimental.ppo) and was removed in 1.13.0.
+        # `vcppo bench step --trl` and `vcppo bench grpo-trl` only (never CI): TRL's PPOTrainer exists up to
+        # 1.12.0 (trl.experimental.ppo) and was removed in 1.13.0; its GRPOTrainer is there too.
         "trl": ["trl==1.12.0"],
     },
     entry_points={"console_scripts": ["vcppo=vcppo.cli:entry"]},
