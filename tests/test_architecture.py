@@ -161,14 +161,15 @@ def _py(rel: str) -> Path:
 # The package's layers, bottom first: an import may point down or inside its own layer, never up. Every
 # package and module of vcppo/ has one (test_every_package_has_a_layer). A layer's members:
 #   the package itself and the errors a user reads; pure tensor math, the methods table, the run's
-#   records, the stage types; the config (the schema, its rules, what a resume may change); metrics
-#   files and the sandbox; rewards and models; data; the engines; the multi-turn environments; the
+#   records, the stage types; the config (the schema, its rules, what a resume may change); the
+#   distributed runtime (process groups, collectives, split's transport); metrics files and the sandbox; rewards and models; data; the engines; the multi-turn environments; the
 #   pre-flight (what a command's config needs of this machine); the driver; the CLI's dispatcher; the
 #   benches; the planner; report and sweep; the commands.
 LAYERS = [
     ["vcppo", "vcppo.errors"],
     ["vcppo.algos", "vcppo.methods", "vcppo.records", "vcppo.experience"],
     ["vcppo.config"],
+    ["vcppo.runtime"],
     ["vcppo.tracking", "vcppo.sandbox"],
     ["vcppo.rewards", "vcppo.models"],
     ["vcppo.data"],

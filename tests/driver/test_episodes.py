@@ -155,7 +155,7 @@ def test_validation_reports_the_share_of_episodes_that_called_a_tool():
     val/tool_use_* the episodes with a call, over the split and per group."""
     from vcppo.driver.step.sampling import EpisodeSampler
     from vcppo.driver.step.validation import evaluate
-    from vcppo.engines.dist import DistInfo
+    from vcppo.runtime.dist import DistInfo
     cfg = cfg_for()
     cfg.rollout.env, cfg.rollout.env_args = "tools", {"tools": ["calculator"], "max_turns": 4}
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "3+4"}}</tool_call>'

@@ -80,7 +80,7 @@ def test_validation_hands_its_greedy_samples_to_samples_jsonl(tmp_path):
     from vcppo.driver.step.metrics import log_validations
     from vcppo.driver.step.sampling import make_sampler
     from vcppo.driver.step.validation import SAMPLES_KEY, validate_run
-    from vcppo.engines.dist import DistInfo
+    from vcppo.runtime.dist import DistInfo
     dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo", is_main=True)
     rows = [{"prompt_ids": [3], "prompt": "q0", "answer": 0}, {"prompt_ids": [4], "prompt": "q1", "answer": 5}]
     cfg = load_config("vcppo", ["logging.log_samples=1", "trainer.val_k=[1]", "trainer.val_n_samples=1"])

@@ -86,7 +86,7 @@ def main(argv=None) -> dict:
     import torch
 
     from vcppo.bench import write_json
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     from vcppo.engines.rollout import RolloutEngine
     from vcppo.models.factory import make_model
     from vcppo.config.schema import RolloutConfig

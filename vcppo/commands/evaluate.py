@@ -32,7 +32,7 @@ from vcppo.driver.durability.model_export import export_checkpoint, is_checkpoin
 from vcppo.driver.durability.resume_checks import RUN_CONFIG
 from vcppo.driver.step.sampling import make_sampler
 from vcppo.driver.step.validation import SAMPLES_KEY, evaluate
-from vcppo.engines import dist as D
+from vcppo.runtime import dist as D
 from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.models.hub import parse_id
 from vcppo.rewards.routing import data_source_of

@@ -35,11 +35,11 @@ from vcppo.models.hub import model_sources
 from vcppo.driver.step.timeline import Timeline
 from vcppo.driver.durability.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
 from vcppo.driver.durability.run_records import prepare_run_dir, rewind_metrics
-from vcppo.engines import dist as D
-from vcppo.engines import collectives
-from vcppo.engines import launch_env
+from vcppo.runtime import dist as D
+from vcppo.runtime import collectives
+from vcppo.runtime import launch_env
 from vcppo.engines.actor import ActorEngine
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.lora import enabled as lora_enabled
 from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
@@ -135,7 +135,7 @@ def init_run_distributed(cfg: Config, placement: Placement) -> DistInfo:
     """The run's process groups, as ``placement`` sets them up (:meth:`Placement.init_groups`: one world,
     or split placement's role worlds and bridge). The rank counts are checked on every rank before
     anything starts: a config error then exits before any process group or DeepSpeed shm segment exists
-    (an error after it leaves none either: :func:`vcppo.engines.dist.init_distributed`)."""
+    (an error after it leaves none either: :func:`vcppo.runtime.dist.init_distributed`)."""
     if D.get_info() is None:  # before the group exists: the peers are not waited for
         placement.check_ranks(cfg, launch_env.launched_world_size())
     return placement.init_groups(cfg)

@@ -14,7 +14,7 @@ from vcppo.driver.step.critic_side import Critic, LocalCritic
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.critic import CriticEngine
 from vcppo.engines.engine_setup import checkpoint_zero_stage, resolve_zero_stage
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.lora import enabled as lora_enabled
 from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine

@@ -14,7 +14,7 @@ from vcppo.driver.state import RunState
 if TYPE_CHECKING:  # types of the layers below the driver, for annotations only
     from vcppo.config.schema import Config
     from vcppo.engines.actor import ActorEngine
-    from vcppo.engines.dist import DistInfo
+    from vcppo.runtime.dist import DistInfo
     from vcppo.tracking import MetricsLogger
 
 

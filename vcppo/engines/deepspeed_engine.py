@@ -31,10 +31,10 @@ from typing import Any, Iterator
 
 import torch
 
-from vcppo.engines import collectives
+from vcppo.runtime import collectives
 from vcppo.engines import lora as L
 from vcppo.engines import sequence_parallel as SP
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.engine_setup import (CHECKPOINT_TAG, lr_lambda_factory, resolve_dtype, resolve_zero_stage,
                                         skip_lone_allreduce)
 from vcppo.engines.loss_contract import EngineLoss, GlobalCounts, ModelOutputs

@@ -209,7 +209,7 @@ def measure(cfg: Config, lengths: Lengths, train_ranks: int = 1, repeats: int = 
     import torch
 
     from vcppo.driver.step.step_plan import ppo_plan
-    from vcppo.engines import dist as D
+    from vcppo.runtime import dist as D
 
     policy = cfg.model.policy_path
     if not policy or not (Path(policy) / "config.json").is_file():

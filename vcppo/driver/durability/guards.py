@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from vcppo.driver.state import RunState
-from vcppo.engines import collectives
+from vcppo.runtime import collectives
 from vcppo.engines.deepspeed_engine import NonFiniteError
 from vcppo.config.schema import TrainerConfig
 from vcppo.errors import ConfigError

@@ -15,7 +15,7 @@ from vcppo.driver.state import Phase, RunState
 from vcppo.driver.durability.resume_checks import write_run_config
 from vcppo.driver.durability.run_records import metrics_size
 from vcppo.driver.durability.restore_engine import restore_engine
-from vcppo.engines import collectives
+from vcppo.runtime import collectives
 
 
 def save_checkpoint(ctx: RunParts, state: RunState, source: CheckpointedSource) -> None:

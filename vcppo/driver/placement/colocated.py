@@ -40,7 +40,7 @@ class Colocated(Placement):
         super().check_ranks(cfg, world)
 
     def init_groups(self, cfg):
-        from vcppo.engines import dist as D
+        from vcppo.runtime import dist as D
         return D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer))
 
     def source(self, ctx: RunContext, plan: StepPlan) -> "ColocatedSource":

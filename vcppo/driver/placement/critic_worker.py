@@ -29,8 +29,8 @@ from vcppo.driver.state import Phase
 from vcppo.driver.step.step_plan import ppo_plan, pretrain_plan
 from vcppo.driver.durability.restore_engine import restore_engine
 from vcppo.driver.step.timeline import PeakRss, PhaseTimer, Timeline
-from vcppo.engines import dist as D
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime import dist as D
+from vcppo.runtime.dist import DistInfo
 from vcppo.config.schema import Config
 
 

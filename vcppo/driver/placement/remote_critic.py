@@ -20,7 +20,7 @@ from vcppo.experience import CriticResult, Rollout
 
 class RemoteCritic:
     def __init__(self, link):
-        self.link = link  # engines.bridge.CriticLink to this rank's critic rank
+        self.link = link  # runtime.bridge.CriticLink to this rank's critic rank
 
     def _expect(self, kind: type):
         msg = self.link.receive()

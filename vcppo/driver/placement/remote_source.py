@@ -23,9 +23,9 @@ from vcppo.driver.context import RunContext
 from vcppo.driver.step.sampling import share_of_step
 from vcppo.driver.placement.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate, ValidationResult,
                                          held_after_checkpoint)
-from vcppo.engines import collectives
+from vcppo.runtime import collectives
 from vcppo.engines.actor import ActorEngine
-from vcppo.engines.bridge import pack_weights
+from vcppo.runtime.bridge import pack_weights
 from vcppo.experience import Rollout
 
 INFLIGHT = "inflight.pt"
@@ -48,7 +48,7 @@ class RemoteSource:
 
     def __init__(self, ctx: RunContext, bridge):
         self.ctx, self.cfg, self.dist = ctx, ctx.cfg, ctx.dist
-        self.bridge = bridge  # trainer 0 only (engines.bridge.Bridge; None on the other training ranks)
+        self.bridge = bridge  # trainer 0 only (runtime.bridge.Bridge; None on the other training ranks)
         self.mailbox: dict[tuple, SampledBatch | ValidationResult] = {}
         self.phase = Phase.PPO
         self.consumed_state: dict | None = None  # the prompt position after the last batch trained on

@@ -24,8 +24,8 @@ from vcppo.driver.placement.split_protocol import (BeginPhase, SampledBatch, Sta
                                          ValidationResult, handle_now, lookahead, may_sample)
 from vcppo.driver.step.timeline import Timeline
 from vcppo.driver.step.validation import validate_run
-from vcppo.engines import dist as D
-from vcppo.engines import collectives
+from vcppo.runtime import dist as D
+from vcppo.runtime import collectives
 from vcppo.engines.rollout_choice import make_rollout_engine, sequences_per_call
 from vcppo.experience import concat_batches
 from vcppo.config.schema import Config

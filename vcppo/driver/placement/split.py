@@ -1,7 +1,7 @@
 """Split placement (``placement.mode=split``): the last ``placement.rollout_ranks`` launched ranks only
 sample (vLLM), ``placement.critic_ranks`` ranks before them may hold the critic only, and the first ones
 train (ZeRO-3 among themselves). Weights and samples cross between them over the bridge
-(:mod:`vcppo.engines.bridge`), sampling up to ``trainer.max_staleness`` steps ahead.
+(:mod:`vcppo.runtime.bridge`), sampling up to ``trainer.max_staleness`` steps ahead.
 
 :class:`Split` owns all of it: its config rules, its rank counts, its process groups (each role's world,
 the bridge, the critic links), what its rollout ranks (:mod:`~vcppo.driver.placement.rollout_worker`)
@@ -28,8 +28,8 @@ class Split(Placement):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.bridge = None       # trainer 0 and the rollout ranks: the engines.bridge.Bridge (init_groups)
-        self.critic_link = None  # a training rank and its critic rank: their engines.bridge.CriticLink
+        self.bridge = None       # trainer 0 and the rollout ranks: the runtime.bridge.Bridge (init_groups)
+        self.critic_link = None  # a training rank and its critic rank: their runtime.bridge.CriticLink
 
     @property
     def critic_apart(self) -> bool:
@@ -80,20 +80,20 @@ class Split(Placement):
 
     # --- the run's parts ---------------------------------------------------------------------------
     def init_groups(self, cfg):
-        from vcppo.engines import dist as D
+        from vcppo.runtime import dist as D
         return D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer), groups=self._groups)
 
     def _groups(self, g):
         """This rank's role world as the default group, then the bridge and the critic links
-        (:class:`vcppo.engines.dist.GroupSetup` in, its DistInfo out). A critic world's rank 0 is its
+        (:class:`vcppo.runtime.dist.GroupSetup` in, its DistInfo out). A critic world's rank 0 is its
         main rank (it writes the critic's exports)."""
         from datetime import timedelta
 
         import deepspeed
 
-        from vcppo.engines.bridge import Bridge, CriticLink, init_role_world
-        from vcppo.engines.dist import DistInfo
-        from vcppo.engines.launch_env import skip_shm_collective
+        from vcppo.runtime.bridge import Bridge, CriticLink, init_role_world
+        from vcppo.runtime.dist import DistInfo
+        from vcppo.runtime.launch_env import skip_shm_collective
         roles, timeout = Roles(g.world, self.rollout_ranks, self.critic_ranks), timedelta(seconds=g.timeout_s)
         if g.device.type == "cpu":
             # DeepSpeed's CPU shm all-reduce sizes itself by the node's launcher ranks, which now

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vcppo.driver.state import Phase
-from vcppo.engines.bridge import WeightsLayout
+from vcppo.runtime.bridge import WeightsLayout
 from vcppo.experience import Rollout
 
 def lookahead(phase: Phase, max_staleness: int) -> int:

@@ -17,7 +17,7 @@ from vcppo.algos import estimators
 from vcppo.algos.estimators import EstimatorInput
 from vcppo.algos.gae import length_adaptive_lambda
 from vcppo.algos.stats import masked_whiten
-from vcppo.engines.collectives import global_sum
+from vcppo.runtime.collectives import global_sum
 from vcppo.experience import Advantages, Rollout
 from vcppo.methods import estimator_fn
 from vcppo.config.schema import AlgorithmConfig

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vcppo.driver.step.env_errors import EnvErrorLog, check_replay, readable
-from vcppo.engines import collectives
+from vcppo.runtime import collectives
 from vcppo.envs.base import BUILTIN, Turn
 from vcppo.envs.worker import EnvRunner, EpisodeKey
 from vcppo.envs.tools import UNSANDBOXED_KEY

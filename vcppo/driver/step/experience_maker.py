@@ -28,8 +28,8 @@ from vcppo.data.dataset import PromptStream
 from vcppo.driver.durability.guards import reward_tally, step_reward_failures
 from vcppo.driver.state import Phase, seed_key
 from vcppo.driver.step.sampling import balance_across_ranks, make_sampler, rollout_share
-from vcppo.engines import collectives
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime import collectives
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import Rollout, compact, concat_batches
 from vcppo.rewards.verifier import RewardScorer

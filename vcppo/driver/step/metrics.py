@@ -9,7 +9,7 @@ import torch
 from vcppo.algos import stats
 from vcppo.algos.kl import kl_estimate, sequence_mean_kl
 from vcppo.algos.mismatch import mismatch_stats, tis_weights
-from vcppo.engines.collectives import gather_cat
+from vcppo.runtime.collectives import gather_cat
 from vcppo.driver.step.samples import pick_samples
 from vcppo.driver.step.sampling import SAMPLERS, sampler_kind
 from vcppo.driver.step.step_plan import Source, StepPlan

@@ -15,8 +15,8 @@ from vcppo.algos.rewards import Moments, batch_moments, combine_rewards, normali
 from vcppo.config.rules import combine_mode
 from vcppo.driver.state import RunState
 from vcppo.driver.step.reward import RewardTerm
-from vcppo.engines.dist import DistInfo
-from vcppo.engines.collectives import gather_cat
+from vcppo.runtime.dist import DistInfo
+from vcppo.runtime.collectives import gather_cat
 from vcppo.engines.reward_model import RewardModelEngine
 from vcppo.experience import Layout, Rollout, last_token_rewards, make_layout
 from vcppo.config.schema import Config

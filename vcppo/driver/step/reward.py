@@ -34,7 +34,7 @@ import torch
 from vcppo.algos.dapo import overlong_penalty
 from vcppo.config.provenance import CRITIC_CACHE_KEYS, schema_tags
 from vcppo.driver.state import Phase, RunState
-from vcppo.engines import collectives
+from vcppo.runtime import collectives
 from vcppo.experience import Rollout, last_token_index
 from vcppo.methods import load_fn
 from vcppo.config.schema import Config

@@ -37,7 +37,7 @@ from vcppo.driver.step.timeline import PeakRss, PhaseTimer
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.sources import ExperienceSource
 from vcppo.driver.step.update import update_actor
-from vcppo.engines.collectives import global_sum
+from vcppo.runtime.collectives import global_sum
 from vcppo.experience import ActorBatch, BeforeUpdate, Rollout
 from vcppo.config.schema import AlgorithmConfig
 

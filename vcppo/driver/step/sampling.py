@@ -21,8 +21,8 @@ from vcppo.algos import stats
 from vcppo.driver.step.env_errors import step_summary
 from vcppo.driver.step.episodes import (EpisodeRunner, episode_metrics, episode_runner, episodes_rollout,
                                         summed_episode_metrics)
-from vcppo.engines.dist import DistInfo
-from vcppo.engines.collectives import all_gather_object
+from vcppo.runtime.dist import DistInfo
+from vcppo.runtime.collectives import all_gather_object
 from vcppo.engines.packing import balanced_partitions, sequence_lengths
 from vcppo.engines.rollout import RolloutEngine, sampled_logprobs_layout
 from vcppo.engines.rollout_groups import RolloutGroups, contiguous_share

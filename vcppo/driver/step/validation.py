@@ -9,8 +9,8 @@ import numpy as np
 from vcppo.algos.stats import pass_at_k
 from vcppo.driver.step.experience_maker import sample_seed
 from vcppo.driver.step.sampling import Sampler, Scored, rollout_share
-from vcppo.engines import collectives
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime import collectives
+from vcppo.runtime.dist import DistInfo
 from vcppo.config.schema import Config, RolloutConfig
 
 

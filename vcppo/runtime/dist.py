@@ -1,6 +1,6 @@
 """Process-group set-up shared by every engine: the default group (or the groups a placement sets up), the
-process's exit and the ordered teardown (the launcher's environment: :mod:`vcppo.engines.launch_env`;
-the collectives: :mod:`vcppo.engines.collectives`).
+process's exit and the ordered teardown (the launcher's environment: :mod:`vcppo.runtime.launch_env`;
+the collectives: :mod:`vcppo.runtime.collectives`).
 
 One call, :func:`init_distributed`, works under the deepspeed launcher, torchrun and a plain
 ``python`` (world size 1: a 1-rank gloo/nccl group is created because DeepSpeed needs one).
@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from vcppo.config.placement import BOTH
-from vcppo.engines.launch_env import (free_port, private_extension_dir, rendezvous_store, shm_segment,
+from vcppo.runtime.launch_env import (free_port, private_extension_dir, rendezvous_store, shm_segment,
                                      skip_shm_collective, slurm_launcher_env, unlink_shm_segment, use_cuda)
 
 
@@ -60,11 +60,11 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0, rendezvous
     """Initialise (once) the default process group and return this rank's :class:`DistInfo`.
 
     ``rendezvous_timeout_s`` bounds the ranks' meeting at MASTER_ADDR:MASTER_PORT (a
-    :class:`~vcppo.engines.launch_env.RendezvousError` past it), ``timeout_s`` every collective after it.
+    :class:`~vcppo.runtime.launch_env.RendezvousError` past it), ``timeout_s`` every collective after it.
 
     ``groups``: a placement whose ranks have roles sets up its own groups from the rendezvous store
     (:meth:`vcppo.config.placement.Placement.init_groups`; split placement's role worlds and bridge:
-    :mod:`vcppo.engines.bridge`) and returns this rank's DistInfo."""
+    :mod:`vcppo.runtime.bridge`) and returns this rank's DistInfo."""
     global _INFO, _EVER_INITIALISED
     if _INFO is not None:
         return _INFO
@@ -154,7 +154,7 @@ def exit_process(code: int) -> None:
     and the launcher then kills the healthy peer and reports the whole run failed. Python-level
     teardown is done by hand (streams, logging), then ``os._exit`` skips the C++ destructors.
     A single-rank process that ran engines does the same: the interpreter's teardown of torch and
-    vLLM writes nothing and only costs time (:mod:`vcppo.engines.lifetime`). Only a process that never
+    vLLM writes nothing and only costs time (:mod:`vcppo.runtime.lifetime`). Only a process that never
     initialised a process group exits normally."""
     if not _EVER_INITIALISED:
         sys.exit(code)
@@ -175,7 +175,7 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote p
 
 def global_rank() -> int:
     """This process's rank in the whole job: the launcher's, also in a split run, where RANK is
-    rewritten to the rank within the role's world (:mod:`vcppo.engines.bridge`)."""
+    rewritten to the rank within the role's world (:mod:`vcppo.runtime.bridge`)."""
     return int(os.environ.get("VCPPO_GLOBAL_RANK", os.environ.get("RANK", "0")))
 
 

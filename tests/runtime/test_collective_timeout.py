@@ -7,13 +7,13 @@ import textwrap
 
 import pytest
 
-from vcppo.engines.launch_env import free_port
+from vcppo.runtime.launch_env import free_port
 
 pytestmark = [pytest.mark.distributed]
 
 SCRIPT = textwrap.dedent("""
     import os, sys, time, torch
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     info = dist.init_distributed("cpu", timeout_s=3)
     if info.rank == 1:
         time.sleep(40)  # alive, but never reaches the barrier in time

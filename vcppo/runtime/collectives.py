@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from vcppo.engines.dist import get_info
+from vcppo.runtime.dist import get_info
 
 
 def _active() -> bool:

@@ -1,11 +1,11 @@
-"""DeepSpeed's JIT ops build inside the environment, and a stale build lock is named (engines.launch_env)."""
+"""DeepSpeed's JIT ops build inside the environment, and a stale build lock is named (runtime.launch_env)."""
 import os
 import sys
 import time
 
 import pytest
 
-from vcppo.engines import launch_env
+from vcppo.runtime import launch_env
 
 
 def test_ops_build_in_this_environment_unless_the_user_chose(monkeypatch, tmp_path):
@@ -31,7 +31,7 @@ def test_a_stale_build_lock_is_named(monkeypatch, tmp_path):
 
 ONE_RANK = """
 import torch
-from vcppo.engines import dist
+from vcppo.runtime import dist
 info = dist.init_distributed("cpu")
 t = torch.ones(3)
 torch.distributed.all_reduce(t)

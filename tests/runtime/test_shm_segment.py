@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from vcppo.engines.launch_env import free_port, shm_segment, unlink_shm_segment
+from vcppo.runtime.launch_env import free_port, shm_segment, unlink_shm_segment
 
 
 def test_the_segment_is_named_as_deepspeed_names_it(monkeypatch, tmp_path):
@@ -29,9 +29,9 @@ def _rank(rank, port, out, end):
     # LOCAL_SIZE: what the deepspeed launcher sets, and what turns DeepSpeed's shm all-reduce on
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", LOCAL_SIZE="2")
-    from vcppo.engines import dist
-    from vcppo.engines import collectives
-    from vcppo.engines import launch_env
+    from vcppo.runtime import dist
+    from vcppo.runtime import collectives
+    from vcppo.runtime import launch_env
     dist.init_distributed("cpu")
     segment = launch_env.shm_segment(rank)
     with open("/proc/self/maps") as f:  # mapped by this rank, its name already gone

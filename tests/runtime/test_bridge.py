@@ -1,4 +1,4 @@
-"""Split placement's transport (vcppo.engines.bridge): roles from ranks, weight packing, and the
+"""Split placement's transport (vcppo.runtime.bridge): roles from ranks, weight packing, and the
 bridge groups on three real gloo processes (1 training rank + 2 rollout ranks)."""
 import os
 import time
@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from vcppo.engines.launch_env import free_port
+from vcppo.runtime.launch_env import free_port
 from vcppo.config.placement import Roles
-from vcppo.engines.bridge import pack_weights, unpack_weights
+from vcppo.runtime.bridge import pack_weights, unpack_weights
 
 
 def test_roles_put_the_rollout_ranks_last():
@@ -55,8 +55,8 @@ def _bridge_member(rank, port, out):
 
     import torch.distributed as tdist
 
-    from vcppo.engines.bridge import Bridge, init_role_world
-    from vcppo.engines.launch_env import rendezvous_store
+    from vcppo.runtime.bridge import Bridge, init_role_world
+    from vcppo.runtime.launch_env import rendezvous_store
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="3")
     roles, timeout = Roles(world_size=3, rollout_ranks=2), timedelta(seconds=60)
     store = rendezvous_store(rank, 3, 60, 60)
@@ -125,8 +125,8 @@ def _link_member(rank, port, out):
 
     import torch.distributed as tdist
 
-    from vcppo.engines.bridge import CriticLink, init_role_world
-    from vcppo.engines.launch_env import rendezvous_store
+    from vcppo.runtime.bridge import CriticLink, init_role_world
+    from vcppo.runtime.launch_env import rendezvous_store
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="3")
     roles, timeout = Roles(world_size=3, rollout_ranks=1, critic_ranks=1), timedelta(seconds=60)
     store = rendezvous_store(rank, 3, 60, 60)

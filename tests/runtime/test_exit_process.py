@@ -1,7 +1,7 @@
 """dist.exit_process: a process that ran engines (a process group, one rank or several) ends with
 its code and its output flushed, without interpreter teardown (where 2-rank CPU runs aborted with
 SIGABRT after their work was done, and which only costs a 1-rank run time); a process that never set
-up a group exits normally. engines.lifetime: the console script's vLLM engine is dropped without
+up a group exits normally. runtime.lifetime: the console script's vLLM engine is dropped without
 its shutdown, a longer-lived process keeps the full one."""
 import os
 import subprocess
@@ -12,7 +12,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import atexit, os, sys
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     if os.environ["RAN_ENGINES"] == "1":
         dist.init_distributed("cpu")
         dist.shutdown()
@@ -38,10 +38,10 @@ def test_exit_code_and_flushed_output(ran_engines):
 
 def test_cli_entry_exits_with_mains_code(monkeypatch):
     from vcppo import cli
-    from vcppo.engines import lifetime
+    from vcppo.runtime import lifetime
     monkeypatch.setattr(lifetime, "_ENDS_AFTER_COMMAND", False)  # entry() marks it: undone after the test
     monkeypatch.setattr(cli, "main", lambda: 2)
-    monkeypatch.delitem(sys.modules, "vcppo.engines.dist", raising=False)
+    monkeypatch.delitem(sys.modules, "vcppo.runtime.dist", raising=False)
     with pytest.raises(SystemExit) as e:
         cli.entry()
     assert e.value.code == 2
@@ -56,7 +56,7 @@ def test_rollout_close_skips_vllms_shutdown_only_at_the_end_of_a_process(monkeyp
                                                                         skipped):
     from types import SimpleNamespace
 
-    from vcppo.engines import lifetime
+    from vcppo.runtime import lifetime
     from vcppo.engines.rollout import RolloutEngine
     monkeypatch.setattr(lifetime, "_ENDS_AFTER_COMMAND", ends_after_command)
     shutdowns = []
@@ -69,7 +69,7 @@ def test_rollout_close_skips_vllms_shutdown_only_at_the_end_of_a_process(monkeyp
 
 
 def test_a_peer_that_died_is_named_as_the_cause_and_other_errors_pass_through(monkeypatch):
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     monkeypatch.setenv("RANK", "1")
     gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:31635.")
     hint = dist.peer_loss_hint(gloo)

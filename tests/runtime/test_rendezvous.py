@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from vcppo.engines.launch_env import free_port
+from vcppo.runtime.launch_env import free_port
 
 pytestmark = [pytest.mark.distributed]
 
 SCRIPT = textwrap.dedent("""
     import sys
-    from vcppo.engines import dist
-    from vcppo.engines.launch_env import RendezvousError
+    from vcppo.runtime import dist
+    from vcppo.runtime.launch_env import RendezvousError
     try:
         dist.init_distributed("cpu", rendezvous_timeout_s=3)
     except RendezvousError as e:

@@ -187,7 +187,7 @@ def shm_segment(rank: int, root: Path = Path("/dev/shm")) -> Path:
     and MASTER_PORT (deepspeed/ops/csrc/cpu/comm/shm.cpp). The op runs where every rank is local
     (LOCAL_SIZE, which the deepspeed launcher sets). DeepSpeed unlinks the buffer only in a teardown
     that our ranks' ``os._exit`` (and any error exit or SIGKILL) skips, so the name would stay in
-    /dev/shm, RAM held until reboot: :func:`vcppo.engines.dist.init_distributed` removes it with
+    /dev/shm, RAM held until reboot: :func:`vcppo.runtime.dist.init_distributed` removes it with
     :func:`unlink_shm_segment` as soon as every rank has mapped it."""
     addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     return root / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
