@@ -61,7 +61,7 @@ LONGEST_FIRST = ("tests/bench/test_bench.py", "tests/test_demo.py", "tests/launc
                  "tests/test_packaging.py", "tests/driver/test_guards_e2e.py", "tests/driver/test_lora_e2e.py",
                  "tests/engines/test_nonfinite.py", "tests/driver/test_dead_rank_e2e.py",
                  "tests/driver/test_checkpoint_integrity.py", "tests/engines/test_think_tokens.py",
-                 "tests/driver/test_resume_integrity_e2e.py", "tests/driver/test_start_over_e2e.py",
+                 "tests/driver/test_resume_integrity_e2e.py", "tests/driver/test_run_dir_start_over_e2e.py",
                  "tests/driver/test_model_export_e2e.py")
 
 

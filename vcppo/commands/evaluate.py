@@ -29,7 +29,7 @@ from vcppo.preflight import load_command_config, split_paths
 from vcppo.errors import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
 from vcppo.driver.durability.model_export import export_checkpoint, is_checkpoint
-from vcppo.driver.durability.resume_checks import RUN_CONFIG
+from vcppo.driver.durability.run_dir import RUN_CONFIG
 from vcppo.driver.step.sampling import make_sampler
 from vcppo.driver.step.validation import SAMPLES_KEY, evaluate
 from vcppo.runtime import dist as D

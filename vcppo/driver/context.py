@@ -24,16 +24,15 @@ from vcppo.config.parallel import check_sequence_parallel_ranks
 from vcppo.config.placement import BOTH, Placement, check_share
 from vcppo.config.provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
-from vcppo.driver.durability import disk_space, reshard
+from vcppo.driver.durability import guards, reshard
 from vcppo.driver.durability.checkpoint import find_resume_point, peek_state
 from vcppo.driver.state import RunState
 from vcppo.driver.step.critic_side import Critic
 from vcppo.driver.engines import build_engines
 from vcppo.driver.step.model_reward import ModelReward
-from vcppo.driver.durability.resume_checks import check_resume
 from vcppo.models.hub import model_sources
 from vcppo.driver.step.timeline import Timeline
-from vcppo.driver.durability.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
+from vcppo.driver.durability.run_dir import RunDirInUse, check_resume, identity_conflict, release, try_lock_run_dir
 from vcppo.driver.durability.run_records import prepare_run_dir, rewind_metrics
 from vcppo.runtime import dist as D
 from vcppo.runtime import collectives
@@ -127,7 +126,7 @@ def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunSt
                        models=model_sources(cfg))
         save_config(cfg, run_dir)
     except OSError as error:
-        raise disk_space.write_error("the run's config (config.yaml, config_history.jsonl)", run_dir, error) \
+        raise guards.write_error("the run's config (config.yaml, config_history.jsonl)", run_dir, error) \
             or error
 
 
@@ -165,7 +164,7 @@ class RunContext:
     log: MetricsLogger
     critic_from_cache: Path | None = None
     reward_model: ModelReward | None = None  # reward.model_path: scores on the training ranks
-    run_lock: IO | None = None   # main rank: the run directory's lock (driver/durability/run_lock.py)
+    run_lock: IO | None = None   # main rank: the run directory's lock (driver/durability/run_dir.py)
     resume_point: Path | None = None  # the verified checkpoint the run continues from (None: fresh)
     # resuming on another number of ranks: {engine role: its checkpoint in DeepSpeed's universal format}
     universal_checkpoints: dict = dataclasses.field(default_factory=dict)

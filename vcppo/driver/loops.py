@@ -9,8 +9,7 @@ from pathlib import Path
 from vcppo.driver.context import RunContext
 from vcppo.driver.durability import critic_cache
 from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
-from vcppo.driver.durability.divergence import check_divergence
-from vcppo.driver.durability.guards import update_streaks
+from vcppo.driver.durability.guards import check_divergence, update_streaks
 from vcppo.driver.durability.resume import save_checkpoint
 from vcppo.driver.state import Phase, RunState
 from vcppo.driver.step.metrics import log_validations, validate

@@ -25,7 +25,7 @@ from vcppo.config.load import SAVED_CONFIG
 from vcppo.config.provenance import CLASSES, PATH_KEYS
 from vcppo.driver.durability.checkpoint import CheckpointError, checkpoint_problems, checkpoint_root
 from vcppo.driver.durability.reshard import weights_only_loading
-from vcppo.driver.durability.resume_checks import RUN_CONFIG
+from vcppo.driver.durability.run_dir import RUN_CONFIG
 from vcppo.engines.engine_setup import CHECKPOINT_TAG, checkpoint_zero_stage
 from vcppo.config.schema_base import LoRAConfig
 

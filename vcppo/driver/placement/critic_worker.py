@@ -27,7 +27,7 @@ from vcppo.driver.step.critic_side import CriticHalf
 from vcppo.driver.engines import build_critic
 from vcppo.driver.state import Phase
 from vcppo.driver.step.step_plan import ppo_plan, pretrain_plan
-from vcppo.driver.durability.restore_engine import restore_engine
+from vcppo.driver.durability.resume import restore_engine
 from vcppo.driver.step.timeline import PeakRss, PhaseTimer, Timeline
 from vcppo.runtime import dist as D
 from vcppo.runtime.dist import DistInfo

@@ -27,7 +27,7 @@ import torch
 from vcppo.driver.step.advantages import critic_targets, returns_to_go
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.step_plan import StepPlan
-from vcppo.driver.durability.restore_engine import restore_engine
+from vcppo.driver.durability.resume import restore_engine
 from vcppo.driver.step.update import update_critic
 from vcppo.experience import CriticBatch, CriticResult, Rollout
 from vcppo.config.schema import Config

@@ -1,4 +1,4 @@
-"""One live run per run directory (driver/durability/run_lock.py): a second process is refused with a clear
+"""One live run per run directory (driver/durability/run_dir.py): a second process is refused with a clear
 error before it writes anything, and a killed holder leaves no stale lock behind."""
 import signal
 import subprocess
@@ -8,9 +8,9 @@ import pytest
 
 from tests.conftest import ENV
 from tests.driver.test_train_e2e import base_overrides, train
-from vcppo.driver.durability.run_lock import LOCK_FILE, release, try_lock_run_dir
+from vcppo.driver.durability.run_dir import LOCK_FILE, release, try_lock_run_dir
 
-HOLD = ("import sys, time; from pathlib import Path; from vcppo.driver.durability.run_lock import try_lock_run_dir; "
+HOLD = ("import sys, time; from pathlib import Path; from vcppo.driver.durability.run_dir import try_lock_run_dir; "
         "h, why = try_lock_run_dir(Path(sys.argv[1])); assert why is None, why; print('held', flush=True); "
         "time.sleep(600)")
 

@@ -1,7 +1,7 @@
-"""trainer.resume=never moves the previous run aside (driver/durability/start_over.py)."""
+"""trainer.resume=never moves the previous run aside (driver/durability/run_dir.py)."""
 from vcppo.driver.durability.checkpoint import find_resume_point
-from vcppo.driver.durability.run_lock import LOCK_FILE
-from vcppo.driver.durability.start_over import set_aside
+from vcppo.driver.durability.run_dir import LOCK_FILE
+from vcppo.driver.durability.run_dir import set_aside
 
 
 def _old_run(run_dir):

@@ -1,11 +1,11 @@
-"""A resume point against this run's config, before any engine starts (driver/durability/resume_checks.py):
+"""A resume point against this run's config, before any engine starts (driver/durability/run_dir.py):
 the changed keys by class, the ZeRO layout, the models' shapes, from the checkpoint's own record."""
 import json
 
 import pytest
 
 from vcppo.config.load import load_config, save_config
-from vcppo.driver.durability.resume_checks import RUN_CONFIG, check_resume, recorded_run_config, write_run_config
+from vcppo.driver.durability.run_dir import RUN_CONFIG, check_resume, recorded_run_config, write_run_config
 from vcppo.engines.engine_setup import CHECKPOINT_TAG
 from vcppo.errors import ConfigError
 

@@ -1,4 +1,4 @@
-"""A full disk in words (driver/durability/disk_space.py): a checkpoint that cannot be written for space
+"""A full disk in words (driver/durability/guards.py): a checkpoint that cannot be written for space
 is one line naming the directory and the bytes; the rerun removes the unfinished step_N.tmp with a line
 and resumes from the earlier checkpoint; a config that cannot be saved is one line. On a small tmpfs
 where the host lets the test mount one (root), so torch's own error is what is translated; otherwise
@@ -16,7 +16,7 @@ from vcppo.config.provenance import record_segment
 from vcppo.driver.context import record_config
 from vcppo.driver.durability import checkpoint as ckpt
 from vcppo.driver.state import RunState
-from vcppo.driver.durability.disk_space import DiskFull
+from vcppo.driver.durability.guards import DiskFull
 from vcppo.driver.durability.resume import save_checkpoint
 from vcppo.driver.durability.run_records import prepare_run_dir
 
