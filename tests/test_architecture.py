@@ -304,7 +304,7 @@ def test_the_step_reads_the_same_whatever_the_placement():
     names |= {a.name.rpartition(".")[2] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
               for a in n.names}
     assert not names & {"critic_remote", "RemoteCritic", "CriticEngine", "critic_apart", "Placement", "isinstance"}
-    worker = _tree(_py("driver/placement/critic_worker.py"))
+    worker = _tree(_py("driver/placement/critic_ranks.py"))
     calls = {_name_of(n) for n in ast.walk(worker) if isinstance(n, ast.Call)}
     assert "CriticHalf" in calls and "update_critic" not in calls  # the same half as the local critic's
 

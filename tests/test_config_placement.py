@@ -39,8 +39,8 @@ def test_split_gives_the_last_ranks_to_sampling_and_the_middle_to_the_critic():
 
 def test_a_split_run_serves_on_its_other_ranks():
     """What a rollout rank and a critic rank do instead of training (ppo.train asks the placement)."""
-    from vcppo.driver.placement.critic_worker import serve_critic
-    from vcppo.driver.placement.rollout_worker import serve_rollouts
+    from vcppo.driver.placement.critic_ranks import serve_critic
+    from vcppo.driver.placement.rollout_ranks import serve_rollouts
     serves = Placement.of(load_config("vcppo", ["placement.mode=split"])).serves()
     assert serves == {ROLLOUT: serve_rollouts, CRITIC: serve_critic}
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 from vcppo.driver.placement.remote_source import RemoteSource
 from vcppo.driver.state import Phase
-from vcppo.driver.placement.split_protocol import SampledBatch, Validate, ValidationResult
+from vcppo.driver.placement.rollout_ranks import SampledBatch, Validate, ValidationResult
 from vcppo.driver.step.timeline import Timeline
 
 

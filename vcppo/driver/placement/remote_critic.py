@@ -2,7 +2,7 @@
 
 :class:`RemoteCritic` is the :class:`~vcppo.driver.step.critic_side.Critic` of a rank whose critic lives on
 a rank of its own: the run's calls (save, restore, export, the finite-weights check) go to this rank's
-critic partner (:mod:`vcppo.driver.placement.critic_worker`) and return when it has run them there. Its step
+critic partner (:mod:`vcppo.driver.placement.critic_ranks`) and return when it has run them there. Its step
 is two halves, so that the critic's update runs while the actor trains: :meth:`begin_step` hands
 over the batch share, :meth:`values` waits for V_old, :meth:`finish_step` for the targets and the
 update's metrics.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from vcppo.driver.placement.critic_protocol import (Command, CriticStep, Done, Failed, Ready, StartCritic, StopCritic,
+from vcppo.driver.placement.critic_ranks import (Command, CriticStep, Done, Failed, Ready, StartCritic, StopCritic,
                                           UpdateDone, Values)
 from vcppo.experience import CriticResult, Rollout
 

@@ -1,6 +1,6 @@
 """The training ranks' side of split placement: batches arrive from the rollout ranks, weights go back.
 
-Trainer 0 talks to the rollout ranks (:mod:`vcppo.driver.placement.split_protocol`) and hands each step's
+Trainer 0 talks to the rollout ranks (:mod:`vcppo.driver.placement.rollout_ranks`) and hands each step's
 whole batch to the other training ranks, which keep their share of it exactly as colocated ranks
 do after balancing. A validation is asked for, not waited for: its result is logged once it has
 arrived, and a checkpoint first waits for every one asked for, so its metrics hold them all.
@@ -21,7 +21,7 @@ import torch
 from vcppo.driver.state import Phase, RunState
 from vcppo.driver.context import RunContext
 from vcppo.driver.step.sampling import share_of_step
-from vcppo.driver.placement.split_protocol import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate, ValidationResult,
+from vcppo.driver.placement.rollout_ranks import (BeginPhase, SampledBatch, Start, StepDone, Stop, Validate, ValidationResult,
                                          held_after_checkpoint)
 from vcppo.runtime import collectives
 from vcppo.engines.actor import ActorEngine
@@ -124,7 +124,7 @@ class RemoteSource:
 
     def validate(self, step: int) -> None:
         """Asked of the rollout ranks, which validate with the weights of ``step`` while this rank
-        trains on (:func:`~vcppo.driver.placement.split_protocol.handle_now`)."""
+        trains on (:func:`~vcppo.driver.placement.rollout_ranks.handle_now`)."""
         if self.cfg.data.val_files and self.dist.is_main:
             self._send(Validate(step=step))
             self.asked.append(step)

@@ -4,8 +4,8 @@ train (ZeRO-3 among themselves). Weights and samples cross between them over the
 (:mod:`vcppo.runtime.bridge`), sampling up to ``trainer.max_staleness`` steps ahead.
 
 :class:`Split` owns all of it: its config rules, its rank counts, its process groups (each role's world,
-the bridge, the critic links), what its rollout ranks (:mod:`~vcppo.driver.placement.rollout_worker`)
-and critic ranks (:mod:`~vcppo.driver.placement.critic_worker`) serve, its training ranks' source
+the bridge, the critic links), what its rollout ranks (:mod:`~vcppo.driver.placement.rollout_ranks`)
+and critic ranks (:mod:`~vcppo.driver.placement.critic_ranks`) serve, its training ranks' source
 (:mod:`~vcppo.driver.placement.remote_source`) and their critic side
 (:mod:`~vcppo.driver.placement.remote_critic`). Its row: ``"split"`` in
 :data:`vcppo.config.placement.PLACEMENTS`. Only its answers are imported with it (no torch); its parts
@@ -111,8 +111,8 @@ class Split(Placement):
                         device=g.device, backend=g.backend, is_main=main, role=role)
 
     def serves(self) -> dict[str, Callable]:
-        from vcppo.driver.placement.critic_worker import serve_critic
-        from vcppo.driver.placement.rollout_worker import serve_rollouts
+        from vcppo.driver.placement.critic_ranks import serve_critic
+        from vcppo.driver.placement.rollout_ranks import serve_rollouts
         return {ROLLOUT: serve_rollouts, CRITIC: serve_critic}
 
     def source(self, ctx, plan):

@@ -1,6 +1,6 @@
 """The critic on its own ranks, one process: the driver's step (:func:`vcppo.driver.step.rl_step.rl_step`)
 with a :class:`~vcppo.driver.placement.remote_critic.RemoteCritic` whose critic rank is a
-:class:`~vcppo.driver.placement.critic_worker.CriticServer` answering over a loopback link, against the same
+:class:`~vcppo.driver.placement.critic_ranks.CriticServer` answering over a loopback link, against the same
 step with the critic on the training rank. Fake engines, milliseconds; the three real processes
 are tests/driver/test_critic_ranks_e2e.py."""
 import dataclasses
@@ -13,8 +13,8 @@ import torch
 
 from tests.fakes import FakeEngine, FakeRun, scored, scripted_source
 from vcppo.driver.state import RunState
-from vcppo.driver.placement.critic_protocol import Command, Failed
-from vcppo.driver.placement.critic_worker import CriticServer
+from vcppo.driver.placement.critic_ranks import Command, Failed
+from vcppo.driver.placement.critic_ranks import CriticServer
 from vcppo.driver.step.step_plan import Source, ppo_plan, pretrain_plan
 from vcppo.driver.placement.remote_critic import RemoteCritic
 from vcppo.driver.step.rl_step import rl_step
@@ -130,7 +130,7 @@ def test_commands_reach_the_critic_engine_and_a_checkpoint_holds_its_rng(tmp_pat
     seen = []
     server.critic = FakeEngine("critic", [])
     server.critic.save_checkpoint = lambda d: seen.append(("save", d))
-    monkeypatch.setattr("vcppo.driver.placement.critic_worker.restore_engine",
+    monkeypatch.setattr("vcppo.driver.placement.critic_ranks.restore_engine",
                         lambda engine, d, universal=False: seen.append(("load", str(d), universal)))
     server.critic.check_finite_weights = lambda what: seen.append(("finite", what))
     run.critic.save_checkpoint(str(tmp_path / "critic"))

@@ -1,9 +1,9 @@
-"""The staleness rule of split placement (vcppo.driver.placement.split_protocol): which batch may be sampled
+"""The staleness rule of split placement (vcppo.driver.placement.rollout_ranks): which batch may be sampled
 when, and which batches a checkpoint must hold."""
 import pytest
 
 from vcppo.driver.state import Phase
-from vcppo.driver.placement.split_protocol import held_after_checkpoint, lookahead, may_sample
+from vcppo.driver.placement.rollout_ranks import held_after_checkpoint, lookahead, may_sample
 
 
 @pytest.mark.parametrize("staleness", [0, 1, 2])

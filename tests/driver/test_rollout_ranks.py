@@ -1,4 +1,4 @@
-"""The rollout rank's loop (vcppo.driver.placement.rollout_worker.RolloutServer.serve) against a simulated
+"""The rollout rank's loop (vcppo.driver.placement.rollout_ranks.RolloutServer.serve) against a simulated
 trainer: whichever side runs faster, PPO batch j is sampled with the weights of step
 max(0, j - 1 - max_staleness), so a split run repeats and resumes exactly; a validation uses the
 weights of its step, after the batch the trainer needs next."""
@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vcppo.driver.placement.rollout_worker import RolloutServer
+from vcppo.driver.placement.rollout_ranks import RolloutServer
 from vcppo.driver.state import Phase
-from vcppo.driver.placement.split_protocol import Start, StepDone, Stop, Validate
+from vcppo.driver.placement.rollout_ranks import Start, StepDone, Stop, Validate
 from vcppo.driver.step.timeline import Timeline
 
 
