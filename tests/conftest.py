@@ -62,7 +62,7 @@ LONGEST_FIRST = ("tests/bench/test_bench.py", "tests/test_demo.py", "tests/launc
                  "tests/engines/test_nonfinite.py", "tests/driver/test_dead_rank_e2e.py",
                  "tests/driver/test_checkpoint_integrity.py", "tests/engines/test_think_tokens.py",
                  "tests/driver/test_resume_integrity_e2e.py", "tests/driver/test_run_dir_start_over_e2e.py",
-                 "tests/driver/test_model_export_e2e.py")
+                 "tests/driver/test_conversion_export_e2e.py")
 
 
 def _longest_first(items) -> None:

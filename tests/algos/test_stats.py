@@ -45,7 +45,7 @@ def test_masked_whiten_of_an_empty_or_one_token_batch_is_finite():
 
 
 def _global_whiten_before_the_merge(advantages, mask, zero_mean=True, eps=1e-8, global_sum=None):
-    """The trainer's whitening as vcppo.driver.step.advantages.global_whiten computed it before it
+    """The trainer's whitening as vcppo.driver.step.update.global_whiten computed it before it
     called masked_whiten: kept verbatim as the oracle for bitwise equality."""
     n = global_sum(mask.sum())
     mean = global_sum((advantages * mask).sum()) / max(n, 1.0)

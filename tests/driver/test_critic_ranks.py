@@ -1,5 +1,5 @@
 """The critic on its own ranks, one process: the driver's step (:func:`vcppo.driver.step.rl_step.rl_step`)
-with a :class:`~vcppo.driver.placement.remote_critic.RemoteCritic` whose critic rank is a
+with a :class:`~vcppo.driver.placement.training_ranks.RemoteCritic` whose critic rank is a
 :class:`~vcppo.driver.placement.critic_ranks.CriticServer` answering over a loopback link, against the same
 step with the critic on the training rank. Fake engines, milliseconds; the three real processes
 are tests/driver/test_critic_ranks_e2e.py."""
@@ -16,7 +16,7 @@ from vcppo.driver.state import RunState
 from vcppo.driver.placement.critic_ranks import Command, Failed
 from vcppo.driver.placement.critic_ranks import CriticServer
 from vcppo.driver.step.step_plan import Source, ppo_plan, pretrain_plan
-from vcppo.driver.placement.remote_critic import RemoteCritic
+from vcppo.driver.placement.training_ranks import RemoteCritic
 from vcppo.driver.step.rl_step import rl_step
 from vcppo.driver.step.timeline import Timeline
 

@@ -5,7 +5,7 @@ survivor fails at its next collective (gloo: the peer's connection closes) and e
 checkpoint left is complete and intact, and there is no final export. (A hung but living peer is
 bounded by trainer.collective_timeout_s: tests/runtime/test_collective_timeout.py.) The run then
 resumes on the one rank left, and later on two again, each time from a checkpoint written on the
-other number of ranks (vcppo/driver/durability/reshard.py)."""
+other number of ranks (vcppo/driver/durability/conversion.py)."""
 import time
 
 import pytest

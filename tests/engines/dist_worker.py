@@ -123,7 +123,7 @@ def main(argv):
 
 def rollout_group_check(rollout, info) -> dict:
     """The group samples the same prompts with the same seeds; each rank keeps its own prompts."""
-    from vcppo.driver.step.sampling import collect_rollout, rollout_share
+    from vcppo.driver.step.sampler import collect_rollout, rollout_share
     from vcppo.runtime import collectives
     from vcppo.rewards.verifier import RewardScorer
     from vcppo.config.schema import RolloutConfig

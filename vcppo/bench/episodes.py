@@ -53,7 +53,7 @@ def _parse(argv) -> argparse.Namespace:
 
 
 def _runner(args, rollout, latency_ms: float):
-    from vcppo.driver.step.episodes import episode_runner
+    from vcppo.driver.step.multi_turn import episode_runner
     from vcppo.config.schema import Config
 
     cfg = Config()

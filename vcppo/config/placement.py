@@ -156,7 +156,7 @@ class Placement:
         return {}
 
     def source(self, ctx, plan):
-        """A training rank's :class:`~vcppo.driver.step.sources.ExperienceSource`."""
+        """A training rank's :class:`~vcppo.driver.parts.ExperienceSource`."""
         raise NotImplementedError
 
     def remote_critic(self, resume_point):

@@ -24,12 +24,12 @@ from vcppo.config.parallel import check_sequence_parallel_ranks
 from vcppo.config.placement import BOTH, Placement, check_share
 from vcppo.config.provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
-from vcppo.driver.durability import guards, reshard
+from vcppo.driver.durability import conversion, guards
 from vcppo.driver.durability.checkpoint import find_resume_point, peek_state
 from vcppo.driver.state import RunState
 from vcppo.driver.step.critic_side import Critic
-from vcppo.driver.engines import build_engines
-from vcppo.driver.step.model_reward import ModelReward
+from vcppo.driver.run_engines import build_engines
+from vcppo.driver.step.reward_terms import ModelReward
 from vcppo.models.hub import model_sources
 from vcppo.driver.step.timeline import Timeline
 from vcppo.driver.durability.run_dir import RunDirInUse, check_resume, identity_conflict, release, try_lock_run_dir
@@ -203,10 +203,10 @@ class RunContext:
             if (problem := collectives.all_gather_object(conflict)[0]) is not None:
                 raise RunDirInUse(problem)
             # the config against the checkpoint's: refused (one line naming the key) before any work
-            same_ranks = point is None or reshard.written_world_size(point) in (None, dist.world_size)
+            same_ranks = point is None or conversion.written_world_size(point) in (None, dist.world_size)
             changes = check_resume(cfg, point, same_ranks)
             # written on another number of training ranks: engine checkpoints converted for this one
-            universal = reshard.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, collectives.all_gather_object,
+            universal = conversion.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, collectives.all_gather_object,
                                         placement) \
                 if point is not None else {}
             resumed = peek_state(point) if point is not None else None

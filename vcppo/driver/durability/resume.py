@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from vcppo.driver.durability import checkpoint as ckpt
-from vcppo.driver.durability import guards, manifest, reshard
+from vcppo.driver.durability import conversion, guards, manifest
 from vcppo.driver.durability.run_dir import write_run_config
 from vcppo.driver.durability.run_records import metrics_size
 from vcppo.driver.parts import CheckpointedSource, RunParts
@@ -87,7 +87,7 @@ def resume_or_start(ctx: RunParts) -> RunState:
         return RunState(phase=first_phase)
     ctx.log.info(f"resuming from {point}")
     universal = ctx.universal_checkpoints
-    wrote = reshard.written_world_size(point)
+    wrote = conversion.written_world_size(point)
     resharded = wrote not in (None, ctx.dist.world_size)
     if resharded:
         ctx.log.info(f"the checkpoint was written by {wrote} training rank(s), this run "
@@ -141,7 +141,7 @@ def restore_engine(engine: DeepSpeedModelEngine, directory: Path, universal: boo
     _name_refused_files(engine)
     try:
         if universal:
-            with reshard.weights_only_loading():  # DeepSpeed's universal reader calls torch.load itself
+            with conversion.weights_only_loading():  # DeepSpeed's universal reader calls torch.load itself
                 engine.load_checkpoint(str(directory), universal=True)
         else:
             engine.load_checkpoint(str(directory))

@@ -219,7 +219,7 @@ def _layout(stage: int) -> int:
 
 def check_zero_layouts(cfg: Config, point: Path, same_ranks: bool) -> None:
     """A ZeRO stage set in the config must load its checkpoint (on another number of ranks
-    :mod:`vcppo.driver.durability.reshard` converts it and checks the stages itself)."""
+    :mod:`vcppo.driver.durability.conversion` converts it and checks the stages itself)."""
     if not same_ranks:
         return
     for role in ("actor", "critic"):

@@ -39,7 +39,7 @@ from vcppo.config.schema import Config
 from vcppo.driver.context import init_run_distributed, seed_process
 from vcppo.driver.durability.checkpoint import peek_state, rng_state, set_rng_state
 from vcppo.driver.durability.resume import restore_engine
-from vcppo.driver.engines import build_critic
+from vcppo.driver.run_engines import build_critic
 from vcppo.driver.state import Phase
 from vcppo.driver.step.critic_side import CriticHalf
 from vcppo.driver.step.step_plan import ppo_plan, pretrain_plan
@@ -49,6 +49,7 @@ from vcppo.runtime import dist as D
 from vcppo.runtime.dist import DistInfo
 
 
+@dataclass
 class StartCritic:
     resume_point: str | None  # the verified checkpoint the actor ranks resume from (None: fresh)
 

@@ -6,8 +6,8 @@ train (ZeRO-3 among themselves). Weights and samples cross between them over the
 :class:`Split` owns all of it: its config rules, its rank counts, its process groups (each role's world,
 the bridge, the critic links), what its rollout ranks (:mod:`~vcppo.driver.placement.rollout_ranks`)
 and critic ranks (:mod:`~vcppo.driver.placement.critic_ranks`) serve, its training ranks' source
-(:mod:`~vcppo.driver.placement.remote_source`) and their critic side
-(:mod:`~vcppo.driver.placement.remote_critic`). Its row: ``"split"`` in
+(:mod:`~vcppo.driver.placement.training_ranks`) and their critic side
+(:mod:`~vcppo.driver.placement.training_ranks`). Its row: ``"split"`` in
 :data:`vcppo.config.placement.PLACEMENTS`. Only its answers are imported with it (no torch); its parts
 are imported where they are asked for.
 """
@@ -117,11 +117,11 @@ class Split(Placement):
 
     def source(self, ctx, plan):
         """Batches from the rollout ranks (trainer 0 receives them over the bridge), weights back."""
-        from vcppo.driver.placement.remote_source import RemoteSource
+        from vcppo.driver.placement.training_ranks import RemoteSource
         return RemoteSource(ctx, self.bridge)
 
     def remote_critic(self, resume_point):
         if not self.critic_apart:
             return None
-        from vcppo.driver.placement.remote_critic import start_remote_critic
+        from vcppo.driver.placement.training_ranks import start_remote_critic
         return start_remote_critic(self.critic_link, resume_point)

@@ -108,13 +108,13 @@ def test_episodes_with_dynamic_sampling_lora_and_packing(tiny_artifacts, guess_d
     assert ppo[0]["actor/kl_loss"] == 0.0 and ppo[1]["actor/kl_loss"] > 0  # the adapters moved the policy
 
 
-@pytest.mark.extended  # make test runs the same check on a scripted sampler (tests/driver/test_episodes.py)
+@pytest.mark.extended  # make test runs the same check on a scripted sampler (tests/driver/test_multi_turn.py)
 def test_real_vllm_episodes_are_the_sampled_ids_plus_the_observation_ids(tiny_artifacts, info):
     """With the real vLLM engine: every turn's context is exactly the prompt, the ids vLLM returned for
     the earlier turns and the observation frames of the env's answers (replayed here), and the
     episode's tokens and logprobs are those ids and vLLM's logprobs, nothing decoded and re-encoded."""
     from vcppo.data.dataset import encode_prompt
-    from vcppo.driver.step.episodes import EpisodeRunner, ObservationEncoder
+    from vcppo.driver.step.multi_turn import EpisodeRunner, ObservationEncoder
     from vcppo.engines.rollout import RolloutEngine
     from vcppo.envs.guess import GuessEnv
     from vcppo.envs.worker import EnvRunner

@@ -7,7 +7,7 @@ import torch
 
 from vcppo.data import tasks_guess
 from vcppo.data.dataset import encode_prompt
-from vcppo.driver.step.episodes import EpisodeRunner, ObservationEncoder, episodes_rollout
+from vcppo.driver.step.multi_turn import EpisodeRunner, ObservationEncoder, episodes_rollout
 from vcppo.engines.rollout import RolloutSample
 from vcppo.envs.worker import EnvRunner
 from vcppo.models.tokenizer import build_tokenizer
@@ -138,7 +138,7 @@ def test_sft_demonstrations_tokenize_like_the_episodes():
 
 
 def test_episode_metrics_per_episode_and_shares():
-    from vcppo.driver.step.episodes import episode_metrics, summed_episode_metrics
+    from vcppo.driver.step.multi_turn import episode_metrics, summed_episode_metrics
     sampler = ScriptedSampler([["8", "8"], ["12", "3"], ["10"]])
     done = EpisodeRunner(cfg_for(), sampler, EnvRunner(0, 5.0), 512).run(rows("10", "3"), 1, 0, "ppo", 1.0, False)
     figures = episode_metrics(done, env_seconds=0.5)
@@ -153,7 +153,7 @@ def test_validation_reports_the_share_of_episodes_that_called_a_tool():
     """vcppo eval on tool episodes. Greedy: one episode calls the calculator and then answers right, the other
     answers at once, wrongly; sampled: both call, one answers right. pass@1 counts the env's verdicts and
     val/tool_use_* the episodes with a call, over the split and per group."""
-    from vcppo.driver.step.sampling import EpisodeSampler
+    from vcppo.driver.step.sampler import EpisodeSampler
     from vcppo.driver.step.validation import evaluate
     from vcppo.runtime.dist import DistInfo
     cfg = cfg_for()
@@ -193,7 +193,7 @@ def test_unreadable_text_from_the_policy_or_the_env_is_a_counted_error_not_a_cra
     """A JSON escape the policy can write ("\\ud800") comes back in the tool's answer as a lone
     surrogate, and an env may answer with one (or with bytes read by surrogateescape): the tokenizer
     cannot encode either. The policy reads the text escaped; each counts in env/text_errors."""
-    from vcppo.driver.step.episodes import episode_metrics
+    from vcppo.driver.step.multi_turn import episode_metrics
     cfg = cfg_for()
     cfg.rollout.env, cfg.rollout.env_args = "tools", {"tools": ["calculator"], "max_turns": 4}
     call = '<tool_call>{"name": "calculator", "arguments": {"\\ud800": 1}}</tool_call>'

@@ -1,11 +1,11 @@
-"""The phase loops (vcppo/driver/loops.py) around a scripted step: value pretraining stops where its
+"""The phase loops (vcppo/driver/phases.py) around a scripted step: value pretraining stops where its
 stopping rule says, and publishes a critic that records why."""
 from types import SimpleNamespace
 
 import pytest
 
 from vcppo.config.schema import Config
-from vcppo.driver import loops
+from vcppo.driver import phases as loops
 from vcppo.driver.state import Phase, RunState
 
 # explained variance rising, then flat from step 4 on; a constant value loss

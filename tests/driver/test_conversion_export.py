@@ -1,11 +1,11 @@
-"""driver/durability/model_export.py without engines: what is a checkpoint, a stage-0 engine's states,
+"""driver/durability/conversion.py without engines: what is a checkpoint, a stage-0 engine's states,
 and the one-line refusals."""
 import pytest
 import torch
 
 from vcppo.cli import main as cli_main
 from vcppo.driver.durability.checkpoint import CheckpointError
-from vcppo.driver.durability.model_export import engine_state, export_checkpoint, is_checkpoint
+from vcppo.driver.durability.conversion import engine_state, export_checkpoint, is_checkpoint
 
 
 def test_a_stage0_engine_checkpoint_reads_as_its_module(tmp_path):

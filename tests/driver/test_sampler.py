@@ -6,10 +6,10 @@ import inspect
 
 import torch
 
-from tests.driver.test_episodes import ScriptedSampler, cfg_for, rows
+from tests.driver.test_multi_turn import ScriptedSampler, cfg_for, rows
 from vcppo.config.schema import Config
 from vcppo.driver.step import experience_maker, metrics, validation
-from vcppo.driver.step.sampling import EpisodeSampler, SingleTurnSampler, make_sampler
+from vcppo.driver.step.sampler import EpisodeSampler, SingleTurnSampler, make_sampler
 
 
 def _reads(module) -> set[str]:

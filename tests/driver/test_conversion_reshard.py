@@ -7,7 +7,7 @@ from vcppo.config.load import load_config
 from vcppo.config.placement import Placement
 from vcppo.driver.durability import manifest
 from vcppo.driver.durability.checkpoint import CheckpointError, write_rank_files
-from vcppo.driver.durability.reshard import (_check_only_listed_files, check_stages, plan_reshard, prepare,
+from vcppo.driver.durability.conversion import (_check_only_listed_files, check_stages, plan_reshard, prepare,
                                   written_world_size)
 
 

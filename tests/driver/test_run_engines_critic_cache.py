@@ -10,7 +10,7 @@ from vcppo.config.load import all_keys, load_config, to_dict
 from vcppo.config.provenance import CLASSES, CRITIC_CACHE_KEYS, PATH_KEYS, diff_configs, refuse_changes
 from vcppo.config.schema import Config
 from vcppo.errors import ConfigError
-from vcppo.driver.durability.critic_cache import cache_key
+from vcppo.driver.run_engines import cache_key
 
 EPISODE_KEYS = ("rollout.env", "rollout.env_args", "rollout.max_turns", "rollout.turn_max_tokens")
 # what a key must be set to for the run to read it (a policy-initialised critic ignores model.critic_path)

@@ -11,8 +11,8 @@ from tests.fakes import scored
 from vcppo.config.load import load_config
 from vcppo.preflight import check_paths
 from vcppo.driver.state import RunState
-from vcppo.driver.step.model_reward import ModelReward
-from vcppo.driver.step.reward import RewardAssembly
+from vcppo.driver.step.reward_terms import ModelReward
+from vcppo.driver.step.reward_terms import RewardAssembly
 from vcppo.config.schema import Config
 from vcppo.errors import ConfigError
 

@@ -3,7 +3,7 @@ the reward model and evaluation share.
 
 A run makes its samples one way, chosen once (:func:`make_sampler`): a :class:`Sampler` is either
 :class:`SingleTurnSampler` (one response per sample, scored by the reward rule) or
-:class:`EpisodeSampler` (a multi-turn episode with ``rollout.env``, :mod:`vcppo.driver.step.episodes`).
+:class:`EpisodeSampler` (a multi-turn episode with ``rollout.env``, :mod:`vcppo.driver.step.multi_turn`).
 Everything that differs between the two (how a step's rows become a rollout, the step's sampling
 figures, a validation sample, the per-turn metrics of a batch) is a method of the sampler, so the
 step, its metrics and validation hold no branch on the kind.
@@ -19,7 +19,7 @@ import torch
 
 from vcppo.algos import stats
 from vcppo.driver.step.env_errors import step_summary
-from vcppo.driver.step.episodes import (EpisodeRunner, episode_metrics, episode_runner, episodes_rollout,
+from vcppo.driver.step.multi_turn import (EpisodeRunner, episode_metrics, episode_runner, episodes_rollout,
                                         summed_episode_metrics)
 from vcppo.runtime.dist import DistInfo
 from vcppo.runtime.collectives import all_gather_object

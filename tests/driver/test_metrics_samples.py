@@ -1,11 +1,11 @@
-"""logging.log_samples: a step's samples as text (driver/step/samples.py), samples.jsonl, a wandb table
+"""logging.log_samples: a step's samples as text (driver/step/metrics.py), samples.jsonl, a wandb table
 (wandb offline, for real), and `vcppo report`'s table of the last step's samples."""
 import glob
 import json
 
 import torch
 
-from vcppo.driver.step.samples import pick_samples
+from vcppo.driver.step.metrics import pick_samples
 from vcppo.experience import Rollout, last_token_rewards, make_layout
 from vcppo.report import samples_markdown
 from vcppo.tracking import MetricsLogger, last_samples
@@ -78,7 +78,7 @@ def test_validation_hands_its_greedy_samples_to_samples_jsonl(tmp_path):
 
     from vcppo.config.load import load_config
     from vcppo.driver.step.metrics import log_validations
-    from vcppo.driver.step.sampling import make_sampler
+    from vcppo.driver.step.sampler import make_sampler
     from vcppo.driver.step.validation import SAMPLES_KEY, validate_run
     from vcppo.runtime.dist import DistInfo
     dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo", is_main=True)

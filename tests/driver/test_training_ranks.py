@@ -1,8 +1,8 @@
-"""Trainer 0's side of split placement's validation (vcppo.driver.placement.remote_source.RemoteSource): it
+"""Trainer 0's side of split placement's validation (vcppo.driver.placement.training_ranks.RemoteSource): it
 asks, trains on, and logs a result when it has arrived; at a checkpoint and at the end it waits."""
 from types import SimpleNamespace
 
-from vcppo.driver.placement.remote_source import RemoteSource
+from vcppo.driver.placement.training_ranks import RemoteSource
 from vcppo.driver.state import Phase
 from vcppo.driver.placement.rollout_ranks import SampledBatch, Validate, ValidationResult
 from vcppo.driver.step.timeline import Timeline
@@ -78,7 +78,7 @@ def test_an_inflight_batch_is_saved_as_plain_values(tmp_path):
     """A checkpoint's in-flight batches load with ``weights_only``: the phase goes in as its text."""
     import torch
 
-    from vcppo.driver.placement.remote_source import _batch_message, _batch_record
+    from vcppo.driver.placement.training_ranks import _batch_message, _batch_record
     from vcppo.experience import Rollout, make_layout
     rollout = Rollout.unscored(make_layout([[5, 6]], [[7, 8]], pad_id=0))
     msg = SampledBatch(phase=Phase.VALUE_PRETRAIN, step=2, version=0, rollout=rollout, metrics={"m": 1.0},

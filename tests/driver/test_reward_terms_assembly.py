@@ -1,4 +1,4 @@
-"""The reward assembly (vcppo.driver.step.reward): each term applied once, in order, and logged:
+"""The reward assembly (vcppo.driver.step.reward_terms): each term applied once, in order, and logged:
 the rule's score, the soft overlong shaping, the reward model's combination, the KL in the reward."""
 from types import SimpleNamespace
 
@@ -7,8 +7,8 @@ import torch
 
 from tests.fakes import scored
 from vcppo.driver.state import RunState
-from vcppo.driver.step.model_reward import ModelReward
-from vcppo.driver.step.reward import RewardAssembly
+from vcppo.driver.step.reward_terms import ModelReward
+from vcppo.driver.step.reward_terms import RewardAssembly
 from vcppo.config.schema import Config
 
 
