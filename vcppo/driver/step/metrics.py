@@ -100,7 +100,7 @@ def step_metrics(ctx: RunParts, plan: StepPlan, rollout: Rollout, models: Before
 
 def log_samples(ctx: RunParts, phase: Phase, step: int, rollout: Rollout, rewards: torch.Tensor,
                 adv: Advantages) -> None:
-    """``logging.log_samples`` of the main rank's samples, as text (:mod:`vcppo.driver.step.metrics`)."""
+    """``logging.log_samples`` of the main rank's samples, as text."""
     n = ctx.cfg.logging.log_samples
     if n and ctx.dist.is_main and ctx.tokenizer is not None:
         picked = pick_samples(rollout, rewards, adv.raw_advantages, ctx.tokenizer, n)

@@ -163,7 +163,7 @@ REWARD_TERMS = {row.name: row for row in (
                   build=f"{_HERE}:rule_score", source="the verifier (VC-PPO: +1 / -1)"),
     RewardTermRow("reward_model", ("reward.model_path", "reward.combine", "reward.rule_weight", "reward.model_weight",
                                    "reward.normalize_model_scores"), pretraining=True,
-                  build="vcppo.driver.step.reward_terms:model_term", source="a reward model"),
+                  build=f"{_HERE}:model_term", source="a reward model"),
     RewardTermRow("overlong", ("reward.overlong_buffer_tokens", "reward.overlong_penalty",
                                "rollout.max_response_tokens"), pretraining=True,
                   build=f"{_HERE}:overlong_term", source="DAPO's soft overlong punishment (arXiv 2503.14476)"),
