@@ -24,7 +24,7 @@ def main():
     torch.set_num_threads(args.threads)
     from vcppo.bench.train import long_tailed_batch
     from vcppo.driver.step.update import PolicyLoss
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     from vcppo.engines.actor import ActorEngine
     from vcppo.models.factory import count_params, make_model
     from vcppo.config.schema import ActorConfig, AlgorithmConfig

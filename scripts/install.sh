@@ -42,6 +42,6 @@ PY
 if [ "$device" = cpu ]; then
   # DeepSpeed's CPU backend compiles its shared-memory collective the first time a run has several
   # ranks; compile it here so that no first multi-rank run (or test) waits on the build.
-  "$VENV/bin/python" -c 'from vcppo.engines.launch_env import build_cpu_collective as b; print(f"[install] built {b()}")'
+  "$VENV/bin/python" -c 'from vcppo.runtime.launch_env import build_cpu_collective as b; print(f"[install] built {b()}")'
 fi
 touch "$VENV/.vcppo-installed"

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> None:
 
     from vcppo.algos.stats import explained_variance
     from vcppo.config.load import load_command_config
-    from vcppo.driver.step.advantages import estimate
+    from vcppo.driver.step.update import estimate
     from vcppo.driver.context import RunContext
     from vcppo.driver.step.experience_maker import ExperienceMaker
     from vcppo.driver.step.metrics import log_validation

@@ -102,7 +102,7 @@ def main():
     ap.add_argument("--response", type=int, default=960)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     info = dist.init_distributed("cpu")
     print("| size | params | grad ckpt | tokens | step peak predicted MiB | measured MiB | error "
           "| states predicted MiB | measured MiB |\n|---|---:|---|---:|---:|---:|---:|---:|---:|", flush=True)

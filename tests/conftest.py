@@ -61,8 +61,8 @@ LONGEST_FIRST = ("tests/bench/test_bench.py", "tests/test_demo.py", "tests/launc
                  "tests/test_packaging.py", "tests/driver/test_guards_e2e.py", "tests/driver/test_lora_e2e.py",
                  "tests/engines/test_nonfinite.py", "tests/driver/test_dead_rank_e2e.py",
                  "tests/driver/test_checkpoint_integrity.py", "tests/engines/test_think_tokens.py",
-                 "tests/driver/test_resume_integrity_e2e.py", "tests/driver/test_start_over_e2e.py",
-                 "tests/driver/test_model_export_e2e.py")
+                 "tests/driver/test_resume_integrity_e2e.py", "tests/driver/test_run_dir_start_over_e2e.py",
+                 "tests/driver/test_conversion_export_e2e.py")
 
 
 def _longest_first(items) -> None:
@@ -144,7 +144,7 @@ def start_ranks(*args, cwd, world_size=2, module="vcppo.cli", env=None, err=lamb
     """The ranks of one job started by hand, as a launcher would (RANK, LOCAL_RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT; one node), each by :func:`start_process`; ``err(rank)``: where that
     rank's stderr goes. No launcher watches them: whatever ends the job is our own code."""
-    from vcppo.engines.launch_env import free_port
+    from vcppo.runtime.launch_env import free_port
     job = dict(ENV if env is None else env, WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     return [start_process(*args, cwd=cwd, module=module, env=dict(job, RANK=str(r), LOCAL_RANK=str(r)), err=err(r))
@@ -190,7 +190,7 @@ def tiny_artifacts(tmp_path_factory):
 def info():
     """The process's distributed set-up (one rank, gloo) for a test module's real engines; torn
     down after the module, so every module starts from a clean default group."""
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     info = dist.init_distributed("cpu")
     yield info
     dist.shutdown()

@@ -14,7 +14,7 @@ import torch
 from vcppo.driver.step.critic_side import LocalCritic
 from vcppo.engines.deepspeed_engine import stitch_rows
 from vcppo.engines.loss_contract import GlobalCounts, ModelOutputs
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime.dist import DistInfo
 from vcppo.experience import Rollout, make_layout
 from vcppo.config.schema import Config
 from vcppo.methods import uses_critic

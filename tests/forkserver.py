@@ -36,7 +36,7 @@ from pathlib import Path
 
 # The libraries a `vcppo` command imports before its first line of work.
 WARM_LIBRARIES = ("torch", "transformers", "datasets", "deepspeed", "vllm.entrypoints.llm")
-# What a launcher sets per rank; read by vcppo.engines.dist when the group is set up, never at import.
+# What a launcher sets per rank; read by vcppo.runtime.dist when the group is set up, never at import.
 LAUNCH_KEYS = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
 
 

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as tdist
 import torch.multiprocessing as mp
 
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime.dist import DistInfo
 
-from vcppo.engines.launch_env import free_port
+from vcppo.runtime.launch_env import free_port
 
 
 def cpu_info(rank: int, world_size: int = 2) -> DistInfo:

@@ -94,7 +94,7 @@ def parse_step(text: str) -> tuple[str, int]:
 
 def install(point: str, step: tuple[str, int]) -> None:
     from vcppo.driver.durability import manifest
-    from vcppo.driver import loops
+    from vcppo.driver import phases as loops
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.rollout import RolloutEngine
 

@@ -161,14 +161,15 @@ def _py(rel: str) -> Path:
 # The package's layers, bottom first: an import may point down or inside its own layer, never up. Every
 # package and module of vcppo/ has one (test_every_package_has_a_layer). A layer's members:
 #   the package itself and the errors a user reads; pure tensor math, the methods table, the run's
-#   records, the stage types; the config (the schema, its rules, what a resume may change); metrics
-#   files and the sandbox; rewards and models; data; the engines; the multi-turn environments; the
+#   records, the stage types; the config (the schema, its rules, what a resume may change); the
+#   distributed runtime (process groups, collectives, split's transport); metrics files and the sandbox; rewards and models; data; the engines; the multi-turn environments; the
 #   pre-flight (what a command's config needs of this machine); the driver; the CLI's dispatcher; the
 #   benches; the planner; report and sweep; the commands.
 LAYERS = [
     ["vcppo", "vcppo.errors"],
     ["vcppo.algos", "vcppo.methods", "vcppo.records", "vcppo.experience"],
     ["vcppo.config"],
+    ["vcppo.runtime"],
     ["vcppo.tracking", "vcppo.sandbox"],
     ["vcppo.rewards", "vcppo.models"],
     ["vcppo.data"],
@@ -303,21 +304,87 @@ def test_the_step_reads_the_same_whatever_the_placement():
     names |= {a.name.rpartition(".")[2] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
               for a in n.names}
     assert not names & {"critic_remote", "RemoteCritic", "CriticEngine", "critic_apart", "Placement", "isinstance"}
-    worker = _tree(_py("driver/placement/critic_worker.py"))
+    worker = _tree(_py("driver/placement/critic_ranks.py"))
     calls = {_name_of(n) for n in ast.walk(worker) if isinstance(n, ast.Call)}
     assert "CriticHalf" in calls and "update_critic" not in calls  # the same half as the local critic's
 
 
 def test_the_driver_is_its_wiring_and_three_packages():
     """driver/ holds the run's state (state.py) and the protocols its parts meet (parts.py), its wiring
-    (context: the run's parts, built and closed; engines: the engines they hold), the run (ppo), the
-    phase loops (loops.py) and three sub-packages: the step, placement and durability; a new module goes
+    (context: the run's parts, built and closed; run_engines: the engines they hold), the run and its
+    phase loops (phases.py) and three sub-packages: the step, placement and durability; a new module goes
     into one of them."""
     top = sorted(p.stem for p in (PKG / "driver").glob("*.py") if p.stem != "__init__")
     packages = sorted(p.name for p in (PKG / "driver").iterdir() if p.is_dir() and (p / "__init__.py").exists())
-    assert top == ["context", "engines", "loops", "parts", "ppo", "state"] and packages == sorted(DRIVER_PACKAGES), \
+    assert top == ["context", "parts", "phases", "run_engines", "state"] and packages == sorted(DRIVER_PACKAGES), \
         (top, packages)
     assert not any(any((PKG / "driver" / pkg).glob("*/__init__.py")) for pkg in DRIVER_PACKAGES)  # one level
+
+
+def _stems(name: str) -> tuple[str, ...]:
+    """A module name's words, each without its plural or verb ending (samples, sampling, sampler: sampl)."""
+    out = []
+    for word in name.split("_"):
+        end = next((e for e in ("ing", "er", "es", "s", "e") if word.endswith(e) and len(word) - len(e) >= 3), "")
+        out.append(word[:len(word) - len(end)])
+    return tuple(out)
+
+
+def differ_by_a_suffix(names: list[str]) -> list[tuple[str, str]]:
+    """Pairs of ``names`` whose words (``_stems``) are one the other's start: resume / resume_checks,
+    samples / sampling, split / split_protocol."""
+    return sorted((a, b) for a in names for b in names if a < b and (
+        _stems(a)[:len(_stems(b))] == _stems(b) or _stems(b)[:len(_stems(a))] == _stems(a)))
+
+
+def test_no_two_driver_modules_differ_by_a_suffix():
+    """A driver module's name says what it holds: no two names where one is the other plus an ending."""
+    names = [m.rpartition(".")[2] for m in DRIVER_MODULES]
+    assert not differ_by_a_suffix(names), differ_by_a_suffix(names)
+    assert differ_by_a_suffix(["samples", "sampling", "sources", "resume", "resume_checks", "split",
+                               "split_protocol", "critic_side", "critic_ranks"]) == [
+        ("resume", "resume_checks"), ("samples", "sampling"), ("split", "split_protocol")]
+
+
+# A driver module named as another module or package of vcppo, and why the name stays.
+SHARED_NAMES_KNOWN = {"split": "vcppo/bench/split.py is `vcppo bench split`, the bench of this placement"}
+
+
+def test_driver_module_names_are_their_own():
+    """No basename twice inside driver/, and none that is also another module or a package of vcppo
+    (a driver/engines.py beside vcppo/engines/), but the known ones."""
+    others = {p.stem for p in PKG.rglob("*.py") if PKG / "driver" not in p.parents} - {"__init__", "__main__"}
+    others |= {p.parent.name for p in PKG.rglob("__init__.py") if PKG / "driver" not in p.parents}
+    names = [m.rpartition(".")[2] for m in DRIVER_MODULES]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    shared = sorted(set(names) & others)
+    assert not twice and shared == sorted(SHARED_NAMES_KNOWN), (twice, shared)
+
+
+# What a reader of one step reads beside docs/architecture.md's list: the run's state, the protocols the
+# step takes, its timer.
+STEP_SUPPORT = {"state.py", "parts.py", "step/timeline.py"}
+
+
+def one_step_files() -> list[str]:
+    """The files docs/architecture.md lists for reading one step (paths under vcppo/driver/)."""
+    doc = (PKG.parent / "docs" / "architecture.md").read_text()
+    block = doc.split("<!-- one-step files -->", 1)[1].split("<!-- /one-step files -->", 1)[0]
+    return [line.split()[0] for line in block.splitlines() if line.strip() and not line.startswith("```")]
+
+
+def test_one_step_reads_in_eight_files():
+    """docs/architecture.md lists at most 8 driver files for one step; each exists, and every driver
+    module rl_step imports (type-only ones too) is one of them or the step's support (STEP_SUPPORT)."""
+    files = one_step_files()
+    assert 1 < len(files) <= 8 and all((PKG / "driver" / f).is_file() for f in files), files
+    assert "step/rl_step.py" in files
+    imported = {str(Path(*m.split(".")[2:])) + ".py" for m in import_graph(types=True)["vcppo.driver.step.rl_step"]
+                if m.startswith("vcppo.driver.") and m in DRIVER_IMPORTABLE}
+    assert imported <= set(files) | STEP_SUPPORT, imported - set(files) - STEP_SUPPORT
+
+
+DRIVER_IMPORTABLE = {f"vcppo.driver.{m}" for m in DRIVER_MODULES}
 
 
 def test_the_run_state_is_the_bottom_of_the_driver():
@@ -330,9 +397,8 @@ def test_the_run_state_is_the_bottom_of_the_driver():
 
 # driver/'s internal order, bottom first: the run's state and the protocols of its parts; durability
 # (checkpoint files, resume checks, guards); the step; the wiring that builds and closes a run's parts
-# (context, engines); the placements, each built on the wiring; the phase loops; the run.
-DRIVER_ORDER = [["state", "parts"], ["durability"], ["step"], ["context", "engines"], ["placement"], ["loops"],
-                ["ppo"]]
+# (context, run_engines); the placements, each built on the wiring; the run and its phase loops.
+DRIVER_ORDER = [["state", "parts"], ["durability"], ["step"], ["context", "run_engines"], ["placement"], ["phases"]]
 
 
 def driver_level(module: str) -> int | None:
@@ -360,15 +426,15 @@ def test_nothing_in_the_driver_imports_upward():
 
 def test_the_order_check_sees_an_upward_import():
     assert upward({"vcppo.driver.step.rl_step": {"vcppo.driver.context"}}) == ["vcppo.driver.step.rl_step -> vcppo.driver.context"]
-    assert upward({"vcppo.driver.durability.resume": {"vcppo.driver.step.sources"}})
+    assert upward({"vcppo.driver.durability.resume": {"vcppo.driver.step.sampler"}})
     assert not upward({"vcppo.driver.context": {"vcppo.driver.step.rl_step", "vcppo.algos.gae"}})
 
 
 PLACEMENT_FIELDS = ("mode", "rollout_ranks", "critic_ranks")
 DIST_NAMES = ("dist", "init_run_distributed", "init_distributed")  # what a rank's DistInfo is called
-# Known lookups on a rank's role, file -> count: driver/ppo.py asks the placement what a rank of each role
+# Known lookups on a rank's role, file -> count: driver/phases.py asks the placement what a rank of each role
 # serves (Placement.serves()) and looks its own role up there.
-ROLE_LOOKUPS_KNOWN = {"driver/ppo.py": 1}
+ROLE_LOOKUPS_KNOWN = {"driver/phases.py": 1}
 
 
 def placement_reads(tree: ast.AST) -> list[int]:
@@ -412,12 +478,12 @@ def test_one_gae_pass_per_step():
     step = PKG / "driver" / "step"
     assert _calls(_tree(step / "rl_step.py"), "estimate") == 1
     calls = {p.name: _calls(_tree(p), "critic_targets") for p in step.glob("*.py")}
-    assert {k: v for k, v in calls.items() if v} == {"critic_side.py": 1}  # its one call (advantages.py defines it)
+    assert {k: v for k, v in calls.items() if v} == {"critic_side.py": 1}  # its one call (update.py defines it)
     defined = {p.name for p in step.glob("*.py") for n in ast.walk(_tree(p))
                if isinstance(n, ast.FunctionDef) and n.name == "critic_targets"}
-    assert defined == {"advantages.py"}
+    assert defined == {"update.py"}
     scans = [str(p.relative_to(PKG)) for p in (PKG / "driver").rglob("*.py")
              if _calls(_tree(p), "decoupled_gae") or any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                                                           and n.func.attr == "gae" and _name_of(n.func.value) == "estimators"
                                                           for n in ast.walk(_tree(p)))]
-    assert scans == ["driver/step/advantages.py"], scans
+    assert scans == ["driver/step/update.py"], scans

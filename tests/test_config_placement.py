@@ -39,8 +39,8 @@ def test_split_gives_the_last_ranks_to_sampling_and_the_middle_to_the_critic():
 
 def test_a_split_run_serves_on_its_other_ranks():
     """What a rollout rank and a critic rank do instead of training (ppo.train asks the placement)."""
-    from vcppo.driver.placement.critic_worker import serve_critic
-    from vcppo.driver.placement.rollout_worker import serve_rollouts
+    from vcppo.driver.placement.critic_ranks import serve_critic
+    from vcppo.driver.placement.rollout_ranks import serve_rollouts
     serves = Placement.of(load_config("vcppo", ["placement.mode=split"])).serves()
     assert serves == {ROLLOUT: serve_rollouts, CRITIC: serve_critic}
 
@@ -65,7 +65,7 @@ def test_the_config_and_the_planner_read_the_placements_without_torch():
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
 
 
-BUILDERS = {"driver/ppo.py", "config/rules.py", "plan/advise.py", "plan/knobs.py", "commands/plan.py", "bench/step.py",
+BUILDERS = {"driver/phases.py", "config/rules.py", "plan/advise.py", "plan/knobs.py", "commands/plan.py", "bench/step.py",
             "driver/step/step_plan.py"}  # a run, a config's checks, a plan (and its knobs), a bench; step_plan: None given
 
 
@@ -76,7 +76,7 @@ def test_the_placement_is_built_where_a_config_becomes_a_run_a_check_or_a_plan_a
     pkg = Path(__file__).resolve().parent.parent / "vcppo"
     built = {str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if "Placement.of(" in p.read_text()
              and str(p.relative_to(pkg)) != "config/placement.py"}
-    assert built <= BUILDERS and "driver/ppo.py" in built, built - BUILDERS
+    assert built <= BUILDERS and "driver/phases.py" in built, built - BUILDERS
     told_apart = re.compile(r"placement\.name\s*[!=]=|isinstance\([^)]*(placement|Split|Colocated)")
     hits = [str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if told_apart.search(p.read_text())]
     assert not hits, hits

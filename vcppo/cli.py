@@ -89,19 +89,19 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The ``vcppo`` console script and ``python -m vcppo.cli``: :func:`main`, then an exit that a
     multi-rank run cannot turn into an abort after its work is done (dist.exit_process)."""
-    from vcppo.engines import lifetime
+    from vcppo.runtime import lifetime
     lifetime.mark_ends_after_command()
     try:
         code = main()
     except Exception as error:
-        dist = sys.modules.get("vcppo.engines.dist")
+        dist = sys.modules.get("vcppo.runtime.dist")
         hint = dist.peer_loss_hint(error) if dist is not None else None
         if hint is None:
             raise
         traceback.print_exc()
         print(f"[vcppo] {hint}", file=sys.stderr, flush=True)
         dist.exit_process(1)
-    dist = sys.modules.get("vcppo.engines.dist")  # only loaded by commands that start engines
+    dist = sys.modules.get("vcppo.runtime.dist")  # only loaded by commands that start engines
     if dist is None:
         sys.exit(code)
     dist.exit_process(code)

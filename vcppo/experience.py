@@ -91,7 +91,7 @@ class Layout:
 
 @dataclass(kw_only=True)
 class Rollout(Layout):
-    """A step's samples on this rank, sampled and scored (:func:`vcppo.driver.step.sampling.collect_rollout`).
+    """A step's samples on this rank, sampled and scored (:func:`vcppo.driver.step.sampler.collect_rollout`).
 
         scores           (B,)   float  verifier reward of the whole response (+ overlong shaping)
         token_rewards    (B, R) float  the score on the last response token, 0 elsewhere
@@ -208,7 +208,7 @@ class BeforeUpdate:
 
 @dataclass
 class Advantages:
-    """Advantage estimation's output (:func:`vcppo.driver.step.advantages.estimate`).
+    """Advantage estimation's output (:func:`vcppo.driver.step.update.estimate`).
 
         advantages     (B, R) float  the actor's advantages as the loss uses them
         raw_advantages (B, R) float  before whitening (the position-profile diagnostic)

@@ -7,7 +7,7 @@ needs from a run, and the function that computes it.
 table without importing torch): every estimator has the signature of
 :mod:`vcppo.algos.estimators` (``EstimatorInput -> EstimatorOutput``), every policy loss that of
 :func:`vcppo.algos.losses.policy_loss`. The schema's choices, the config checks, the step plan,
-:mod:`vcppo.driver.step.advantages` and :mod:`vcppo.driver.step.update` all read these rows, so a new
+:mod:`vcppo.driver.step.update` and :mod:`vcppo.driver.step.update` all read these rows, so a new
 method is one function and one row (docs/architecture.md, "Adding an estimator").
 """
 from __future__ import annotations

@@ -45,7 +45,7 @@ def test_masked_whiten_of_an_empty_or_one_token_batch_is_finite():
 
 
 def _global_whiten_before_the_merge(advantages, mask, zero_mean=True, eps=1e-8, global_sum=None):
-    """The trainer's whitening as vcppo.driver.step.advantages.global_whiten computed it before it
+    """The trainer's whitening as vcppo.driver.step.update.global_whiten computed it before it
     called masked_whiten: kept verbatim as the oracle for bitwise equality."""
     n = global_sum(mask.sum())
     mean = global_sum((advantages * mask).sum()) / max(n, 1.0)
@@ -58,7 +58,7 @@ def _global_whiten_before_the_merge(advantages, mask, zero_mean=True, eps=1e-8, 
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32, torch.int64])
 @pytest.mark.parametrize("zero_mean", [True, False])
 def test_masked_whiten_is_bitwise_the_trainers_global_whiten(dtype, mask_dtype, zero_mean):
-    from vcppo.engines.collectives import global_sum  # what global_whiten passes as sum_fn
+    from vcppo.runtime.collectives import global_sum  # what global_whiten passes as sum_fn
 
     if dtype == torch.bfloat16 and mask_dtype == torch.float32:
         pytest.skip("the old product promoted bf16 advantages to the fp32 mask's dtype; masked_whiten "
@@ -85,7 +85,7 @@ def test_masked_whiten_is_bitwise_the_trainers_global_whiten(dtype, mask_dtype, 
 
 def test_masked_whiten_sum_fn_reduces_over_shards_like_one_batch():
     # Two "ranks" as threads whose sum_fn all-reduces through a barrier: each shard is whitened
-    # with the statistics of the whole batch, as vcppo.engines.collectives.global_sum does across ranks.
+    # with the statistics of the whole batch, as vcppo.runtime.collectives.global_sum does across ranks.
     import threading
 
     g = torch.Generator().manual_seed(0)

@@ -173,7 +173,7 @@ def test_eval_a_model_make_dir_on_a_verl_file(art, tmp_path):
     """The real command, vLLM CPU: a random untied BPE model answers nothing right, but the whole
     path runs (the answers come from reward_model.ground_truth without data.answer_field).
     A second case of paths `make test` runs for real elsewhere: `vcppo eval MODEL_DIR DATA` with vLLM
-    (tests/driver/test_model_export_e2e.py), a BPE model on verl-format data through vLLM
+    (tests/driver/test_conversion_export_e2e.py), a BPE model on verl-format data through vLLM
     (tests/driver/test_bpe_e2e.py), an untied model in vLLM (tests/engines/test_engines.py); the
     answer read from reward_model.ground_truth: test_every_format_reaches_the_scorer above."""
     out = tmp_path / "m.json"
@@ -245,7 +245,7 @@ def test_an_episode_checkpoint_is_evaluated_on_its_runs_episodes(tmp_path, capsy
     rollout.env on the command line wins."""
     from vcppo.config.load import to_dict
     from vcppo.config.schema import Config
-    from vcppo.driver.durability.model_export import CHECKPOINT_TAG, is_checkpoint
+    from vcppo.driver.durability.conversion import CHECKPOINT_TAG, is_checkpoint
     point = tmp_path / "checkpoints" / "step_000004"
     (point / "actor" / CHECKPOINT_TAG).mkdir(parents=True)
     (point / "state.json").write_text("{}")

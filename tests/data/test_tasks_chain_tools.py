@@ -6,7 +6,7 @@ import re
 import pytest
 
 from vcppo.data import tasks, tasks_chain, tasks_chain_tools, tasks_guess
-from vcppo.driver.step.episodes import ObservationEncoder
+from vcppo.driver.step.multi_turn import ObservationEncoder
 from vcppo.envs.base import checked_turn, make_env
 from vcppo.envs.tools import parse_tool_calls
 from vcppo.models.tokenizer import build_tokenizer

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.gloo_ranks import cpu_info, run_on_two_ranks
-from vcppo.driver.step.sampling import balance_across_ranks
+from vcppo.driver.step.sampler import balance_across_ranks
 from vcppo.experience import Rollout, make_layout
 
 

@@ -27,7 +27,7 @@ def test_a_rank_count_error_exits_before_deepspeed_builds_its_shm_segments(overr
         assert len(started) == 1
 
 
-@pytest.mark.extended  # the mechanism's own test: tests/engines/test_shm_segment.py
+@pytest.mark.extended  # the mechanism's own test: tests/runtime/test_shm_segment.py
 @pytest.mark.distributed
 def test_a_data_row_error_on_two_ranks_leaves_no_shm_segment(tiny_artifacts, tmp_path):
     """The bad row is found after the process group (and DeepSpeed's shm segments, LOCAL_SIZE set as the
@@ -36,7 +36,7 @@ def test_a_data_row_error_on_two_ranks_leaves_no_shm_segment(tiny_artifacts, tmp
     from pathlib import Path
 
     from tests.conftest import ENV, start_process
-    from vcppo.engines.launch_env import free_port
+    from vcppo.runtime.launch_env import free_port
     (tmp_path / "bad.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "", "answer": "3"}\n')
     port = free_port()
     job = dict(ENV, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", LOCAL_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

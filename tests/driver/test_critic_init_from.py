@@ -42,7 +42,7 @@ def cfg_for(tiny_model_dir, init_from, *extra):
 
 
 def test_a_warm_started_critics_first_values_are_the_sources(info, tiny_model_dir, source):
-    from vcppo.driver.engines import build_critic
+    from vcppo.driver.run_engines import build_critic
     from vcppo.models.value_model import ValueModel
     cfg = cfg_for(tiny_model_dir, source)
     log = type("Log", (), {"info": staticmethod(lambda *a: None)})()

@@ -3,9 +3,9 @@ launcher ends the others: two `vcppo train` ranks started by hand (RANK / WORLD_
 no torchrun, no deepspeed launcher), rank 1 killed as PPO step 2's actor update starts (tests/kill_at.py). The
 survivor fails at its next collective (gloo: the peer's connection closes) and exits non-zero; every
 checkpoint left is complete and intact, and there is no final export. (A hung but living peer is
-bounded by trainer.collective_timeout_s: tests/engines/test_collective_timeout.py.) The run then
+bounded by trainer.collective_timeout_s: tests/runtime/test_collective_timeout.py.) The run then
 resumes on the one rank left, and later on two again, each time from a checkpoint written on the
-other number of ranks (vcppo/driver/durability/reshard.py)."""
+other number of ranks (vcppo/driver/durability/conversion.py)."""
 import time
 
 import pytest

@@ -10,10 +10,10 @@ import torch
 
 from vcppo.config.load import load_config
 from vcppo.driver.durability import checkpoint as ckpt
-from vcppo.driver.durability.critic_cache import cache_key
+from vcppo.driver.run_engines import cache_key
 from vcppo.driver.step.timeline import PhaseTimer
-from vcppo.driver.step.sampling import collect_rollout, rank_slice
-from vcppo.driver.step.value_pretrain import settled
+from vcppo.driver.step.sampler import collect_rollout, rank_slice
+from vcppo.driver.phases import settled
 from vcppo.rewards.verifier import RewardScorer
 from vcppo.config.schema import RolloutConfig
 from vcppo.tracking import MetricsLogger, read_metrics
@@ -180,7 +180,7 @@ def test_metrics_logger_wandb_offline(tmp_path):
 def test_a_policy_initialised_critic_starts_from_the_policy_even_when_a_critic_path_is_set():
     """The demo preset sets model.critic_path (for critic_init=reward_model); with the default
     critic_init=policy the critic must still start from the SFT policy's backbone, not the RM's."""
-    from vcppo.driver.durability.critic_cache import critic_source
+    from vcppo.driver.run_engines import critic_source
     demo = load_config("demo", ["demo.workdir=/w"])
     assert demo.model.critic_path == "/w/rm"
     assert critic_source(demo) == ("policy", "/w/sft")

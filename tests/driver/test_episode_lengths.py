@@ -10,13 +10,13 @@ from vcppo.algos.dapo import overlong_penalty
 from vcppo.algos.gae import length_adaptive_lambda
 from vcppo.config.schema import AlgorithmConfig
 from vcppo.driver.state import RunState
-from vcppo.driver.step.advantages import estimate
-from vcppo.driver.step.episodes import EpisodeRunner, episodes_rollout
-from vcppo.driver.step.reward import RewardAssembly
+from vcppo.driver.step.update import estimate
+from vcppo.driver.step.multi_turn import EpisodeRunner, episodes_rollout
+from vcppo.driver.step.reward_terms import RewardAssembly
 from vcppo.envs.worker import EnvRunner
 from vcppo.experience import concat_batches
 
-from tests.driver.test_episodes import ScriptedSampler, cfg_for, rows
+from tests.driver.test_multi_turn import ScriptedSampler, cfg_for, rows
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from vcppo.algos.gae import gae_reference
 from vcppo.algos.stats import masked_whiten
 from vcppo.config.load import load_config
 from vcppo.algos.gae import decoupled_gae
-from vcppo.driver.step.advantages import critic_targets, estimate
+from vcppo.driver.step.update import critic_targets, estimate
 from vcppo.driver.state import RunState
 from vcppo.driver.step.step_plan import Source, ppo_plan
 from vcppo.driver.step.rl_step import rl_step

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from vcppo.driver.state import RunState
 from vcppo.driver.durability.run_records import metrics_size, rewind_metrics
-from vcppo.driver.engines import critic_pretrain_steps
+from vcppo.driver.run_engines import critic_pretrain_steps
 from vcppo.config.schema import Config
 from vcppo.tracking import MetricsLogger
 

@@ -1,4 +1,4 @@
-"""The divergence guard (vcppo.driver.durability.divergence): which metric left its range, by how much, since
+"""The divergence guard (vcppo.driver.durability.guards): which metric left its range, by how much, since
 which step; a warning, or with trainer.abort_on_divergence a stop; baselines survive a resume."""
 import dataclasses
 import json
@@ -7,7 +7,7 @@ import pytest
 
 from vcppo.config.load import load_config
 from vcppo.driver.state import RunState
-from vcppo.driver.durability.divergence import DivergenceError, check_divergence, out_of_range
+from vcppo.driver.durability.guards import DivergenceError, check_divergence, out_of_range
 from vcppo.errors import ConfigError
 
 # `vcppo train vcppo actor.lr=1 critic.lr=1` on the tiny test model (value pretraining off), steps 1-4

@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import ENV, start_ranks
 from tests.driver.test_exact_resume_e2e import assert_same, records
 from tests.driver.test_train_e2e import base_overrides, for_preset
-from vcppo.engines.launch_env import free_port
+from vcppo.runtime.launch_env import free_port
 from vcppo.driver.durability import manifest
 from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete, peek_state
 

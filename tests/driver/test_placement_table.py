@@ -32,7 +32,7 @@ class Pinned(Placement):
         return "pinned placement: every rank samples and trains"
 
     def init_groups(self, cfg):
-        from vcppo.engines import dist as D
+        from vcppo.runtime import dist as D
         print("pinned: process groups", file=sys.stderr)
         return D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer))
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vcppo.algos.gae import decoupled_gae
-from vcppo.driver.step.advantages import critic_targets, estimate, returns_to_go
+from vcppo.driver.step.update import critic_targets, estimate, returns_to_go
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.update import update_actor, update_critic
 from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout

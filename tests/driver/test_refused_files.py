@@ -8,7 +8,7 @@ import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
 from vcppo.driver.durability.checkpoint import CheckpointError
-from vcppo.driver.durability.restore_engine import restore_engine
+from vcppo.driver.durability.resume import restore_engine
 from vcppo.errors import ConfigError
 from vcppo.tracking import MetricsLogger
 
@@ -35,7 +35,7 @@ def test_a_planted_object_is_one_line_naming_the_file(tmp_path, caplog, capsys):
     good, bad = tmp_path / "mp_rank_00_model_states.pt", tmp_path / "zero_pp_rank_0_optim_states.pt"
     torch.save({"w": torch.ones(2)}, good)
     torch.save({"w": Planted()}, bad)
-    with caplog.at_level(logging.DEBUG, logger="vcppo.driver.durability.restore_engine"):
+    with caplog.at_level(logging.DEBUG, logger="vcppo.driver.durability.resume"):
         with pytest.raises(CheckpointError) as e:
             restore_engine(FakeEngine([good, bad]), tmp_path)
     msg = str(e.value)

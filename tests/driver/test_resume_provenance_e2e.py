@@ -7,7 +7,7 @@ import pytest
 
 from tests.driver.test_train_e2e import base_overrides, train
 from vcppo.config.provenance import read_history
-from vcppo.driver.durability.resume_checks import RUN_CONFIG
+from vcppo.driver.durability.run_dir import RUN_CONFIG
 
 pytestmark = [pytest.mark.integration]
 

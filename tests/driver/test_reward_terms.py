@@ -9,10 +9,10 @@ import torch
 from tests.fakes import FakeRun, scored, scripted_source
 from vcppo.config.provenance import schema_tags
 from vcppo.config.schema import Config
-from vcppo.driver.durability.critic_cache import cache_key
+from vcppo.driver.run_engines import cache_key
 from vcppo.driver.state import Phase, RunState
-from vcppo.driver.step import reward
-from vcppo.driver.step.reward import REWARD_TERMS, RewardAssembly, RewardTerm, RewardTermRow
+from vcppo.driver.step import reward_terms as reward
+from vcppo.driver.step.reward_terms import REWARD_TERMS, RewardAssembly, RewardTerm, RewardTermRow
 from vcppo.driver.step.rl_step import rl_step
 from vcppo.driver.step.step_plan import ppo_plan, pretrain_plan
 

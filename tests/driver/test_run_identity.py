@@ -1,6 +1,6 @@
-"""The keys that say which run a directory holds (driver/durability/run_lock.py identity_conflict)."""
+"""The keys that say which run a directory holds (driver/durability/run_dir.py identity_conflict)."""
 from vcppo.config.load import load_config, save_config
-from vcppo.driver.durability.run_lock import identity_conflict
+from vcppo.driver.durability.run_dir import identity_conflict
 
 
 def test_only_the_identity_keys_refuse_a_resume(tmp_path):

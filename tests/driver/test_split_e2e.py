@@ -21,7 +21,7 @@ import torch
 from tests.conftest import ENV, run_ranks
 from tests.driver.test_exact_resume_e2e import assert_same, records
 from tests.driver.test_train_e2e import base_overrides
-from vcppo.engines.launch_env import free_port
+from vcppo.runtime.launch_env import free_port
 from vcppo.driver.durability.checkpoint import checkpoint_root, list_complete
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]

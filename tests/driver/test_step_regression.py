@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vcppo.driver.step.advantages import estimate, returns_to_go
+from vcppo.driver.step.update import estimate, returns_to_go
 from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.update import update_actor, update_critic
 from vcppo.experience import ActorBatch, CriticBatch, Rollout, make_layout

@@ -27,8 +27,8 @@ def main(argv):
     args = ap.parse_args(argv)
 
     from tests.engines.token_loss import nll_loss, value_mse_loss
-    from vcppo.engines import dist
-    from vcppo.engines import collectives
+    from vcppo.runtime import dist
+    from vcppo.runtime import collectives
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.experience import CriticBatch, Rollout, make_layout
@@ -123,8 +123,8 @@ def main(argv):
 
 def rollout_group_check(rollout, info) -> dict:
     """The group samples the same prompts with the same seeds; each rank keeps its own prompts."""
-    from vcppo.driver.step.sampling import collect_rollout, rollout_share
-    from vcppo.engines import collectives
+    from vcppo.driver.step.sampler import collect_rollout, rollout_share
+    from vcppo.runtime import collectives
     from vcppo.rewards.verifier import RewardScorer
     from vcppo.config.schema import RolloutConfig
 
@@ -142,5 +142,5 @@ def rollout_group_check(rollout, info) -> dict:
 
 if __name__ == "__main__":
     code = main(sys.argv[1:])
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     dist.exit_process(code)  # as the vcppo CLI ends a multi-rank run

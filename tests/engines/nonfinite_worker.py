@@ -18,7 +18,7 @@ def main(argv):
     args = ap.parse_args(argv)
 
     from tests.engines.token_loss import nll_loss
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     from vcppo.engines.actor import ActorEngine
     from vcppo.experience import ActorBatch, Rollout, make_layout
     from vcppo.config.schema import ActorConfig

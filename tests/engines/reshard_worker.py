@@ -19,9 +19,9 @@ def main(argv):
     args = ap.parse_args(argv)
 
     from tests.engines.token_loss import nll_loss, value_mse_loss
-    from vcppo.driver.durability.reshard import weights_only_loading
-    from vcppo.engines import dist
-    from vcppo.engines import collectives
+    from vcppo.driver.durability.conversion import weights_only_loading
+    from vcppo.runtime import dist
+    from vcppo.runtime import collectives
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.engines.safe_checkpoint import use_weights_only_loading

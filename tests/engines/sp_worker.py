@@ -29,8 +29,8 @@ def main(argv):
     from deepspeed.utils import safe_get_full_grad
 
     from tests.engines.token_loss import TokenLoss, value_mse_loss
-    from vcppo.engines import dist
-    from vcppo.engines import collectives
+    from vcppo.runtime import dist
+    from vcppo.runtime import collectives
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
     from vcppo.experience import CriticBatch, Rollout, make_layout
@@ -103,5 +103,5 @@ def capture_grads(engine, get_grad) -> list:
 
 if __name__ == "__main__":
     code = main(sys.argv[1:])
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     dist.exit_process(code)

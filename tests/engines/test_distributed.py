@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import ENV, run_ranks
-from vcppo.engines.launch_env import free_port
+from vcppo.runtime.launch_env import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 

@@ -63,7 +63,7 @@ def _engine(info, path, packed):
 def test_a_classifier_with_its_own_tokenizer_scores_the_text(info, hf_rm_dir, tiny_tokenizer, packed):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from vcppo.driver.step.model_reward import Retokenizer, same_tokenizer
+    from vcppo.driver.step.reward_terms import Retokenizer, same_tokenizer
 
     rm_tok = AutoTokenizer.from_pretrained(hf_rm_dir)
     assert not same_tokenizer(tiny_tokenizer, rm_tok)

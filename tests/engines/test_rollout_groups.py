@@ -38,8 +38,8 @@ def test_tp1_is_the_per_rank_split():
 
 
 def test_rollout_share_is_relative_to_the_group_rows():
-    from vcppo.driver.step.sampling import rollout_share
-    from vcppo.engines.dist import DistInfo
+    from vcppo.driver.step.sampler import rollout_share
+    from vcppo.runtime.dist import DistInfo
     import torch
     info = DistInfo(rank=3, world_size=4, local_rank=3, device=torch.device("cpu"), backend="gloo", is_main=False)
     sampled, kept = rollout_share(16, info, tp_size=2)

@@ -146,7 +146,7 @@ def test_experience_masks_and_the_reward_at_the_last_token(policy, stop):
     """Sampled (temperature 1) through collect_rollout: the response mask covers exactly the
     generated tokens, EOS (when generated) is the last one, the outcome reward sits on the last
     token and nowhere else, and padding follows."""
-    from vcppo.driver.step.sampling import collect_rollout
+    from vcppo.driver.step.sampler import collect_rollout
     from vcppo.config.schema import RolloutConfig
     rows = [{"prompt_ids": p, "answer": r["answer"]} for p, r in zip(policy.prompts, policy.rows)]
     sampling = RolloutConfig(n_samples_per_prompt=4, temperature=1.0, max_response_tokens=MAX_TOKENS, stop=stop or [])

@@ -1,12 +1,12 @@
 """A ZeRO-3 checkpoint written on 2 ranks, converted to DeepSpeed's universal format
-(vcppo/driver/durability/reshard.py), continues on 1 rank (and one written on 1 rank on 2) with the same next
+(vcppo/driver/durability/conversion.py), continues on 1 rank (and one written on 1 rank on 2) with the same next
 step as the writer's own continuation: weights, Adam's moments, the LR schedule and the step counter
 carried over."""
 import pytest
 import torch
 
 from tests.engines.test_distributed import cpu_worker
-from vcppo.driver.durability.reshard import convert_engine
+from vcppo.driver.durability.conversion import convert_engine
 from vcppo.driver.durability import manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]

@@ -60,7 +60,7 @@ def test_actor_engine_bf16_on_cuda(tmp_path, zero_stage):
     from vcppo.engines.actor import ActorEngine
     from vcppo.experience import make_layout
     from vcppo.config.schema import ActorConfig
-    from vcppo.engines.dist import init_distributed
+    from vcppo.runtime.dist import init_distributed
     from vcppo.models.factory import make_model
 
     make_model("tiny", None, tmp_path / "m")
@@ -88,7 +88,7 @@ def test_packed_equals_padded_on_cuda(tmp_path, dtype):
     pytest.importorskip("deepspeed")
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.critic import CriticEngine
-    from vcppo.engines.dist import init_distributed
+    from vcppo.runtime.dist import init_distributed
     from vcppo.engines.packing import VARLEN_ATTENTION
     from vcppo.experience import make_layout
     from vcppo.models.factory import make_model

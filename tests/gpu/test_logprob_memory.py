@@ -117,7 +117,7 @@ def test_chunked_logprobs_cut_the_train_step_peak(tmp_path):
     pytest.importorskip("deepspeed")
     from transformers import Qwen2ForCausalLM
 
-    from vcppo.engines.dist import init_distributed
+    from vcppo.runtime.dist import init_distributed
     from vcppo.experience import make_layout
     from vcppo.config.schema import EngineConfig
 

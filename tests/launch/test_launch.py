@@ -103,7 +103,7 @@ def test_node_rank_runs_this_nodes_share_without_ssh(tmp_path):
 def test_the_nodes_rank_count_under_the_deepspeed_launcher_is_its_local_size(monkeypatch):
     """The deepspeed launcher sets LOCAL_SIZE, not LOCAL_WORLD_SIZE: 2 nodes x 2 ranks is 2 ranks on this node
     (the reward workers and the hub download are sized by it), not WORLD_SIZE's 4."""
-    from vcppo.engines.launch_env import local_world_size
+    from vcppo.runtime.launch_env import local_world_size
     from vcppo.models.hub import _local_rank
     for key in ("LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(key, raising=False)
@@ -160,7 +160,7 @@ done
 # Stands in for the Python the script runs: prints what vcppo would take from the task's environment.
 FAKE_PY = r'''#!/usr/bin/env bash
 exec "$REAL_PY" -c 'import json, os, sys
-from vcppo.engines.launch_env import slurm_launcher_env
+from vcppo.runtime.launch_env import slurm_launcher_env
 print(json.dumps({"args": sys.argv[1:], "master": os.environ["MASTER_ADDR"], **slurm_launcher_env(dict(os.environ))}))' "$@"
 '''
 
@@ -197,5 +197,5 @@ def test_slurm_script_maps_a_two_node_allocation_to_ranks(tmp_path):
      {"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}),
 ])
 def test_slurm_variables_map_to_the_launcher_ones(env, expected):
-    from vcppo.engines.launch_env import slurm_launcher_env
+    from vcppo.runtime.launch_env import slurm_launcher_env
     assert slurm_launcher_env(env) == expected

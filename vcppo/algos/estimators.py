@@ -1,6 +1,6 @@
 """Every advantage estimator a config can name, in one signature: ``fn(EstimatorInput) -> EstimatorOutput``.
 :mod:`vcppo.methods` is their table (each row names its function here and what it needs);
-:mod:`vcppo.driver.step.advantages` builds the input from a step and whitens the output. Pure tensor
+:mod:`vcppo.driver.step.update` builds the input from a step and whitens the output. Pure tensor
 math: GAE with Decoupled-GAE (:mod:`vcppo.algos.gae`), GRPO (:func:`vcppo.algos.stats.grpo_advantages`),
 RLOO, REINFORCE++ and REINFORCE++-baseline.
 

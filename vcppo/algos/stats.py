@@ -75,7 +75,7 @@ def masked_whiten(
         eps:       added to the variance.
         sum_fn:    reduces a 0-d local partial sum to the Python float summed over the whole
                    batch. The default `float` reduces over the local tensor only;
-                   `vcppo.engines.collectives.global_sum` sums over all ranks, so the result does not
+                   `vcppo.runtime.collectives.global_sum` sums over all ranks, so the result does not
                    depend on how many ranks the batch is split over.
 
     Returns:

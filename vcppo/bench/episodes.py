@@ -53,7 +53,7 @@ def _parse(argv) -> argparse.Namespace:
 
 
 def _runner(args, rollout, latency_ms: float):
-    from vcppo.driver.step.episodes import episode_runner
+    from vcppo.driver.step.multi_turn import episode_runner
     from vcppo.config.schema import Config
 
     cfg = Config()
@@ -86,7 +86,7 @@ def main(argv=None) -> dict:
     import torch
 
     from vcppo.bench import write_json
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     from vcppo.engines.rollout import RolloutEngine
     from vcppo.models.factory import make_model
     from vcppo.config.schema import RolloutConfig

@@ -139,7 +139,7 @@ def sleep_wake(model: str | None) -> dict:
 
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device (sleep / wake are no-ops on CPU)"}
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     from vcppo.engines.rollout import RolloutEngine
     from vcppo.config.schema import RolloutConfig
 

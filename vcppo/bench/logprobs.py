@@ -101,7 +101,7 @@ def _phase(warm_up, fn, repeats: int, segments=None) -> dict:
 def run_one(model_dir: str, shape: str, chunk: int, args) -> dict:
     """One (shape, chunk) in this process (the --worker side)."""
     from vcppo.driver.step.update import PolicyLoss
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     from vcppo.engines.actor import ActorEngine
     from vcppo.config.schema import ActorConfig, AlgorithmConfig
 

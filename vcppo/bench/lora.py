@@ -119,7 +119,7 @@ def _bench_model(model: str, args, info) -> dict:
 def main(argv=None) -> dict:
     args = _parse(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
 
     info = dist.init_distributed("cpu")
     out = {}

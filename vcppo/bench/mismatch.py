@@ -63,7 +63,7 @@ def measure(args) -> dict:
     from transformers import AutoConfig
 
     from vcppo.algos.mismatch import mismatch_stats, tis_weights
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     from vcppo.engines.rollout import RolloutEngine
     from vcppo.config.schema import ActorConfig, RolloutConfig
 

@@ -219,7 +219,7 @@ def _bench_model(model: str, args, info) -> dict:
 def main(argv=None) -> dict:
     args = _parse(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
 
     info = dist.init_distributed(args.device)
     models = [("model", args.model)] if args.model else [(s, _factory_model(s)) for s in args.sizes.split(",")]

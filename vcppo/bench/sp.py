@@ -59,7 +59,7 @@ def _parse(argv) -> argparse.Namespace:
 def run_rank(sp: int, model_dir: str, args) -> list[dict] | None:
     """One rank's step (the --worker side, under torchrun); rank 0 returns every rank's figures."""
     from vcppo.bench.train import PeakRSS, resident_is_live, train_segments
-    from vcppo.engines import collectives, dist
+    from vcppo.runtime import collectives, dist
     from vcppo.engines.actor import ActorEngine
     from vcppo.engines.loss_contract import ResponseNLL
     from vcppo.experience import Rollout, make_layout
@@ -152,6 +152,6 @@ def main(argv=None) -> dict:
 if __name__ == "__main__":
     if "--worker" in sys.argv:
         main()
-        from vcppo.engines import dist
+        from vcppo.runtime import dist
         dist.exit_process(0)
     main()

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from vcppo.driver.step.timeline import busy_seconds, clip, read_timelines
-from vcppo.engines.launch_env import free_port
+from vcppo.runtime.launch_env import free_port
 
 MODES = {"colocated": ["placement.mode=colocated"],
          "split0": ["placement.mode=split", "trainer.max_staleness=0"],

@@ -95,7 +95,7 @@ def run_vcppo(args, workdir: Path, micro_batch: int) -> dict:
     from vcppo.driver.state import RunState
     from vcppo.driver.context import RunContext
     from vcppo.driver.step.step_plan import ppo_plan
-    from vcppo.driver.ppo import run_dir_of
+    from vcppo.driver.phases import run_dir_of
     from vcppo.config.placement import Placement
     from vcppo.driver.step.rl_step import rl_step
 

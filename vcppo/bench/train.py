@@ -181,7 +181,7 @@ def run_layout(model_dir: str, layout: str, args) -> dict:
     """One layout's figures, in this process (the --worker side)."""
     from vcppo.algos import losses  # noqa: F401  (import cost outside the timed region)
     from vcppo.driver.step.update import PolicyLoss
-    from vcppo.engines import dist
+    from vcppo.runtime import dist
     from vcppo.engines.actor import ActorEngine
     from vcppo.config.schema import ActorConfig, AlgorithmConfig, LoRAConfig
 

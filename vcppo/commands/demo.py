@@ -25,7 +25,7 @@ from pathlib import Path
 
 from vcppo.config.load import save_config
 from vcppo.preflight import load_command_config
-from vcppo.driver.ppo import run_dir_of
+from vcppo.driver.phases import run_dir_of
 from vcppo.commands.sft import target_shortfall
 from vcppo.sandbox.lifeline import run_tied
 from vcppo.tracking import machine_info

@@ -4,7 +4,7 @@ prompt split (sampling settings from ``rollout``).
 
 MODEL_DIR is any Hugging Face causal-LM directory (config.json, weights, tokenizer files: a real
 Qwen2.5 checkpoint, a `vcppo model make` dir, a run's ``final/actor``) or a run's checkpoint
-(``checkpoints/step_N``, exported first: :mod:`vcppo.driver.durability.model_export`); DATA any prompt file of the
+(``checkpoints/step_N``, exported first: :mod:`vcppo.driver.durability.conversion`); DATA any prompt file of the
 supported formats: parquet / jsonl / json with a text prompt and a flat answer, or verl-format
 parquet (chat-message prompt, answer at ``reward_model.ground_truth``, found without
 ``data.answer_field`` when the file has no ``answer`` column). The model directory and the file are
@@ -28,11 +28,11 @@ import tempfile
 from vcppo.preflight import load_command_config, split_paths
 from vcppo.errors import DataError
 from vcppo.driver.context import load_prompt_set, make_scorer
-from vcppo.driver.durability.model_export import export_checkpoint, is_checkpoint
-from vcppo.driver.durability.resume_checks import RUN_CONFIG
-from vcppo.driver.step.sampling import make_sampler
+from vcppo.driver.durability.conversion import export_checkpoint, is_checkpoint
+from vcppo.driver.durability.run_dir import RUN_CONFIG
+from vcppo.driver.step.sampler import make_sampler
 from vcppo.driver.step.validation import SAMPLES_KEY, evaluate
-from vcppo.engines import dist as D
+from vcppo.runtime import dist as D
 from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.models.hub import parse_id
 from vcppo.rewards.routing import data_source_of

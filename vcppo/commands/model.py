@@ -46,7 +46,7 @@ def import_model(args) -> int:
 
 
 def export(args) -> int:
-    from vcppo.driver.durability.model_export import export_checkpoint
+    from vcppo.driver.durability.conversion import export_checkpoint
 
     print(f"wrote the policy of {args.checkpoint} to {export_checkpoint(args.checkpoint, args.out)}")
     return 0

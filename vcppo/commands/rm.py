@@ -17,12 +17,12 @@ import torch
 
 from vcppo.preflight import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
-from vcppo.driver.step.sampling import collect_rollout, rollout_share
-from vcppo.engines import dist as D
+from vcppo.driver.step.sampler import collect_rollout, rollout_share
+from vcppo.runtime import dist as D
 from vcppo.engines.critic import CriticEngine
 from vcppo.engines.loss_contract import RESPONSE, GlobalCounts, ModelOutputs, response_counts
-from vcppo.engines.dist import DistInfo
-from vcppo.engines.collectives import gather_cat
+from vcppo.runtime.dist import DistInfo
+from vcppo.runtime.collectives import gather_cat
 from vcppo.engines.rollout_choice import make_rollout_engine
 from vcppo.experience import Rollout
 from vcppo.config.schema import Config

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from vcppo.preflight import load_command_config
 from vcppo.driver.context import load_prompt_set, make_logger, make_scorer, pad_token_id, seed_everything
-from vcppo.driver.step.sampling import make_sampler, rank_slice
+from vcppo.driver.step.sampler import make_sampler, rank_slice
 from vcppo.driver.step.validation import evaluate
-from vcppo.engines import dist as D
+from vcppo.runtime import dist as D
 from vcppo.engines.actor import ActorEngine
 from vcppo.engines.loss_contract import ResponseNLL
 from vcppo.engines.rollout_choice import make_rollout_engine

@@ -1,9 +1,9 @@
-"""`vcppo train CONFIG [key=value ...]`: value pretraining, then PPO (:func:`vcppo.driver.ppo.train`), on
+"""`vcppo train CONFIG [key=value ...]`: value pretraining, then PPO (:func:`vcppo.driver.phases.train`), on
 every rank under the deepspeed launcher, torchrun, or plain python."""
 from __future__ import annotations
 
 from vcppo.preflight import load_command_config
-from vcppo.driver.ppo import train
+from vcppo.driver.phases import train
 
 
 def main(argv: list[str]) -> int:

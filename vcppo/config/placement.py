@@ -148,7 +148,7 @@ class Placement:
 
     # --- the run's parts (the driver's; imported where they are asked for) ---------------------------
     def init_groups(self, cfg):
-        """This rank's process groups, set up once: its :class:`vcppo.engines.dist.DistInfo`."""
+        """This rank's process groups, set up once: its :class:`vcppo.runtime.dist.DistInfo`."""
         raise NotImplementedError
 
     def serves(self) -> dict[str, Callable]:
@@ -156,7 +156,7 @@ class Placement:
         return {}
 
     def source(self, ctx, plan):
-        """A training rank's :class:`~vcppo.driver.step.sources.ExperienceSource`."""
+        """A training rank's :class:`~vcppo.driver.parts.ExperienceSource`."""
         raise NotImplementedError
 
     def remote_critic(self, resume_point):

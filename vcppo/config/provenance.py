@@ -12,7 +12,7 @@ The run directory keeps ``config.yaml`` (the current segment's resolved config) 
 ``config_history.jsonl``: one record per segment (a start, a resume, a start-over) with the step it
 began at, the checkpoint it resumed from, the command line, and every key that changed since that
 checkpoint's config (old, new, class). Pure config logic: the engines' own checks (ZeRO layout,
-model shape) are :mod:`vcppo.driver.durability.resume_checks`'.
+model shape) are :mod:`vcppo.driver.durability.run_dir`'.
 """
 from __future__ import annotations
 

@@ -339,7 +339,7 @@ class TrainerConfig:
                                          "recorded in <run dir>/config_history.jsonl. Without it such a resume is "
                                          "refused, naming each changed key (docs/robustness.md).", resume="free")
     abort_on_divergence: bool = _f(False, "Stop the run (exit 2) at the first step whose metrics leave their sane "
-                                   "range (vcppo.driver.durability.divergence: entropy collapse, value loss or gradient "
+                                   "range (vcppo.driver.durability.guards: entropy collapse, value loss or gradient "
                                    "norm blow-up, KL, non-finite values), before that step's checkpoint, so the "
                                    "last checkpoint is one from before it. false: warn and go on.", resume="free")
 

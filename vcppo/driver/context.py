@@ -24,22 +24,21 @@ from vcppo.config.parallel import check_sequence_parallel_ranks
 from vcppo.config.placement import BOTH, Placement, check_share
 from vcppo.config.provenance import record_segment, summary
 from vcppo.data.dataset import PromptSet, PromptStream, load_prompts
-from vcppo.driver.durability import disk_space, reshard
+from vcppo.driver.durability import conversion, guards
 from vcppo.driver.durability.checkpoint import find_resume_point, peek_state
 from vcppo.driver.state import RunState
 from vcppo.driver.step.critic_side import Critic
-from vcppo.driver.engines import build_engines
-from vcppo.driver.step.model_reward import ModelReward
-from vcppo.driver.durability.resume_checks import check_resume
+from vcppo.driver.run_engines import build_engines
+from vcppo.driver.step.reward_terms import ModelReward
 from vcppo.models.hub import model_sources
 from vcppo.driver.step.timeline import Timeline
-from vcppo.driver.durability.run_lock import RunDirInUse, identity_conflict, release, try_lock_run_dir
+from vcppo.driver.durability.run_dir import RunDirInUse, check_resume, identity_conflict, release, try_lock_run_dir
 from vcppo.driver.durability.run_records import prepare_run_dir, rewind_metrics
-from vcppo.engines import dist as D
-from vcppo.engines import collectives
-from vcppo.engines import launch_env
+from vcppo.runtime import dist as D
+from vcppo.runtime import collectives
+from vcppo.runtime import launch_env
 from vcppo.engines.actor import ActorEngine
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.lora import enabled as lora_enabled
 from vcppo.engines.reference import AdapterFreeReference, ReferenceEngine
 from vcppo.engines.rollout import RolloutEngine
@@ -127,7 +126,7 @@ def record_config(cfg: Config, run_dir: Path, point: Path | None, resumed: RunSt
                        models=model_sources(cfg))
         save_config(cfg, run_dir)
     except OSError as error:
-        raise disk_space.write_error("the run's config (config.yaml, config_history.jsonl)", run_dir, error) \
+        raise guards.write_error("the run's config (config.yaml, config_history.jsonl)", run_dir, error) \
             or error
 
 
@@ -135,7 +134,7 @@ def init_run_distributed(cfg: Config, placement: Placement) -> DistInfo:
     """The run's process groups, as ``placement`` sets them up (:meth:`Placement.init_groups`: one world,
     or split placement's role worlds and bridge). The rank counts are checked on every rank before
     anything starts: a config error then exits before any process group or DeepSpeed shm segment exists
-    (an error after it leaves none either: :func:`vcppo.engines.dist.init_distributed`)."""
+    (an error after it leaves none either: :func:`vcppo.runtime.dist.init_distributed`)."""
     if D.get_info() is None:  # before the group exists: the peers are not waited for
         placement.check_ranks(cfg, launch_env.launched_world_size())
     return placement.init_groups(cfg)
@@ -165,7 +164,7 @@ class RunContext:
     log: MetricsLogger
     critic_from_cache: Path | None = None
     reward_model: ModelReward | None = None  # reward.model_path: scores on the training ranks
-    run_lock: IO | None = None   # main rank: the run directory's lock (driver/durability/run_lock.py)
+    run_lock: IO | None = None   # main rank: the run directory's lock (driver/durability/run_dir.py)
     resume_point: Path | None = None  # the verified checkpoint the run continues from (None: fresh)
     # resuming on another number of ranks: {engine role: its checkpoint in DeepSpeed's universal format}
     universal_checkpoints: dict = dataclasses.field(default_factory=dict)
@@ -204,10 +203,10 @@ class RunContext:
             if (problem := collectives.all_gather_object(conflict)[0]) is not None:
                 raise RunDirInUse(problem)
             # the config against the checkpoint's: refused (one line naming the key) before any work
-            same_ranks = point is None or reshard.written_world_size(point) in (None, dist.world_size)
+            same_ranks = point is None or conversion.written_world_size(point) in (None, dist.world_size)
             changes = check_resume(cfg, point, same_ranks)
             # written on another number of training ranks: engine checkpoints converted for this one
-            universal = reshard.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, collectives.all_gather_object,
+            universal = conversion.prepare(point, run_dir, cfg, dist.is_main, dist.world_size, collectives.all_gather_object,
                                         placement) \
                 if point is not None else {}
             resumed = peek_state(point) if point is not None else None

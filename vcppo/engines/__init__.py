@@ -3,4 +3,4 @@
 Heavy imports (vllm, deepspeed) happen inside the submodules; import what you need, e.g.
 ``from vcppo.engines.actor import ActorEngine``. See docs/engines.md.
 """
-from vcppo.engines.dist import DistInfo, init_distributed, shutdown  # noqa: F401
+from vcppo.runtime.dist import DistInfo, init_distributed, shutdown  # noqa: F401

@@ -9,8 +9,8 @@ import torch
 from vcppo.algos.losses import entropy_from_logits
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
 from vcppo.engines.loss_contract import ModelOutputs
-from vcppo.engines.dist import DistInfo
-from vcppo.engines.collectives import barrier
+from vcppo.runtime.dist import DistInfo
+from vcppo.runtime.collectives import barrier
 from vcppo.engines import logprob_head
 from vcppo.engines.logprob_head import LogprobRequest, requesting
 from vcppo.engines.lora import save_adapter

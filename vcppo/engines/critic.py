@@ -12,8 +12,8 @@ from vcppo.algos.confidence import confidence_features
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
 from vcppo.engines.freeze import freeze
 from vcppo.engines.loss_contract import ModelOutputs
-from vcppo.engines.dist import DistInfo
-from vcppo.engines.collectives import barrier
+from vcppo.runtime.dist import DistInfo
+from vcppo.runtime.collectives import barrier
 from vcppo.engines.packing import pack
 from vcppo.engines.sequence_parallel import gather_slices, shard_packed
 from vcppo.experience import Rollout

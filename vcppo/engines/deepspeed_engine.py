@@ -31,10 +31,10 @@ from typing import Any, Iterator
 
 import torch
 
-from vcppo.engines import collectives
+from vcppo.runtime import collectives
 from vcppo.engines import lora as L
 from vcppo.engines import sequence_parallel as SP
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.engine_setup import (CHECKPOINT_TAG, lr_lambda_factory, resolve_dtype, resolve_zero_stage,
                                         skip_lone_allreduce)
 from vcppo.engines.loss_contract import EngineLoss, GlobalCounts, ModelOutputs
@@ -399,7 +399,7 @@ class DeepSpeedModelEngine:
 
     def load_checkpoint(self, directory: str, universal: bool = False) -> None:
         """``universal``: ``directory`` holds DeepSpeed's universal checkpoint (written on another
-        number of ranks, converted by :mod:`vcppo.driver.durability.reshard`); each rank takes its partition."""
+        number of ranks, converted by :mod:`vcppo.driver.durability.conversion`); each rank takes its partition."""
         self.engine._config.load_universal_checkpoint = universal  # read by DeepSpeed at load time only
         path, _ = self.engine.load_checkpoint(directory, tag=CHECKPOINT_TAG, load_optimizer_states=self.optimizer is not None,
                                               load_lr_scheduler_states=self.optimizer is not None)

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import torch
 
 from vcppo.algos.losses import aggregate_loss
-from vcppo.engines import collectives
+from vcppo.runtime import collectives
 from vcppo.experience import Layout
 
 RESPONSE = "response"  # the count mask of every response token

@@ -10,7 +10,7 @@ its frozen base weights are the initial policy's, so no second copy of the model
 from __future__ import annotations
 
 from vcppo.engines.actor import ActorEngine
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.lora import adapters_disabled
 from vcppo.config.schema import EngineConfig
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.packing import pack
 from vcppo.experience import Layout, response_lengths
 from vcppo.models.reward_model import VCPPO, load_score_module, reward_model_format

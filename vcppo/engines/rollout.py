@@ -26,9 +26,9 @@ from typing import Callable, Iterable
 
 import torch
 
-from vcppo.engines import dist as _dist
-from vcppo.engines import lifetime
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime import dist as _dist
+from vcppo.runtime import lifetime
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.rollout_groups import RolloutGroups
 from vcppo.config.schema import RolloutConfig
 
@@ -389,7 +389,7 @@ class RolloutEngine:
 
     def close(self, final: bool = False) -> None:
         """Drop the LLM (must precede destroying the default process group). ``final``: the command
-        is done with engines; in a process that ends with it (:mod:`vcppo.engines.lifetime`) vLLM's
+        is done with engines; in a process that ends with it (:mod:`vcppo.runtime.lifetime`) vLLM's
         shutdown is skipped, as the OS reclaims everything a moment later. A close mid-command (the
         RM's sampler before its training) always shuts vLLM down, so its memory is free again."""
         _dist.unregister_closer(self.close)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.engines.rollout_hf import HFRolloutEngine
 from vcppo.config.schema import Config, RolloutConfig

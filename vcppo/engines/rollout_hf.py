@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from vcppo.engines.dist import DistInfo
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine, RolloutSample
 from vcppo.engines.rollout_groups import RolloutGroups
 from vcppo.config.schema import RolloutConfig

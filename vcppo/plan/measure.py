@@ -163,7 +163,7 @@ def _time_phases(cfg: Config, plan, info, batch, run: _PhaseTimer, steps: int) -
     """The passes the step plan runs, each through the driver's own code."""
     import torch
 
-    from vcppo.driver.durability.critic_cache import critic_source
+    from vcppo.driver.run_engines import critic_source
     from vcppo.driver.step.step_plan import Source
     from vcppo.driver.step.update import PolicyLoss, ValueLoss, norm_constant, run_update
     from vcppo.engines.actor import ActorEngine
@@ -209,7 +209,7 @@ def measure(cfg: Config, lengths: Lengths, train_ranks: int = 1, repeats: int = 
     import torch
 
     from vcppo.driver.step.step_plan import ppo_plan
-    from vcppo.engines import dist as D
+    from vcppo.runtime import dist as D
 
     policy = cfg.model.policy_path
     if not policy or not (Path(policy) / "config.json").is_file():

@@ -193,7 +193,7 @@ _VERDICTS: dict[tuple, list[str]] = {}  # a checkpoint is hashed once per proces
 
 def checkpoint_problems(path: Path, rank: int = 0, world_size: int = 1, gather=None) -> list[str]:
     """What is wrong with checkpoint ``path`` over all ranks (``gather``: an all-gather of Python
-    objects, e.g. ``vcppo.engines.collectives.all_gather_object``; every rank must call). Legacy
+    objects, e.g. ``vcppo.runtime.collectives.all_gather_object``; every rank must call). Legacy
     checkpoints without a manifest are not verified."""
     if not (path / manifest.MANIFEST).is_file() and _is_complete(path):
         logger.warning("%s predates checkpoint manifests: resuming from it unverified", path)

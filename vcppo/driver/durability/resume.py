@@ -2,20 +2,27 @@
 
 The file format and its atomicity are :mod:`vcppo.driver.durability.checkpoint`'s; this module decides what
 goes in (engines, RNG, data position, :class:`~vcppo.driver.state.RunState`) and restores it.
+
+**One engine** (:func:`restore_engine`, also the critic ranks'): restored from its checkpoint directory, reading
+tensors and plain values only (a file that holds anything else is refused, named, before it could run code).
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
+import pickle
 import time
+from pathlib import Path
 
 from vcppo.driver.durability import checkpoint as ckpt
-from vcppo.driver.durability import disk_space, manifest, reshard
+from vcppo.driver.durability import conversion, guards, manifest
+from vcppo.driver.durability.run_dir import write_run_config
+from vcppo.driver.durability.run_records import metrics_size
 from vcppo.driver.parts import CheckpointedSource, RunParts
 from vcppo.driver.state import Phase, RunState
-from vcppo.driver.durability.resume_checks import write_run_config
-from vcppo.driver.durability.run_records import metrics_size
-from vcppo.driver.durability.restore_engine import restore_engine
-from vcppo.engines import collectives
+from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
+from vcppo.engines.safe_checkpoint import use_weights_only_loading
+from vcppo.runtime import collectives
 
 
 def save_checkpoint(ctx: RunParts, state: RunState, source: CheckpointedSource) -> None:
@@ -61,10 +68,10 @@ def _space_error(ctx: RunParts, state: RunState, stage, error: BaseException):
     """The checkpoint's write failing for space as one line (None: another error). The bytes needed
     are the last complete checkpoint's size, when there is one."""
     done = ckpt.list_complete(stage.parent)
-    needed = disk_space.tree_bytes(done[-1]) if done else None
+    needed = guards.tree_bytes(done[-1]) if done else None
     kept = f"; the earlier checkpoints are intact ({done[-1].name} the newest), and rerunning the command " \
            "resumes from it" if done else "; no earlier checkpoint was written"
-    return disk_space.write_error(f"the checkpoint of step {state.global_step}", stage.parent, error, needed,
+    return guards.write_error(f"the checkpoint of step {state.global_step}", stage.parent, error, needed,
                                   after=kept + f" (the unfinished {stage.name} is removed when the run restarts)")
 
 
@@ -80,7 +87,7 @@ def resume_or_start(ctx: RunParts) -> RunState:
         return RunState(phase=first_phase)
     ctx.log.info(f"resuming from {point}")
     universal = ctx.universal_checkpoints
-    wrote = reshard.written_world_size(point)
+    wrote = conversion.written_world_size(point)
     resharded = wrote not in (None, ctx.dist.world_size)
     if resharded:
         ctx.log.info(f"the checkpoint was written by {wrote} training rank(s), this run "
@@ -100,3 +107,43 @@ def resume_or_start(ctx: RunParts) -> RunState:
             restore_engine(engine, directory, universal=role in universal)
     ctx.log.info(f"restored the engines' states in {time.perf_counter() - started:.1f} s")
     return state
+
+
+logger = logging.getLogger(__name__)
+
+
+def refused_file(path: str | Path, error: BaseException) -> ckpt.CheckpointError:
+    """One line for a checkpoint file torch will not unpickle with ``weights_only``: the file, what it
+    holds, what to do; torch's own advice (load it with ``weights_only=False``) is not ours to give."""
+    logger.debug("weights-only load of %s failed", path, exc_info=(type(error), error, error.__traceback__))
+    return ckpt.unpickle_refusal(path, error)
+
+
+def _name_refused_files(engine: DeepSpeedModelEngine) -> None:
+    """Make the engine's checkpoint loader name the file it refuses (DeepSpeed reads many)."""
+    loader = engine.engine.checkpoint_engine
+    load = type(loader).load
+
+    def load_naming_the_file(path, map_location=None):
+        try:
+            return load(loader, path, map_location=map_location)
+        except pickle.UnpicklingError as e:
+            raise refused_file(path, e) from None
+
+    loader.load = load_naming_the_file
+
+
+def restore_engine(engine: DeepSpeedModelEngine, directory: Path, universal: bool = False) -> None:
+    """``engine``'s states from its checkpoint ``directory`` (``universal``: DeepSpeed's universal
+    format, written for another number of ranks), reading tensors and plain values only; a file
+    that holds anything else is a :class:`~vcppo.driver.durability.checkpoint.CheckpointError` naming it."""
+    use_weights_only_loading(engine.engine)  # nothing in a checkpoint directory may run code
+    _name_refused_files(engine)
+    try:
+        if universal:
+            with conversion.weights_only_loading():  # DeepSpeed's universal reader calls torch.load itself
+                engine.load_checkpoint(str(directory), universal=True)
+        else:
+            engine.load_checkpoint(str(directory))
+    except pickle.UnpicklingError as e:  # read by DeepSpeed itself: name the directory
+        raise refused_file(directory, e) from None

@@ -22,8 +22,7 @@ from pathlib import Path
 from vcppo.config.provenance import HISTORY_FILE, diff_configs, read_history
 from vcppo.driver.durability.checkpoint import checkpoint_root, clean_partial, list_complete
 from vcppo.driver.state import RunState
-from vcppo.driver.durability.resume_checks import RUN_CONFIG
-from vcppo.driver.durability.start_over import set_aside
+from vcppo.driver.durability.run_dir import RUN_CONFIG, set_aside
 from vcppo.records import read_records
 from vcppo.tracking import SAMPLES_FILE
 

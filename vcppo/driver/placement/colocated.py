@@ -3,7 +3,7 @@ its own vLLM engine between its updates (role ``both``), in one world of all the
 
 :class:`Colocated` is the placement (its row: ``"colocated"`` in
 :data:`vcppo.config.placement.PLACEMENTS`): its rules, its rank counts, its one process group, and its
-source, :class:`ColocatedSource` (:class:`~vcppo.driver.step.sources.ExperienceSource`). Its ranks serve
+source, :class:`ColocatedSource` (:class:`~vcppo.driver.parts.ExperienceSource`). Its ranks serve
 nothing else and the critic trains beside the actor. Only its answers are imported with it (no torch);
 its parts are imported where they are asked for.
 """
@@ -40,7 +40,7 @@ class Colocated(Placement):
         super().check_ranks(cfg, world)
 
     def init_groups(self, cfg):
-        from vcppo.engines import dist as D
+        from vcppo.runtime import dist as D
         return D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer))
 
     def source(self, ctx: RunContext, plan: StepPlan) -> "ColocatedSource":

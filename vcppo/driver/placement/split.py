@@ -1,13 +1,13 @@
 """Split placement (``placement.mode=split``): the last ``placement.rollout_ranks`` launched ranks only
 sample (vLLM), ``placement.critic_ranks`` ranks before them may hold the critic only, and the first ones
 train (ZeRO-3 among themselves). Weights and samples cross between them over the bridge
-(:mod:`vcppo.engines.bridge`), sampling up to ``trainer.max_staleness`` steps ahead.
+(:mod:`vcppo.runtime.bridge`), sampling up to ``trainer.max_staleness`` steps ahead.
 
 :class:`Split` owns all of it: its config rules, its rank counts, its process groups (each role's world,
-the bridge, the critic links), what its rollout ranks (:mod:`~vcppo.driver.placement.rollout_worker`)
-and critic ranks (:mod:`~vcppo.driver.placement.critic_worker`) serve, its training ranks' source
-(:mod:`~vcppo.driver.placement.remote_source`) and their critic side
-(:mod:`~vcppo.driver.placement.remote_critic`). Its row: ``"split"`` in
+the bridge, the critic links), what its rollout ranks (:mod:`~vcppo.driver.placement.rollout_ranks`)
+and critic ranks (:mod:`~vcppo.driver.placement.critic_ranks`) serve, its training ranks' source
+(:mod:`~vcppo.driver.placement.training_ranks`) and their critic side
+(:mod:`~vcppo.driver.placement.training_ranks`). Its row: ``"split"`` in
 :data:`vcppo.config.placement.PLACEMENTS`. Only its answers are imported with it (no torch); its parts
 are imported where they are asked for.
 """
@@ -28,8 +28,8 @@ class Split(Placement):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.bridge = None       # trainer 0 and the rollout ranks: the engines.bridge.Bridge (init_groups)
-        self.critic_link = None  # a training rank and its critic rank: their engines.bridge.CriticLink
+        self.bridge = None       # trainer 0 and the rollout ranks: the runtime.bridge.Bridge (init_groups)
+        self.critic_link = None  # a training rank and its critic rank: their runtime.bridge.CriticLink
 
     @property
     def critic_apart(self) -> bool:
@@ -80,20 +80,20 @@ class Split(Placement):
 
     # --- the run's parts ---------------------------------------------------------------------------
     def init_groups(self, cfg):
-        from vcppo.engines import dist as D
+        from vcppo.runtime import dist as D
         return D.init_distributed(cfg.trainer.device, **D.timeouts(cfg.trainer), groups=self._groups)
 
     def _groups(self, g):
         """This rank's role world as the default group, then the bridge and the critic links
-        (:class:`vcppo.engines.dist.GroupSetup` in, its DistInfo out). A critic world's rank 0 is its
+        (:class:`vcppo.runtime.dist.GroupSetup` in, its DistInfo out). A critic world's rank 0 is its
         main rank (it writes the critic's exports)."""
         from datetime import timedelta
 
         import deepspeed
 
-        from vcppo.engines.bridge import Bridge, CriticLink, init_role_world
-        from vcppo.engines.dist import DistInfo
-        from vcppo.engines.launch_env import skip_shm_collective
+        from vcppo.runtime.bridge import Bridge, CriticLink, init_role_world
+        from vcppo.runtime.dist import DistInfo
+        from vcppo.runtime.launch_env import skip_shm_collective
         roles, timeout = Roles(g.world, self.rollout_ranks, self.critic_ranks), timedelta(seconds=g.timeout_s)
         if g.device.type == "cpu":
             # DeepSpeed's CPU shm all-reduce sizes itself by the node's launcher ranks, which now
@@ -111,17 +111,17 @@ class Split(Placement):
                         device=g.device, backend=g.backend, is_main=main, role=role)
 
     def serves(self) -> dict[str, Callable]:
-        from vcppo.driver.placement.critic_worker import serve_critic
-        from vcppo.driver.placement.rollout_worker import serve_rollouts
+        from vcppo.driver.placement.critic_ranks import serve_critic
+        from vcppo.driver.placement.rollout_ranks import serve_rollouts
         return {ROLLOUT: serve_rollouts, CRITIC: serve_critic}
 
     def source(self, ctx, plan):
         """Batches from the rollout ranks (trainer 0 receives them over the bridge), weights back."""
-        from vcppo.driver.placement.remote_source import RemoteSource
+        from vcppo.driver.placement.training_ranks import RemoteSource
         return RemoteSource(ctx, self.bridge)
 
     def remote_critic(self, resume_point):
         if not self.critic_apart:
             return None
-        from vcppo.driver.placement.remote_critic import start_remote_critic
+        from vcppo.driver.placement.training_ranks import start_remote_critic
         return start_remote_critic(self.critic_link, resume_point)

@@ -12,7 +12,7 @@ A step meets the critic four times, in the same order whatever the placement:
 
 :class:`LocalCritic` runs the half on this rank's critic engine: ``values()`` is the values pass
 (or the update itself when the plan trains the critic first), ``update(targets)`` the update on the
-targets of the step's one GAE pass, before the actor's. :class:`~vcppo.driver.placement.remote_critic.RemoteCritic` hands the share to the critic's own ranks
+targets of the step's one GAE pass, before the actor's. :class:`~vcppo.driver.placement.training_ranks.RemoteCritic` hands the share to the critic's own ranks
 (``placement.critic_ranks``), which run the same :class:`CriticHalf`; ``update()`` is then a no-op
 (their update runs while this rank's actor trains) and ``finish_step()`` waits for it. Both also
 take the run's calls on a critic (save, restore, export, the finite-weights check, close).
@@ -24,10 +24,10 @@ from typing import Protocol
 
 import torch
 
-from vcppo.driver.step.advantages import critic_targets, returns_to_go
+from vcppo.driver.step.update import critic_targets, returns_to_go
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.step_plan import StepPlan
-from vcppo.driver.durability.restore_engine import restore_engine
+from vcppo.driver.durability.resume import restore_engine
 from vcppo.driver.step.update import update_critic
 from vcppo.experience import CriticBatch, CriticResult, Rollout
 from vcppo.config.schema import Config

@@ -3,7 +3,7 @@
 :class:`ExperienceMaker` owns everything between the prompt stream and a scored batch: the
 sampling seeds, this rank's share of the prompts, DAPO's dynamic sampling (arXiv 2503.14476,
 sec. 3.2), and balancing tokens across ranks. The math is in :mod:`vcppo.algos.dapo`; the soft
-overlong punishment is a term of the reward assembly (:mod:`vcppo.driver.step.reward`), overlong
+overlong punishment is a term of the reward assembly (:mod:`vcppo.driver.step.reward_terms`), overlong
 *filtering* a loss mask (:class:`vcppo.driver.step.update.PolicyLoss`).
 
 Dynamic sampling, SPMD: every rank runs the same rounds. In a round each rank samples its usual
@@ -27,9 +27,9 @@ from vcppo.algos.dapo import informative_groups
 from vcppo.data.dataset import PromptStream
 from vcppo.driver.durability.guards import reward_tally, step_reward_failures
 from vcppo.driver.state import Phase, seed_key
-from vcppo.driver.step.sampling import balance_across_ranks, make_sampler, rollout_share
-from vcppo.engines import collectives
-from vcppo.engines.dist import DistInfo
+from vcppo.driver.step.sampler import balance_across_ranks, make_sampler, rollout_share
+from vcppo.runtime import collectives
+from vcppo.runtime.dist import DistInfo
 from vcppo.engines.rollout import RolloutEngine
 from vcppo.experience import Rollout, compact, concat_batches
 from vcppo.rewards.verifier import RewardScorer
@@ -61,7 +61,7 @@ class ExperienceMaker:
 
     ``logprobs``: ask vLLM for the sampled tokens' logprobs (the step plan's ``sampler_logprobs``).
     ``sampler``: how a sample is made, a single response or a multi-turn episode
-    (:func:`~vcppo.driver.step.sampling.make_sampler`, chosen here once for the run).
+    (:func:`~vcppo.driver.step.sampler.make_sampler`, chosen here once for the run).
     """
 
     def __init__(self, cfg: Config, dist: DistInfo, prompts: PromptStream, rollout: RolloutEngine,
@@ -75,7 +75,7 @@ class ExperienceMaker:
 
     def make(self, phase: Phase, step: int) -> tuple[Rollout, dict]:
         """The step's batch on this rank, scored by the rule (the rest of the reward is the reward
-        assembly's: :mod:`vcppo.driver.step.reward`), and its sampling metrics: dynamic sampling in
+        assembly's: :mod:`vcppo.driver.step.reward_terms`), and its sampling metrics: dynamic sampling in
         the PPO phase when ``trainer.dynamic_sampling`` is on."""
         tally = reward_tally(self.scorer)
         metrics: dict = {}

@@ -1,23 +1,29 @@
-"""What a step reports: phase timings, the collapse diagnostics over the global batch, validation."""
+"""What a step reports: phase timings, the collapse diagnostics over the global batch, validation.
+
+**Samples** (:func:`log_samples`): what the policy wrote: a few of a step's samples as text, with what the step made of them
+(``logging.log_samples``), for ``samples.jsonl``, a wandb table and ``vcppo report``.
+"""
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from vcppo.algos import stats
 from vcppo.algos.kl import kl_estimate, sequence_mean_kl
 from vcppo.algos.mismatch import mismatch_stats, tis_weights
-from vcppo.engines.collectives import gather_cat
-from vcppo.driver.step.samples import pick_samples
-from vcppo.driver.step.sampling import SAMPLERS, sampler_kind
-from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.parts import RunParts
 from vcppo.driver.state import Phase
+from vcppo.driver.step.sampler import SAMPLERS, sampler_kind
+from vcppo.driver.step.step_plan import Source, StepPlan
 from vcppo.driver.step.timeline import PhaseTimer
 from vcppo.driver.step.validation import SAMPLES_KEY
 from vcppo.experience import Advantages, BeforeUpdate, CriticResult, Rollout
+from vcppo.runtime.collectives import gather_cat
 
 
 def position_diagnostics(adv: torch.Tensor, mask: torch.Tensor, buckets: int) -> dict:
@@ -94,7 +100,7 @@ def step_metrics(ctx: RunParts, plan: StepPlan, rollout: Rollout, models: Before
 
 def log_samples(ctx: RunParts, phase: Phase, step: int, rollout: Rollout, rewards: torch.Tensor,
                 adv: Advantages) -> None:
-    """``logging.log_samples`` of the main rank's samples, as text (:mod:`vcppo.driver.step.samples`)."""
+    """``logging.log_samples`` of the main rank's samples, as text."""
     n = ctx.cfg.logging.log_samples
     if n and ctx.dist.is_main and ctx.tokenizer is not None:
         picked = pick_samples(rollout, rewards, adv.raw_advantages, ctx.tokenizer, n)
@@ -139,3 +145,41 @@ def log_validations(ctx: RunParts, source, wait: bool = False, final_step: int |
                                                       if k.startswith("val/")))
         if step == final_step:
             ctx.write_final_metrics(metrics)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One response and its scores. ``reward``: what advantage estimation received (the sum of the
+    per-token rewards, the KL penalty included when it is in the reward); ``score``: the verifier's
+    (plus overlong shaping); ``adv_*``: the actor's advantages over the response tokens, before whitening."""
+    prompt: str
+    response: str
+    reward: float
+    score: float
+    correct: bool
+    truncated: bool
+    length: int
+    adv_mean: float
+    adv_min: float
+    adv_max: float
+
+    def record(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def pick_samples(rollout: Rollout, rewards: Tensor, advantages: Tensor, tokenizer, n: int) -> list[Sample]:
+    """The first ``n`` samples of this rank's share as text. ``rewards``, ``advantages``: (B, R)."""
+    P, out = rollout.prompt_len, []
+    for i in range(min(n, rollout.size)):
+        prompt = rollout.input_ids[i, :P][rollout.attention_mask[i, :P].bool()]
+        on = rollout.policy_mask[i].bool()  # model tokens (an episode's observations are not)
+        response = rollout.input_ids[i, P:][rollout.attention_mask[i, P:].bool()]  # the whole episode
+        adv = advantages[i][on].float()
+        out.append(Sample(
+            prompt=tokenizer.decode(prompt.tolist(), skip_special_tokens=False),
+            response=tokenizer.decode(response.tolist(), skip_special_tokens=False),
+            reward=float(rewards[i][on].sum()), score=float(rollout.scores[i]), correct=bool(rollout.correct[i] > 0),
+            truncated=bool(rollout.truncated[i] > 0), length=int(on.sum()),
+            adv_mean=float(adv.mean()) if adv.numel() else 0.0, adv_min=float(adv.min()) if adv.numel() else 0.0,
+            adv_max=float(adv.max()) if adv.numel() else 0.0))
+    return out

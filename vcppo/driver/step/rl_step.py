@@ -1,7 +1,7 @@
 """One RL step, as the algorithm reads (docs/architecture.md), for PPO and value pretraining alike.
 
     1. sample and score              prompts -> vLLM (n per prompt) -> verifier reward; the outcome
-                                     assembled (:mod:`vcppo.driver.step.reward`: overlong shaping,
+                                     assembled (:mod:`vcppo.driver.step.reward_terms`: overlong shaping,
                                      the reward model combined with the rule)
     2. the current models            pi_old, entropy from passes (where the plan says), the
                                      reference's logprobs and the KL (when some KL is on)
@@ -28,16 +28,16 @@ own, while this rank's actor trains), and hands back its targets and metrics aft
 from __future__ import annotations
 
 from vcppo.algos.kl import adaptive_kl_coef, kl_estimate
-from vcppo.driver.step.advantages import estimate
+from vcppo.driver.step.update import estimate
 from vcppo.driver.parts import RunParts
 from vcppo.driver.state import RunState
 from vcppo.driver.step.metrics import kl_metrics, log_samples, step_metrics
-from vcppo.driver.step.reward import RewardAssembly
+from vcppo.driver.step.reward_terms import RewardAssembly
 from vcppo.driver.step.timeline import PeakRss, PhaseTimer
 from vcppo.driver.step.step_plan import Source, StepPlan
-from vcppo.driver.step.sources import ExperienceSource
+from vcppo.driver.parts import ExperienceSource
 from vcppo.driver.step.update import update_actor
-from vcppo.engines.collectives import global_sum
+from vcppo.runtime.collectives import global_sum
 from vcppo.experience import ActorBatch, BeforeUpdate, Rollout
 from vcppo.config.schema import AlgorithmConfig
 

@@ -54,7 +54,7 @@ class StepPlan:
     ``lambda_critic``: the lambda of the critic's targets.
     ``sampler_logprobs``: the rollout asks vLLM for the sampled tokens' logprobs.
     ``critic_remote``: the critic's passes and update run on its own ranks
-    (:mod:`vcppo.driver.placement.critic_worker`), V_old comes back from there.
+    (:mod:`vcppo.driver.placement.critic_ranks`), V_old comes back from there.
     """
     phase: Phase
     pi_old: Source

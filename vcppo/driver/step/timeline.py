@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vcppo.engines.dist import global_rank
+from vcppo.runtime.dist import global_rank
 
 
 class Timeline:

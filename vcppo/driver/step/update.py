@@ -1,4 +1,16 @@
-"""The actor and critic updates: their losses (as :class:`~vcppo.engines.loss_contract.EngineLoss`)
+"""From a step's rewards and values to its updates: the advantages and targets, then the losses and loops.
+
+**Advantages** (:func:`estimate`, one call a step): from rewards and values to the actor's advantages
+and the critic's targets. GAE presets (VC-PPO, PPO, VAPO) use Decoupled-GAE: advantages with ``lambda_actor`` (or VAPO's
+length-adaptive lambda), value targets with ``lambda_critic`` (VC-PPO sec. 4.2), both from one
+pass wherever the actor and the critic share a process. The critic-free
+estimators give every token a group- or batch-relative return: GRPO (and Dr. GRPO without the std),
+RLOO, REINFORCE++ and its group-baseline variant (:mod:`vcppo.methods` lists them, what each needs,
+and its paper). The estimators return raw advantages; whitening touches only the actor's advantages
+(never the critic's targets, which stay on the return's scale) and runs over the GLOBAL batch (every
+rank), so the result does not depend on how many ranks share the batch. REINFORCE++'s global normalisation is that whitening.
+
+**Updates**: the actor and critic updates, their losses (as :class:`~vcppo.engines.loss_contract.EngineLoss`)
 and the PPO epochs x mini-batches loop. Normalisation over ranks and micro-batches is the engine's
 job (:mod:`vcppo.engines.deepspeed_engine`); a loss only says what it averages over. Where pi_old
 and V_old come from is the step plan's decision (:mod:`vcppo.driver.step.step_plan`): an update whose plan
@@ -8,16 +20,72 @@ from __future__ import annotations
 
 import torch
 
-from vcppo.algos import losses
+from vcppo.algos import estimators, losses
 from vcppo.algos.dapo import mask_truncated
+from vcppo.algos.estimators import EstimatorInput
+from vcppo.algos.gae import length_adaptive_lambda
 from vcppo.algos.kl import kl_estimate
 from vcppo.algos.mismatch import tis_weights
+from vcppo.algos.stats import masked_whiten
+from vcppo.config.schema import AlgorithmConfig, Config, CriticConfig, UpdateConfig
 from vcppo.driver.step.step_plan import Source, StepPlan, one_optimizer_step
 from vcppo.engines.deepspeed_engine import DeepSpeedModelEngine
 from vcppo.engines.loss_contract import RESPONSE, EngineLoss, GlobalCounts, ModelOutputs, response_counts
-from vcppo.experience import ActorBatch, CriticBatch, UpdateResult
-from vcppo.methods import policy_loss_fn
-from vcppo.config.schema import AlgorithmConfig, Config, CriticConfig, UpdateConfig
+from vcppo.experience import ActorBatch, Advantages, CriticBatch, Rollout, UpdateResult
+from vcppo.methods import estimator_fn, policy_loss_fn
+from vcppo.runtime.collectives import global_sum
+
+
+def global_whiten(advantages: torch.Tensor, mask: torch.Tensor, zero_mean: bool = True,
+                  eps: float = 1e-8) -> torch.Tensor:
+    """Whiten (B, R) advantages over the valid tokens of the GLOBAL batch (all ranks), so the result
+    does not depend on how many ranks the batch is split over. Masked positions stay 0."""
+    return masked_whiten(advantages, mask, zero_mean=zero_mean, eps=eps, sum_fn=global_sum)
+
+
+def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """(B, R) discounted returns-to-go: the lambda = 1 GAE target, which telescopes to
+    sum_k gamma^k r_{t+k} whatever the values (computed with V = 0, so without their rounding)."""
+    return estimators.returns_to_go(rewards, mask, gamma)
+
+
+def critic_targets(rollout: Rollout, rewards: torch.Tensor, values: torch.Tensor, alg: AlgorithmConfig,
+                   lambda_critic: float) -> torch.Tensor:
+    """(B, R) the critic's regression targets alone: GAE with ``lambda_critic`` plus V_old. Only where
+    the critic lives on ranks of its own (the actor's rank computes only its advantages there);
+    a process that holds both takes them from :func:`estimate`'s one pass."""
+    return estimators.gae(EstimatorInput(rewards=rewards, mask=rollout.policy_mask, group=rollout.group,
+                                         outcomes=rollout.token_rewards.sum(-1), values=values, gamma=alg.gamma,
+                                         lam_actor=lambda_critic, lam_critic=lambda_critic)).returns
+
+
+def estimate(rollout: Rollout, rewards: torch.Tensor, values: torch.Tensor | None, alg: AlgorithmConfig,
+             for_update: bool = True, lambda_critic: float | None = None) -> Advantages:
+    """The actor's :class:`~vcppo.experience.Advantages` from ``rewards`` (B, R) (the outcome reward,
+    minus the KL penalty when there is one) and ``values`` (B, R) V_old (None without a critic), by
+    the methods table's function for ``alg.advantage_estimator``, in ONE call.
+
+    ``lambda_critic``: the critic trains in this process on targets at this lambda; the same call
+    gives them (``Advantages.returns``; Decoupled-GAE's two outputs of one pass). None: no targets.
+    ``for_update``: the actor trains on them: VAPO's length-adaptive lambda and whitening apply.
+    Otherwise (value pretraining, actor frozen) they are only the position-profile diagnostic:
+    plain ``lambda_actor``, not whitened."""
+    lam_actor = None
+    if for_update and alg.length_adaptive_lambda:
+        # VAPO: longer responses get lambda closer to 1 (less bias on long sequences); an episode's
+        # length counts its observation tokens (vcppo.experience.response_lengths says why)
+        lam_actor = length_adaptive_lambda(rollout.response_lengths, alg.length_adaptive_alpha)
+    x = EstimatorInput(rewards=rewards, mask=rollout.policy_mask, group=rollout.group,
+                       outcomes=rollout.token_rewards.sum(-1), values=values, gamma=alg.gamma,
+                       lam_actor=alg.lambda_actor if lam_actor is None else lam_actor, lam_critic=lambda_critic,
+                       scale_by_std=alg.grpo_scale_by_std)
+    out = estimator_fn(alg.advantage_estimator)(x)
+    advantages = out.advantages
+    if for_update and alg.whiten_advantages:
+        advantages = global_whiten(out.advantages, rollout.policy_mask, zero_mean=alg.zero_mean_advantages)
+    return Advantages(advantages=advantages, raw_advantages=out.advantages, lambda_actor=lam_actor,
+                      returns=out.returns)
+
 
 POSITIVE = "positive"  # VAPO's positive-example NLL averages over correct samples only
 SUM_NORM = "seq-mean-token-sum-norm"  # Dr. GRPO's aggregation: each sequence's sum over a constant

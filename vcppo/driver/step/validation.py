@@ -8,9 +8,9 @@ import numpy as np
 
 from vcppo.algos.stats import pass_at_k
 from vcppo.driver.step.experience_maker import sample_seed
-from vcppo.driver.step.sampling import Sampler, Scored, rollout_share
-from vcppo.engines import collectives
-from vcppo.engines.dist import DistInfo
+from vcppo.driver.step.sampler import Sampler, Scored, rollout_share
+from vcppo.runtime import collectives
+from vcppo.runtime.dist import DistInfo
 from vcppo.config.schema import Config, RolloutConfig
 
 
@@ -58,7 +58,7 @@ def evaluate(sampler: Sampler, rows: list[dict], *, dist: DistInfo, sampling: Ro
              ks: list[int], seed: int = 0, greedy: bool = True, groups: list[str] | None = None,
              text_samples: int = 0) -> dict:
     """Each rank evaluates its slice of ``rows`` ({"prompt_ids", "answer"}) with the ``sampler``'s
-    samples (:func:`~vcppo.driver.step.sampling.make_sampler`); results are merged.
+    samples (:func:`~vcppo.driver.step.sampler.make_sampler`); results are merged.
 
     Returns ``val/pass@1_greedy`` (temperature 0), ``val/pass@k`` for each k (unbiased estimator
     over ``n_samples`` samples at ``sampling.temperature``), mean response lengths, and on episodes
