@@ -28,6 +28,7 @@ def test_drgrpo_run_gets_trl_dr_grpo_loss_and_unscaled_advantages():
 @pytest.mark.parametrize("preset,overrides,names", [
     ("vcppo", [], "algorithm.advantage_estimator=gae"),
     ("grpo", ["actor.ppo_mini_batches=3"], "actor.ppo_mini_batches=3"),
+    ("grpo", ["algorithm.policy_loss=gspo", "algorithm.loss_agg=seq-mean-token-mean"], "algorithm.policy_loss=gspo"),
     ("grpo", ["algorithm.loss_agg=seq-mean-token-mean"], "algorithm.loss_agg=seq-mean-token-mean"),
 ])
 def test_what_trl_grpo_cannot_run_is_one_line_naming_the_key(preset, overrides, names):

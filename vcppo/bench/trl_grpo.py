@@ -29,7 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+from vcppo.algos import estimators, losses
 from vcppo.config.load import load_config
+from vcppo.methods import estimator_fn, policy_loss_fn
 from vcppo.config.schema import Config
 
 LOSS_OF_AGG = {"token-mean": "bnpo", "seq-mean-token-sum-norm": "dr_grpo"}
@@ -39,9 +41,12 @@ def trl_settings(cfg: Config, out_dir: str) -> dict:
     """GRPOConfig's keyword arguments for the run ``cfg`` describes; one line naming the key vcppo has
     and TRL's GRPOTrainer does not (a critic, another estimator or loss) otherwise."""
     alg, actor, n = cfg.algorithm, cfg.actor, cfg.rollout.n_samples_per_prompt
-    if alg.advantage_estimator != "grpo":
+    if estimator_fn(alg.advantage_estimator) is not estimators.grpo:  # TRL's GRPOTrainer computes this one
         raise ValueError(f"algorithm.advantage_estimator={alg.advantage_estimator}: the TRL bench runs GRPO only "
                          "(a grpo or drgrpo config)")
+    if policy_loss_fn(alg.policy_loss) is not losses.policy_loss:  # and the clipped surrogate per token
+        raise ValueError(f"algorithm.policy_loss={alg.policy_loss}: TRL's GRPO loss is the clipped surrogate "
+                         "per token, vcppo's default policy loss")
     if alg.loss_agg not in LOSS_OF_AGG:
         raise ValueError(f"algorithm.loss_agg={alg.loss_agg}: TRL has {sorted(LOSS_OF_AGG)} as bnpo / dr_grpo")
     samples = cfg.trainer.prompts_per_step * n
