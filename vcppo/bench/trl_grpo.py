@@ -29,7 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from vcppo.algos import estimators, losses
+from vcppo.algos import estimators
+from vcppo.algos.losses import policy_loss as clipped_surrogate
 from vcppo.config.load import load_config
 from vcppo.methods import estimator_fn, policy_loss_fn
 from vcppo.config.schema import Config
@@ -44,7 +45,7 @@ def trl_settings(cfg: Config, out_dir: str) -> dict:
     if estimator_fn(alg.advantage_estimator) is not estimators.grpo:  # TRL's GRPOTrainer computes this one
         raise ValueError(f"algorithm.advantage_estimator={alg.advantage_estimator}: the TRL bench runs GRPO only "
                          "(a grpo or drgrpo config)")
-    if policy_loss_fn(alg.policy_loss) is not losses.policy_loss:  # and the clipped surrogate per token
+    if policy_loss_fn(alg.policy_loss) is not clipped_surrogate:  # and the clipped surrogate per token
         raise ValueError(f"algorithm.policy_loss={alg.policy_loss}: TRL's GRPO loss is the clipped surrogate "
                          "per token, vcppo's default policy loss")
     if alg.loss_agg not in LOSS_OF_AGG:
