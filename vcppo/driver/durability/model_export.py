@@ -95,14 +95,9 @@ def refuse_input_out(config: dict, out: str | Path) -> None:
                                   "another directory")
 
 
-def export_checkpoint(point: str | Path, out: str | Path) -> Path:
-    """Write checkpoint ``point``'s policy as an HF causal-LM directory ``out``; returns ``out``."""
-    from transformers import AutoModelForCausalLM
-
-    from vcppo.engines import lora as L
-    from vcppo.models.export import save_causal_lm
-
-    point = Path(point)
+def _checked_config(point: Path, out: str | Path) -> dict:
+    """The config that wrote checkpoint ``point``, after the refusals every export makes (``out``
+    inside a checkpoint or over a run's input, a damaged checkpoint)."""
     if not is_checkpoint(point):
         raise CheckpointError(f"{point} is not a run's checkpoint (a checkpoints/step_N directory with state.json "
                               "and actor/)")
@@ -116,14 +111,60 @@ def export_checkpoint(point: str | Path, out: str | Path) -> Path:
         raise CheckpointError(f"{point / RUN_CONFIG} cannot be read ({e}): the export needs the config that wrote "
                               "the checkpoint (its model.policy_path and LoRA settings)") from None
     refuse_input_out(config, out)
-    src = config["model"]["policy_path"]
-    if not (Path(src) / "config.json").is_file():
-        raise CheckpointError(f"{point} was written from model.policy_path {src}, which is not there any more: the "
-                              "export takes the model's config and tokenizer from it")
+    return config
+
+
+def _source(point: Path, config: dict, key: str) -> str:
+    """The model directory ``key`` names in the checkpoint's config (config and tokenizer files come from it)."""
+    section, name = key.split(".")
+    src = config[section][name]
+    if not src or not (Path(src) / "config.json").is_file():
+        raise CheckpointError(f"{point} was written from {key} {src}, which is not there any more: the export takes "
+                              "the model's config and tokenizer from it")
+    return src
+
+
+def export_checkpoint(point: str | Path, out: str | Path) -> Path:
+    """Write checkpoint ``point``'s policy as an HF causal-LM directory ``out``; returns ``out``."""
+    from transformers import AutoModelForCausalLM
+
+    from vcppo.engines import lora as L
+    from vcppo.models.export import save_causal_lm
+
+    point = Path(point)
+    config = _checked_config(point, out)
+    src = _source(point, config, "model.policy_path")
     state = engine_state(point / "actor")
     lora = LoRAConfig(**config["actor"].get("lora", {}))
     if L.enabled(lora):  # the adapters merged into the weights they adapt, with the run's scaling
         scalings = L.adapter_scalings(L.add_adapters(AutoModelForCausalLM.from_pretrained(src), lora))
         state = dict(L.merge_adapters(state.items(), scalings))
     save_causal_lm(state, src, str(out), _DTYPES.get(config["model"].get("dtype"), torch.float32))
+    return Path(out)
+
+
+def export_critic(point: str | Path, out: str | Path) -> Path:
+    """Write checkpoint ``point``'s critic as a vcppo value-model directory ``out`` (what a run's
+    ``final/critic`` holds, and what ``critic.init_from`` reads); returns ``out``. The backbone's config
+    comes from the model the critic was built from (the policy's, or ``model.critic_path``'s for a
+    critic from a reward model or checkpoint), the tokenizer from the policy's."""
+    from transformers import AutoConfig, AutoModel
+
+    from vcppo.engines import lora as L
+    from vcppo.models.value_model import save_value_model
+
+    point = Path(point)
+    config = _checked_config(point, out)
+    if not (point / "critic" / CHECKPOINT_TAG).is_dir():
+        raise CheckpointError(f"{point} holds no critic (its run trained none): there is no value model to export")
+    if L.enabled(LoRAConfig(**config.get("critic", {}).get("lora", {}))):
+        raise CheckpointError(f"{point}'s critic trained LoRA adapters, which this export does not merge: use the "
+                              "run's final/critic (its directory as critic.init_from)")
+    policy = _source(point, config, "model.policy_path")
+    init = config["model"].get("critic_init", "policy")
+    src = policy if init == "policy" or config.get("critic", {}).get("init_from") else \
+        _source(point, config, "model.critic_path")
+    backbone = AutoModel.from_config(AutoConfig.from_pretrained(src))  # only a vessel for config + save_pretrained
+    save_value_model(backbone, str(out), engine_state(point / "critic"),
+                     tokenizer_src=config["model"].get("tokenizer_path") or policy)
     return Path(out)
