@@ -147,7 +147,8 @@ def test_regimes_reuse_splits_only_the_actors_update_into_4_and_8_steps():
 @pytest.mark.parametrize("sweep,env,steps,settings", [
     ("regimes_episodes", "guess", "30", [("vcppo", 16, 4), ("vcppo", 64, 1), ("ppo", 16, 4), ("grpo", 16, 4),
                                          ("rloo", 16, 4), ("reinforce_plus_plus_baseline", 16, 4)]),
-    ("regimes_tools", "tools", "20", [("vcppo", 16, 4), ("vcppo", 64, 1), ("grpo", 16, 4), ("rloo", 16, 4)])])
+    ("regimes_tools", "tools", "20", [("vcppo", 16, 4), ("vcppo", 64, 1), ("grpo", 16, 4), ("rloo", 16, 4)]),
+    ("regimes_sao_tools", "tools", "20", [("sao", 64, 1), ("vcppo", 64, 1), ("grpo", 16, 4)])])
 def test_regimes_episode_sweeps_run_every_method_at_64_episodes_a_step(sweep, env, steps, settings):
     runs = expand(load_sweep(sweep)[1])
     seen = {}
@@ -163,7 +164,7 @@ def test_regimes_episode_sweeps_run_every_method_at_64_episodes_a_step(sweep, en
 
 # Each launch script's dry run, and how many `vcppo train` lines it lists.
 DRY_RUNS = {"chain_methods": 21, "regimes_samples": 18, "regimes_critic_updates": 9, "regimes_reuse": 18,
-            "regimes_episodes": 30, "regimes_length": 15}
+            "regimes_episodes": 30, "regimes_length": 15, "regimes_sao_tools": 12}
 # A `vcppo` that only writes down its command line (the script's part), so that every script's `vcppo
 # sweep` runs in this process (what `vcppo sweep NAME --dry-run` does), not in one interpreter each.
 RECORDING_VCPPO = '#!/bin/sh\nprintf "%s\\0" "$@" >> "$VCPPO_CALLS"\nprintf "\\n" >> "$VCPPO_CALLS"\n'

@@ -43,3 +43,19 @@ def test_regimes_sao_warm_starts_each_sao_run_from_the_exported_pretrained_criti
     assert first["preset"] == "vcppo" and last(first["overrides"], "trainer.total_steps") == "0"
     assert [last(r["overrides"], "trainer.seed") for r in warm] == ["0", "1", "2"]
     assert all(last(r["overrides"], "critic.init_from") == "runs/regimes_sao_warm/critic80" for r in warm)
+
+
+def test_regimes_sao_tools_gives_both_critics_the_same_start_and_grpo_its_groups():
+    runs = expand(load_sweep("regimes_sao_tools")[1])
+    critics = [r for r in runs if r["preset"] in ("sao", "vcppo")]
+    assert len(critics) == 9 and len(runs) == 12
+    full = [r["name"] for r in critics if last(r["overrides"], "critic.freeze") == "[]"]
+    assert full == [f"sao-full-64x1-seed{s}" for s in "012"]  # after the comparison's 9 runs
+    assert [r["name"] for r in runs[-3:]] == full
+    for r in critics:  # one lambda, one count of critic-only steps, one episode a prompt
+        o = r["overrides"]
+        assert last(o, "algorithm.lambda_actor") == "0.99" and last(o, "value_pretrain.steps") == "10"
+        assert (last(o, "trainer.prompts_per_step"), last(o, "rollout.n_samples_per_prompt")) == ("64", "1")
+        assert last(o, "model.policy_path") == "chain_tools/sft"
+    grpo = [r for r in runs if r["preset"] == "grpo"]
+    assert [last(r["overrides"], "rollout.n_samples_per_prompt") for r in grpo] == ["4"] * 3  # a group to mean over

@@ -29,8 +29,9 @@ def test_not_a_checkpoint_and_a_damaged_one_are_named(tmp_path, capsys):
     assert err.startswith("vcppo model: ") and "is damaged" in err and len(err.strip().splitlines()) == 1
 
 
-def _run_with_checkpoint(tmp_path, **paths):
-    """A run dir with a sealed checkpoint whose run_config names the models in ``paths`` (each made)."""
+def _run_with_checkpoint(tmp_path, critic=None, **paths):
+    """A run dir with a sealed checkpoint whose run_config names the models in ``paths`` (each made);
+    ``critic``: its config section, and the checkpoint holds a critic."""
     import json
 
     from vcppo.driver.durability import checkpoint as ckpt
@@ -45,6 +46,9 @@ def _run_with_checkpoint(tmp_path, **paths):
     run = tmp_path / "run"
     stage = ckpt.staging_dir(run, 1)
     (stage / "actor" / "ds").mkdir(parents=True)
+    if critic is not None:
+        config["critic"] = critic
+        (stage / "critic" / "ds").mkdir(parents=True)
     (stage / "run_config.json").write_text(json.dumps({"config": config}))
     (run / "config.yaml").write_text("{}\n")
     return ckpt.commit(stage, {"step": 1, "phase": "ppo"}, keep_last=2)
@@ -83,3 +87,26 @@ def test_export_refuses_an_out_inside_a_runs_checkpoints(tmp_path, capsys):
     # elsewhere the refusals let it through (here to the missing engine states)
     assert cli_main(["model", "export", str(point), "--out", str(tmp_path / "fine")]) == 2
     assert "checkpoint directory" not in capsys.readouterr().err
+
+
+def test_a_checkpoint_without_a_critic_or_with_a_lora_critic_is_one_line(tmp_path, capsys):
+    point = _run_with_checkpoint(tmp_path / "a", **{"model.policy_path": tmp_path / "base"})
+    assert cli_main(["model", "export", str(point), "--critic", "--out", str(tmp_path / "critic")]) == 2
+    err = capsys.readouterr().err
+    assert f"{point} holds no critic" in err and len(err.strip().splitlines()) == 1, err
+    point = _run_with_checkpoint(tmp_path / "b", critic={"lora": {"rank": 4}}, **{"model.policy_path": tmp_path / "b0"})
+    assert cli_main(["model", "export", str(point), "--critic", "--out", str(tmp_path / "critic")]) == 2
+    err = capsys.readouterr().err
+    assert "critic trained LoRA adapters" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "critic").exists()
+
+
+def test_a_training_checkpoint_as_critic_init_from_names_the_export(tmp_path):
+    from vcppo.config.critic_start import resolve_init_from
+    from vcppo.errors import ConfigError
+    point = tmp_path / "checkpoints" / "step_000004"
+    (point / "critic" / "ds").mkdir(parents=True)
+    (point / "state.json").write_text("{}")
+    with pytest.raises(ConfigError, match=rf"^config key 'critic.init_from': {point} is a run's training checkpoint "
+                                          rf".*`vcppo model export {point} --critic --out DIR` and pass DIR$"):
+        resolve_init_from(str(point))

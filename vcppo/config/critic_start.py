@@ -27,6 +27,10 @@ def resolve_init_from(path: str) -> str:
             return candidate
     if not os.path.exists(path):
         raise ConfigError(f"config key 'critic.init_from': path does not exist: {path}")
+    if os.path.isfile(os.path.join(path, "state.json")) and os.path.isdir(os.path.join(path, "critic")):
+        raise ConfigError(f"config key 'critic.init_from': {path} is a run's training checkpoint (DeepSpeed states), "
+                          f"not a value model: export its critic with `vcppo model export {path} --critic --out DIR` "
+                          "and pass DIR")
     raise ConfigError(f"config key 'critic.init_from': {path} is neither a vcppo value-model directory ({MARKER}: "
                       "a run's final/critic, a critic-cache entry, `vcppo rm` output) nor a run directory with one "
                       "in final/critic")

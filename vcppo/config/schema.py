@@ -141,7 +141,9 @@ class CriticConfig(UpdateConfig):
                            critic=True)
     init_from: Optional[str] = _f(None, "Warm-start the critic from a value model written before: a vcppo "
                                   "value-model directory (a run's final/critic, a critic-cache entry, `vcppo rm` "
-                                  "output) or a run directory (its final/critic). Replaces value pretraining (no "
+                                  "output, `vcppo model export STEP --critic` output) or a run directory (its "
+                                  "final/critic); a training checkpoint (checkpoints/step_N) is refused, naming that "
+                                  "export. Replaces value pretraining (no "
                                   "value_pretrain steps run, the critic cache is neither read nor written); "
                                   "the run records the source. Its shape and tokenizer must match the policy's.",
                                   resume="math", critic=True)

@@ -1,40 +1,24 @@
-"""A checkpoint in another form: resharded for another number of ranks, or exported as an HF model.
+"""A checkpoint in another form: resharded for another number of ranks, or exported as a model.
 
-**Resharding**: resuming on another number of training ranks than wrote the checkpoint.
+**Resharding**: resuming on another number of training ranks than wrote the checkpoint. DeepSpeed's ZeRO 1-3
+checkpoints hold one optimizer (and, at stage 3, weight) partition per rank of the world size that wrote them, so
+each engine's checkpoint is converted to DeepSpeed's *universal* format (``ds_to_universal``: one fp32 weight, Adam
+``exp_avg`` and ``exp_avg_sq`` file per parameter, the LR scheduler and step counters) and loaded with
+``checkpoint.load_universal``. DeepSpeed's format rather than one of our own: it carries the optimizer states
+exactly as DeepSpeed holds them, with DeepSpeed's own reader. A stage-0 checkpoint holds whole tensors and loads on
+any number of ranks as it is. The main rank converts into ``<run dir>/universal/<checkpoint>/<role>`` at every such
+resume, from the verified checkpoint, with ``weights_only`` loading (nothing in a checkpoint runs code). Kept:
+weights, optimizer states, LR schedules, step counters, the data position and the run state. Not kept: the per-rank
+RNG streams and vLLM's per-replica seeds, so samples differ from an uninterrupted run's (docs/robustness.md).
 
-DeepSpeed's checkpoints of ZeRO stages 1-3 hold one optimizer (and, at stage 3, weight) partition per
-rank, laid out for the world size that wrote them. To continue on another world size, each engine's
-checkpoint is converted to DeepSpeed's *universal* format (``deepspeed.checkpoint.ds_to_universal``:
-one fp32 weight, Adam ``exp_avg`` and ``exp_avg_sq`` file per parameter, plus the LR scheduler and
-step counters) and loaded from there with ``checkpoint.load_universal`` (each rank takes its new
-partition). We chose DeepSpeed's format rather than a consolidated one of our own: it carries the
-optimizer states exactly as DeepSpeed holds them, with DeepSpeed's own reader. A stage-0 checkpoint
-(one rank, the auto stage there) holds whole tensors and loads on any number of ranks as it is.
-
-The conversion runs on the main rank into ``<run dir>/universal/<checkpoint>/<role>``, rebuilt at
-every such resume from the verified checkpoint (only files its manifest lists may be in an engine's
-directory). Every file is read with ``weights_only`` loading, so nothing in a checkpoint runs code.
-
-What a resumed run on another world size keeps: weights, optimizer states, LR schedules, step
-counters, the data position (every rank draws the global batch and takes its share) and the run
-state (KL coefficient, reward-model moments). What it cannot keep: the per-rank RNG streams and the
-vLLM sampler's per-replica seeds, so its samples differ from those of an uninterrupted run on either
-world size; each rank starts from the run's seed instead (docs/robustness.md).
-
-**Export**: any checkpoint of a run as a model: ``vcppo model export CHECKPOINT --out DIR``, and ``vcppo eval
-CHECKPOINT ...`` (which exports into a temporary directory first).
-
-A checkpoint's actor is DeepSpeed's: at ZeRO-3 its weights are partitions, one file per rank that
-wrote it; with LoRA the base weights and the adapters are separate tensors. The export reads the
-engine's states with ``weights_only`` loading (nothing in a checkpoint runs code), joins the ZeRO
-partitions into full fp32 tensors (DeepSpeed's own ``zero_to_fp32`` reader), merges the adapters into
-the weights they adapt (W + s B A, :func:`vcppo.engines.lora.merge_adapters`), and writes an HF
-causal-LM directory with the config, generation config and tokenizer files of the run's
-``model.policy_path`` (:func:`vcppo.models.export.save_causal_lm`): what ``final/actor`` holds at the
-end of a run. The checkpoint is verified against its manifest first, and ``--out`` is refused (one
-line, before anything is written) where writing would destroy something: the run's input models and
-data (``model.policy_path`` and the other path keys a run reads), or a run's ``checkpoints/``
-directory, which the run prunes and cleans of what it does not recognise as a checkpoint.
+**Export**: ``vcppo model export CHECKPOINT [--critic] --out DIR`` and ``vcppo eval CHECKPOINT ...`` (which exports
+into a temporary directory first). The engine's states are read with ``weights_only`` loading, ZeRO partitions are
+joined into full fp32 tensors (DeepSpeed's ``zero_to_fp32`` reader), LoRA adapters merged into the weights they
+adapt (W + s B A, :func:`vcppo.engines.lora.merge_adapters`), and the actor is written as an HF causal-LM directory
+with the config, generation config and tokenizer of the run's ``model.policy_path`` (what ``final/actor`` holds),
+the critic as a value-model directory (what ``final/critic`` holds and ``critic.init_from`` reads). The checkpoint
+is verified against its manifest first, and ``--out`` is refused (one line, before anything is written) where
+writing would destroy the run's input models and data or a run's ``checkpoints/`` directory.
 """
 from __future__ import annotations
 
@@ -239,14 +223,9 @@ def refuse_input_out(config: dict, out: str | Path) -> None:
                                   "another directory")
 
 
-def export_checkpoint(point: str | Path, out: str | Path) -> Path:
-    """Write checkpoint ``point``'s policy as an HF causal-LM directory ``out``; returns ``out``."""
-    from transformers import AutoModelForCausalLM
-
-    from vcppo.engines import lora as L
-    from vcppo.models.export import save_causal_lm
-
-    point = Path(point)
+def _checked_config(point: Path, out: str | Path) -> dict:
+    """The config that wrote checkpoint ``point``, after the refusals every export makes (``out``
+    inside a checkpoint or over a run's input, a damaged checkpoint)."""
     if not is_checkpoint(point):
         raise CheckpointError(f"{point} is not a run's checkpoint (a checkpoints/step_N directory with state.json "
                               "and actor/)")
@@ -260,14 +239,60 @@ def export_checkpoint(point: str | Path, out: str | Path) -> Path:
         raise CheckpointError(f"{point / RUN_CONFIG} cannot be read ({e}): the export needs the config that wrote "
                               "the checkpoint (its model.policy_path and LoRA settings)") from None
     refuse_input_out(config, out)
-    src = config["model"]["policy_path"]
-    if not (Path(src) / "config.json").is_file():
-        raise CheckpointError(f"{point} was written from model.policy_path {src}, which is not there any more: the "
-                              "export takes the model's config and tokenizer from it")
+    return config
+
+
+def _source(point: Path, config: dict, key: str) -> str:
+    """The model directory ``key`` names in the checkpoint's config (config and tokenizer files come from it)."""
+    section, name = key.split(".")
+    src = config[section][name]
+    if not src or not (Path(src) / "config.json").is_file():
+        raise CheckpointError(f"{point} was written from {key} {src}, which is not there any more: the export takes "
+                              "the model's config and tokenizer from it")
+    return src
+
+
+def export_checkpoint(point: str | Path, out: str | Path) -> Path:
+    """Write checkpoint ``point``'s policy as an HF causal-LM directory ``out``; returns ``out``."""
+    from transformers import AutoModelForCausalLM
+
+    from vcppo.engines import lora as L
+    from vcppo.models.export import save_causal_lm
+
+    point = Path(point)
+    config = _checked_config(point, out)
+    src = _source(point, config, "model.policy_path")
     state = engine_state(point / "actor")
     lora = LoRAConfig(**config["actor"].get("lora", {}))
     if L.enabled(lora):  # the adapters merged into the weights they adapt, with the run's scaling
         scalings = L.adapter_scalings(L.add_adapters(AutoModelForCausalLM.from_pretrained(src), lora))
         state = dict(L.merge_adapters(state.items(), scalings))
     save_causal_lm(state, src, str(out), _DTYPES.get(config["model"].get("dtype"), torch.float32))
+    return Path(out)
+
+
+def export_critic(point: str | Path, out: str | Path) -> Path:
+    """Write checkpoint ``point``'s critic as a vcppo value-model directory ``out`` (what a run's
+    ``final/critic`` holds, and what ``critic.init_from`` reads); returns ``out``. The backbone's config
+    comes from the model the critic was built from (the policy's, or ``model.critic_path``'s for a
+    critic from a reward model or checkpoint), the tokenizer from the policy's."""
+    from transformers import AutoConfig, AutoModel
+
+    from vcppo.engines import lora as L
+    from vcppo.models.value_model import save_value_model
+
+    point = Path(point)
+    config = _checked_config(point, out)
+    if not (point / "critic" / CHECKPOINT_TAG).is_dir():
+        raise CheckpointError(f"{point} holds no critic (its run trained none): there is no value model to export")
+    if L.enabled(LoRAConfig(**config.get("critic", {}).get("lora", {}))):
+        raise CheckpointError(f"{point}'s critic trained LoRA adapters, which this export does not merge: use the "
+                              "run's final/critic (its directory as critic.init_from)")
+    policy = _source(point, config, "model.policy_path")
+    init = config["model"].get("critic_init", "policy")
+    src = policy if init == "policy" or config.get("critic", {}).get("init_from") else \
+        _source(point, config, "model.critic_path")
+    backbone = AutoModel.from_config(AutoConfig.from_pretrained(src))  # only a vessel for config + save_pretrained
+    save_value_model(backbone, str(out), engine_state(point / "critic"),
+                     tokenizer_src=config["model"].get("tokenizer_path") or policy)
     return Path(out)
