@@ -28,8 +28,9 @@ test-real: install-real
 	$(PY) -m pytest -m real $(PYTEST_ARGS)
 
 # pytest exits 5 when it collects no test: that is a failure here too (make stops on any non-zero).
-# Two workers, a test file per worker at a time (a module's fixtures run once): most of the suite's
-# time is processes starting vLLM and DeepSpeed, which two cores overlap.
+# Two workers, a test file per worker at a time (a module's fixtures run once), the longest files first
+# (tests/conftest.py's LONGEST_FIRST, CPU seconds measured per file): most of the suite's time is processes
+# starting vLLM and DeepSpeed, which two cores overlap.
 TEST_WORKERS ?= 2
 test: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not faults and not extended and not real and not nodes" $(PYTEST_ARGS)
@@ -41,8 +42,10 @@ test-faults: install
 	$(PY) -m pytest -m faults $(PYTEST_ARGS)
 
 # The heavier variants of features whose main case `make test` runs: the padded SP and packed
-# data-parallel equalities on two ranks, two ranks skipping a non-finite step together, a killed
-# rollout / critic / training rank resuming, the hostfile launcher, the mismatch and LoRA benches,
+# data-parallel equalities on two ranks, LoRA under ZeRO-3 on two ranks beside vLLM (make test: LoRA on two
+# SP ranks), the whole PPO run on the full-logits path against the chunked one (make test: the two in the
+# engine), two ranks skipping a non-finite step together, a killed rollout / critic / training rank or SP
+# run resuming, the hostfile launcher, the mismatch and LoRA benches,
 # the rollout bench's compiled vLLM and the step bench's TRL run beside ours, the kill -9 during
 # checkpoint writes at five more offsets, the real `vcppo eval` of a `model make` dir on a verl file.
 test-extended: install

@@ -51,18 +51,35 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# The longest test files (seconds each under `make test`'s two workers), collected first: pytest-xdist's
-# loadfile hands files out in collection order, and starting the longest first keeps one worker from
-# running a long file alone at the end (longest-first scheduling).
-LONGEST_FIRST = ("tests/bench/test_bench.py", "tests/test_demo.py", "tests/launch/test_launch.py",
-                 "tests/driver/test_train_e2e.py", "tests/engines/test_distributed.py", "tests/driver/test_split_e2e.py",
-                 "tests/driver/test_multirank_faults_e2e.py", "tests/driver/test_bpe_e2e.py",
-                 "tests/engines/test_engines.py", "tests/test_sweep.py", "tests/driver/test_exact_resume_e2e.py",
-                 "tests/test_packaging.py", "tests/driver/test_guards_e2e.py", "tests/driver/test_lora_e2e.py",
-                 "tests/engines/test_nonfinite.py", "tests/driver/test_dead_rank_e2e.py",
-                 "tests/driver/test_checkpoint_integrity.py", "tests/engines/test_think_tokens.py",
-                 "tests/driver/test_resume_integrity_e2e.py", "tests/driver/test_run_dir_start_over_e2e.py",
-                 "tests/driver/test_conversion_export_e2e.py")
+# The longest test files (CPU seconds of each file's process tree, measured under `make test`), longest
+# first, collected first. pytest-xdist's loadfile hands files out in collection order once its own
+# reordering (by the number of tests in a file, which put the long few-test files such as the demo's last)
+# is off (pytest_configure below): the longest first keeps one worker from running a long file alone at
+# the end (longest-processing-time-first scheduling).
+LONGEST_FIRST = ("tests/launch/test_launch.py", "tests/test_demo.py", "tests/engines/test_sequence_parallel.py",
+                 "tests/engines/test_distributed.py", "tests/bench/test_bench.py", "tests/driver/test_train_e2e.py",
+                 "tests/commands/test_quickstart.py", "tests/plan/test_plan_measure.py", "tests/driver/test_sao_e2e.py",
+                 "tests/engines/test_engines.py",
+                 "tests/driver/test_multirank_faults_e2e.py", "tests/driver/test_bpe_e2e.py", "tests/test_sweep.py",
+                 "tests/engines/test_sequence_parallel_e2e.py", "tests/test_packaging.py",
+                 "tests/driver/test_exact_resume_e2e.py", "tests/bench/test_gpu_check.py",
+                 "tests/driver/test_split_e2e.py", "tests/driver/test_placement_table.py",
+                 "tests/driver/test_critic_ranks_e2e.py", "tests/driver/test_lora_e2e.py",
+                 "tests/driver/test_guards_divergence_e2e.py", "tests/runtime/test_bridge.py", "tests/engines/test_lora.py",
+                 "tests/test_sweep_methods.py", "tests/engines/test_think_tokens.py",
+                 "tests/engines/test_gradient_checkpointing.py", "tests/algos/test_gae_triton.py",
+                 "tests/driver/test_run_dir_start_over_e2e.py", "tests/test_no_fork.py", "tests/engines/test_rollout_hf.py",
+                 "tests/driver/test_guards_e2e.py", "tests/runtime/test_shm_segment.py", "tests/models/test_hub.py",
+                 "tests/engines/test_nonfinite.py", "tests/driver/test_multi_turn_e2e.py",
+                 "tests/driver/test_conversion_export_e2e.py", "tests/driver/test_resume_integrity_e2e.py",
+                 "tests/driver/test_resume_provenance_e2e.py")
+
+
+def pytest_configure(config):
+    """Keep loadfile's order the collection order (LONGEST_FIRST): xdist otherwise sorts the files by
+    how many tests each holds, whatever their length."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def _longest_first(items) -> None:

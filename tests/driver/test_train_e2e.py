@@ -203,11 +203,14 @@ def test_preset_runs_end_to_end(preset, tiny_artifacts, tmp_path, request):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_full_logits_path_logs_what_the_chunked_path_logs(ppo_chunked, tiny_artifacts, tmp_path):
     """`actor.logprob_chunk_size=0` (every response position's full logits at once) against the
     chunked path on the same seed: the same samples, rewards and every logged figure to float
     tolerance, through two PPO steps with an entropy bonus, a KL penalty (reference pass) and
-    gradient checkpointing. Only wall times differ."""
+    gradient checkpointing. Only wall times differ. `make test` keeps the two paths' equality in the
+    engine (tests/engines/test_chunked_logprobs.py: logprobs, entropies, loss, gradient, weights) and
+    the full-logits path on 2 SP ranks (tests/engines/test_sequence_parallel.py)."""
     full = {"actor.logprob_chunk_size": 0, "reference.logprob_chunk_size": 0}
     res = train("ppo", ppo_overrides(tiny_artifacts, tmp_path, **full), cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]

@@ -108,9 +108,13 @@ def test_two_ranks_packed_under_a_token_budget_match_one_rank(tiny_model_dir, on
     assert r2["micro_batches_per_rank"] == [2, 1]
 
 
+@pytest.mark.extended
 def test_two_ranks_with_lora_match_one_rank(tiny_model_dir, tmp_path):
     """LoRA actor and critic under ZeRO-3 on 2 ranks: the same step as on one rank (losses, grad
-    norms, adapters, merged weights, values), and vLLM on each rank samples the merged actor."""
+    norms, adapters, merged weights, values), and vLLM on each rank samples the merged actor.
+    `make test` keeps LoRA under ZeRO-3 on 2 ranks against one rank in
+    tests/engines/test_sequence_parallel.py::TestEquality::test_sp2_with_lora_matches_one_rank, and vLLM
+    sampling the merged LoRA actor in tests/engines/test_lora.py (one rank)."""
     one = _by_hand(tiny_model_dir, str(tmp_path / "w1"), "--lora", world_size=1)
     r2 = _assert_same_step(one, _by_hand(tiny_model_dir, str(tmp_path / "w2"), "--vllm", "--lora"))
     assert max(r2["vllm_vs_actor_maxdiff_per_rank"]) < 1e-4

@@ -42,6 +42,7 @@ def test_sp2_run_logs_what_data_parallel_logs(sp_runs):
     assert_close_records(sp2, sp1)
 
 
+@pytest.mark.extended  # a kill-and-resume on another layout: `make test` resumes 2 ranks in test_multirank_faults_e2e
 def test_a_killed_sp_run_resumes_to_the_same_records(sp_runs, tiny_artifacts):
     run, full, _ = sp_runs[2]
     ckpts = [p.name for p in list_complete(checkpoint_root(run))]
