@@ -29,11 +29,14 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from vcppo.algos import estimators
 from vcppo.algos.losses import policy_loss as clipped_surrogate
 from vcppo.config.load import load_config
-from vcppo.methods import estimator_fn, policy_loss_fn
 from vcppo.config.schema import Config
+from vcppo.engines.engine_setup import resolve_dtype
+from vcppo.methods import estimator_fn, policy_loss_fn
 
 LOSS_OF_AGG = {"token-mean": "bnpo", "seq-mean-token-sum-norm": "dr_grpo"}
 
@@ -53,8 +56,11 @@ def trl_settings(cfg: Config, out_dir: str) -> dict:
     samples = cfg.trainer.prompts_per_step * n
     if samples % actor.ppo_mini_batches:
         raise ValueError(f"actor.ppo_mini_batches={actor.ppo_mini_batches} does not divide {samples} samples a step")
+    # vcppo trains bf16 with fp32 master weights in the optimizer; TRL's equivalent is fp32 weights (as run
+    # loads them) under bf16 autocast: pure bf16 weights would round most lr-sized updates away
+    bf16 = resolve_dtype(cfg.model.dtype, torch.device("cpu")) == torch.bfloat16
     return dict(
-        output_dir=out_dir, use_cpu=True, bf16=False, seed=cfg.trainer.seed, data_seed=cfg.trainer.seed,
+        output_dir=out_dir, use_cpu=True, bf16=bf16, seed=cfg.trainer.seed, data_seed=cfg.trainer.seed,
         per_device_train_batch_size=samples // actor.ppo_mini_batches, gradient_accumulation_steps=1,
         steps_per_generation=actor.ppo_mini_batches, num_generations=n, num_iterations=1,
         max_steps=cfg.trainer.total_steps * actor.ppo_mini_batches,
@@ -97,48 +103,44 @@ def train_rows(cfg: Config, tokenizer):
     return datasets.Dataset.from_list(rows)
 
 
-class _Clock:
-    """A TrainerCallback-shaped timer: wall seconds of each RL step (``per_step`` optimizer steps) and the
-    policy saved, untimed, at the steps asked for."""
+def _clock(per_step: int, save_at: set[int], out_dir: Path, tokenizer):
+    """A TrainerCallback timing each RL step (``per_step`` optimizer steps) in wall seconds, keeping TRL's
+    logs, and saving the policy, untimed, at the steps in ``save_at``."""
+    from transformers import TrainerCallback
 
-    def __init__(self, per_step: int, save_at: set[int], out_dir: Path, tokenizer):
-        self.per_step, self.save_at, self.out_dir, self.tokenizer = per_step, save_at, out_dir, tokenizer
-        self.step_s: list[float] = []
-        self.logs: list[dict] = []
-        self.saved: dict[int, str] = {}
-        self._t = time.perf_counter()
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.step_s: list[float] = []
+            self.logs: list[dict] = []
+            self.saved: dict[int, str] = {}
+            self._t = time.perf_counter()
 
-    def on_step_end(self, args, state, control, model=None, **_):
-        if state.global_step % self.per_step:
+        def on_step_end(self, args, state, control, model=None, **_):
+            if state.global_step % per_step:
+                return control
+            self.step_s.append(time.perf_counter() - self._t)
+            rl_step = state.global_step // per_step
+            if rl_step in save_at:
+                path = out_dir / f"step_{rl_step}"
+                model.save_pretrained(path)
+                tokenizer.save_pretrained(path)
+                self.saved[rl_step] = str(path)
+            self._t = time.perf_counter()
             return control
-        self.step_s.append(time.perf_counter() - self._t)
-        rl_step = state.global_step // self.per_step
-        if rl_step in self.save_at:
-            path = self.out_dir / f"step_{rl_step}"
-            model.save_pretrained(path)
-            self.tokenizer.save_pretrained(path)
-            self.saved[rl_step] = str(path)
-        self._t = time.perf_counter()
-        return control
 
-    def on_log(self, args, state, control, logs=None, **_):
-        self.logs.append({"step": state.global_step / self.per_step, **(logs or {})})
-        return control
+        def on_log(self, args, state, control, logs=None, **_):
+            self.logs.append({"step": state.global_step / per_step, **(logs or {})})
+            return control
 
-    def __getattr__(self, name):  # the other TrainerCallback events: nothing to do
-        if name.startswith("on_"):
-            return lambda *a, **k: None
-        raise AttributeError(name)
+    return Clock()
 
 
 def run(cfg: Config, out_dir: Path, save_at: set[int]) -> dict:
     """Train with TRL's GRPOTrainer; the settings given, seconds per step, TRL's logs, the policies saved."""
-    import torch
     import importlib
 
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from vcppo.engines.engine_setup import resolve_dtype
 
     # TRL's vLLM path needs CUDA, and importing it pulls in vLLM's GPU weight-transfer code, which the CPU
     # build of vLLM lacks: TRL samples with HF generate here, so it is told vLLM is absent.
@@ -146,13 +148,10 @@ def run(cfg: Config, out_dir: Path, save_at: set[int]) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     settings = trl_settings(cfg, str(out_dir / "trl"))
-    # vcppo trains bf16 with fp32 master weights in the optimizer; TRL's equivalent is fp32 weights under
-    # bf16 autocast (pure bf16 weights would round most lr-sized updates away)
-    settings["bf16"] = resolve_dtype(cfg.model.dtype, torch.device("cpu")) == torch.bfloat16
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.policy_path)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.policy_path, dtype=torch.float32)
     rewards, scorer = reward_func(cfg)
-    clock = _Clock(cfg.actor.ppo_mini_batches, save_at | {cfg.trainer.total_steps}, out_dir, tokenizer)
+    clock = _clock(cfg.actor.ppo_mini_batches, save_at | {cfg.trainer.total_steps}, out_dir, tokenizer)
     trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=GRPOConfig(**settings),
                           train_dataset=train_rows(cfg, tokenizer), processing_class=tokenizer, callbacks=[clock])
     t = time.perf_counter()
