@@ -11,13 +11,8 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VCPPO="${VCPPO:-$( [ -x "$REPO/.venv/bin/vcppo" ] && echo "$REPO/.venv/bin/vcppo" || echo vcppo )}"
 if [[ " $* " != *" --dry-run "* ]]; then
-  [ -f guess/data/train.parquet ] || "$VCPPO" data make --task guess --out guess/data
-  [ -f guess/init-small/config.json ] || "$VCPPO" model make --size small --out guess/init-small
-  [ -f guess/sft/sft_summary.json ] || "$VCPPO" sft demo_guess demo.workdir=guess logging.wandb=false
-  [ -f chain_tools/data/train.parquet ] || "$VCPPO" data make --task chain_tools --out chain_tools/data
-  [ -f chain_tools/init-small/config.json ] || "$VCPPO" model make --size small --out chain_tools/init-small
-  [ -f chain_tools/sft/sft_summary.json ] || "$VCPPO" sft demo_chain_tools demo.workdir=chain_tools \
-    logging.wandb=false
+  "$REPO/launch/episodes_build.sh" guess
+  "$REPO/launch/episodes_build.sh" chain_tools
 fi
 rc=0  # a failed run of the first sweep does not keep the second from running
 "$VCPPO" sweep regimes_episodes --keep-going "$@" || rc=$?

@@ -9,10 +9,5 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VCPPO="${VCPPO:-$( [ -x "$REPO/.venv/bin/vcppo" ] && echo "$REPO/.venv/bin/vcppo" || echo vcppo )}"
-if [[ " $* " != *" --dry-run "* ]]; then
-  [ -f chain_tools/data/train.parquet ] || "$VCPPO" data make --task chain_tools --out chain_tools/data
-  [ -f chain_tools/init-small/config.json ] || "$VCPPO" model make --size small --out chain_tools/init-small
-  [ -f chain_tools/sft/sft_summary.json ] || "$VCPPO" sft demo_chain_tools demo.workdir=chain_tools \
-    logging.wandb=false
-fi
+[[ " $* " == *" --dry-run "* ]] || "$REPO/launch/episodes_build.sh" chain_tools
 "$VCPPO" sweep regimes_sao_tools --keep-going "$@"
