@@ -59,6 +59,9 @@ class ActorEngine(DeepSpeedModelEngine):
         m.config.use_cache = False
         return m
 
+    def _weights_source(self) -> str:
+        return self.model_path
+
     def _forward_outputs(self, micro: Layout, need_entropy: bool) -> ModelOutputs:
         micro = micro.to(self.dist.device)
         if self.sp is not None:

@@ -41,6 +41,9 @@ class CriticEngine(DeepSpeedModelEngine):
             return ValueModel.from_policy(self.path, dtype=self.dtype, confidence=confidence)
         return ValueModel.from_pretrained(self.path, dtype=self.dtype, confidence=confidence)
 
+    def _weights_source(self) -> str:
+        return self.path
+
     def _confidence_features(self, micro: Rollout) -> torch.Tensor | None:
         """(b, R, 3) features of the sampler's logprobs, when the model has a confidence head."""
         if getattr(self.module, "confidence_head", None) is None:

@@ -38,6 +38,7 @@ from vcppo.runtime.dist import DistInfo
 from vcppo.engines.engine_setup import (CHECKPOINT_TAG, lr_lambda_factory, resolve_dtype, resolve_zero_stage,
                                         skip_lone_allreduce)
 from vcppo.engines.loss_contract import EngineLoss, GlobalCounts, ModelOutputs
+from vcppo.engines.master_weights import masters_from_checkpoint
 from vcppo.engines.packing import sequence_lengths, token_budget_groups, use_packed_attention
 from vcppo.experience import Layout
 from vcppo.config.schema import EngineConfig, OptimConfig, UpdateConfig
@@ -135,10 +136,14 @@ class DeepSpeedModelEngine:
                 model=module, model_parameters=params, config=self.ds_config,
                 lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched))
             skip_lone_allreduce(self.engine, self.zero_stage)
+            # a bf16 module's masters start from the checkpoint's fp32 values, not its bf16 cast
+            self.masters_seeded = masters_from_checkpoint(self.engine.module, self.engine.optimizer,
+                                                         self._weights_source())
         else:
             module.requires_grad_(False)
             self.engine = deepspeed.initialize(model=module, config=self.ds_config)[0]
             self.optimizer = self.lr_scheduler = None
+            self.masters_seeded = 0
         self.module = self.engine.module
         # {LoRA layer: alpha / r}, names as the gathered parameters carry them ({} without LoRA)
         self.lora_scalings = L.adapter_scalings(self.module, _strip_prefixes) if L.enabled(self.lora) else {}
@@ -201,6 +206,10 @@ class DeepSpeedModelEngine:
 
     def _build_module(self) -> torch.nn.Module:
         raise NotImplementedError
+
+    def _weights_source(self) -> str | None:
+        """The directory the module's weights were loaded from (its fp32 values seed the masters)."""
+        return None
 
     # peft's task type of the adapted model (an actor's is a causal LM; a value model's backbone has none)
     ADAPTER_TASK: str | None = None
