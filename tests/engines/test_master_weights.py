@@ -90,3 +90,30 @@ def test_an_fp32_engine_is_left_alone(info, tiny_model_dir):
         assert actor.masters_seeded == 0
     finally:
         actor.close()
+
+
+@pytest.mark.integration
+def test_a_cached_critic_trains_on_from_its_fp32_masters(info, tiny_model_dir, tmp_path):
+    """The value-pretraining cache is written from the masters; a run that starts from it seeds its
+    masters with them (backbone and head), so reusing the cache continues exactly."""
+    from vcppo.engines.critic import CriticEngine
+    from vcppo.config.schema import CriticConfig
+    from vcppo.experience import CriticBatch, Rollout
+    from tests.engines.token_loss import value_mse_loss
+    cfg = CriticConfig(lr=1e-4, micro_batch_size=2)
+    first = CriticEngine("policy", tiny_model_dir, cfg, info, total_optimizer_steps=4, dtype="bfloat16")
+    try:
+        r = Rollout.unscored(make_layout([[5, 6, 7], [8]], [[10, 11], [12, 13, 14]], pad_id=0))
+        batch = CriticBatch(**vars(r), returns=torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]]))
+        first.train_step(batch, value_mse_loss())
+        trained = _masters(first)
+        first.export(str(tmp_path / "cache"), masters=True)
+    finally:
+        first.close()
+    second = CriticEngine("checkpoint", str(tmp_path / "cache"), cfg, info, total_optimizer_steps=4, dtype="bfloat16")
+    try:
+        again = _masters(second)
+        assert second.masters_seeded == len(trained) and set(again) == set(trained)
+        assert "value_head.weight" in again and all(torch.equal(again[n], trained[n]) for n in trained)
+    finally:
+        second.close()

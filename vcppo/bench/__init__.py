@@ -7,6 +7,7 @@
     vcppo bench train [--models small,medium] [--batch 8] [--budget 4096] [--json PATH]
     vcppo bench logprobs [--size qwen2.5-0.5b-shape] [--shapes 1x512+4096] [--chunks 0,1024] [--json PATH]
     vcppo bench step [--size small] [--micro-batch 16,64] [--steps 6] [--trl] [--json PATH]
+    vcppo bench precision [--model DIR | --size small] [--data FILE] [--lr 5e-6] [--epochs 3] [--json PATH]
     vcppo bench grpo-trl CONFIG [section.key=value ...] [--save-at 10,20] [--eval] [--out DIR] [--json PATH]
     vcppo bench split [--workload tail|demo] [--modes colocated,split0,split1] [--png PATH] [--json PATH]
     vcppo bench lora [--sizes small,medium] [--rank 16] [--syncs 3] [--rounds 3] [--json PATH]
@@ -21,7 +22,9 @@ packed (padding-free) actor forward and train step on a long-tailed batch. ``log
 (:mod:`vcppo.bench.logprobs`): the full-logits path against the chunked logprob path, peak memory and
 tokens/s of the actor's forward and train step. ``step``
 (:mod:`vcppo.bench.step`): the driver's real ``rl_step`` timed by phase, with ``--trl`` side by
-side with TRL's PPOTrainer on the same model, prompts and batch. ``grpo-trl``
+side with TRL's PPOTrainer on the same model, prompts and batch. ``precision``
+(:mod:`vcppo.bench.precision`): how far the same AdamW steps move the policy in fp32, bf16 (from an fp32
+or a bf16 checkpoint) and bf16 autocast. ``grpo-trl``
 (:mod:`vcppo.bench.trl_grpo`): TRL's GRPOTrainer on a grpo / drgrpo run's own model, data, reward and
 settings, its policies scored by ``vcppo eval``. ``lora`` (:mod:`vcppo.bench.lora`):
 a LoRA actor's sync into vLLM as merged weights vs as vLLM's own LoRA, and decode speed with each.
@@ -49,6 +52,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "train": ("vcppo.bench.train", "padded vs packed actor passes on a long-tailed batch: tokens/s, peak memory"),
     "logprobs": ("vcppo.bench.logprobs", "full logits vs the chunked logprob path: actor peak memory and tokens/s"),
     "step": ("vcppo.bench.step", "one real PPO step by phase (median of steps 2-N); --trl: vs TRL's PPOTrainer"),
+    "precision": ("vcppo.bench.precision", "how far the same AdamW steps move the policy: fp32, bf16, bf16 checkpoint, autocast"),
     "grpo-trl": ("vcppo.bench.trl_grpo", "TRL's GRPOTrainer on a grpo run's model, data, reward and settings"),
     "split": ("vcppo.bench.split", "colocated vs split placement (staleness 0 / 1): steps/h, per-rank timeline"),
     "lora": ("vcppo.bench.lora", "a LoRA actor into vLLM: merged weights vs vLLM's LoRA, sync time and decode tok/s"),

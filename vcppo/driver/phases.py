@@ -101,7 +101,7 @@ def publish_critic(ctx: RunContext, info: dict) -> None:
     target = cache_path(ctx.cfg)
     stage = staging_path(ctx.cfg, ctx.run_dir.name)
     ctx.critic.check_finite_weights(f"the pretrained critic {target}")  # never cache a NaN critic
-    ctx.critic.export(str(stage))
+    ctx.critic.export(str(stage), masters=True)  # a run reusing it trains on from the fp32 masters
     ctx.barrier()
     if ctx.dist.is_main:
         publish(stage, target, info)

@@ -118,9 +118,10 @@ class CriticEngine(DeepSpeedModelEngine):
         self.engine.eval()
         return self.per_token_outputs(batch, lambda micro: (self._forward_outputs(micro).values,))[0]
 
-    def export(self, directory: str, extra: dict | None = None) -> None:
-        """ValueModel format (loads with ``ValueModel.from_pretrained`` / ``init='checkpoint'``)."""
-        state = self.full_state_dict()  # collective
+    def export(self, directory: str, extra: dict | None = None, masters: bool = False) -> None:
+        """ValueModel format (loads with ``ValueModel.from_pretrained`` / ``init='checkpoint'``);
+        ``masters``: a bf16 critic's trained weights in fp32, for a run that trains on from it."""
+        state = self.full_state_dict(masters=masters)  # collective
         if self.dist.is_main:
             from transformers import AutoConfig, AutoModel
             from vcppo.models.value_model import save_value_model

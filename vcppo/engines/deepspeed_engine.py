@@ -38,7 +38,7 @@ from vcppo.runtime.dist import DistInfo
 from vcppo.engines.engine_setup import (CHECKPOINT_TAG, lr_lambda_factory, resolve_dtype, resolve_zero_stage,
                                         skip_lone_allreduce)
 from vcppo.engines.loss_contract import EngineLoss, GlobalCounts, ModelOutputs
-from vcppo.engines.master_weights import masters_from_checkpoint
+from vcppo.engines.master_weights import full_masters, masters_from_checkpoint
 from vcppo.engines.packing import sequence_lengths, token_budget_groups, use_packed_attention
 from vcppo.experience import Layout
 from vcppo.config.schema import EngineConfig, OptimConfig, UpdateConfig
@@ -395,8 +395,15 @@ class DeepSpeedModelEngine:
                        for n, p in bucket]
             yield from out
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return dict(self.named_parameters_gathered(to_cpu=True))
+    def full_state_dict(self, masters: bool = False) -> dict[str, torch.Tensor]:
+        """Every parameter, whole, on the CPU (collective). ``masters``: a half-precision module's trained
+        parameters as their fp32 masters (not with LoRA, whose export merges adapters)."""
+        state = dict(self.named_parameters_gathered(to_cpu=True))
+        if masters and self.optimizer is not None and self.dtype != torch.float32 and not self.lora_scalings:
+            for name, m in full_masters(self.engine.module, self.engine.optimizer).items():
+                if _strip_prefixes(name) in state:
+                    state[_strip_prefixes(name)] = m
+        return state
 
     # --- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:

@@ -40,15 +40,21 @@ def _full_shape(p: torch.nn.Parameter) -> tuple[int, ...]:
     return tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
 
 
+def _unfused_masters(optimizer) -> dict[int, torch.Tensor]:
+    """{id(module parameter): its fp32 copy} of DeepSpeed's unfused wrapper (no ZeRO); {} otherwise."""
+    by_param = {}
+    for low, high in zip(getattr(optimizer, "fp16_groups", []) or [], getattr(optimizer, "fp32_groups", []) or []):
+        if isinstance(low, (list, tuple)) and isinstance(high, (list, tuple)):
+            by_param.update({id(p): m for p, m in zip(low, high) if m.shape == p.shape})
+    return by_param
+
+
 def _setter(optimizer):
     """``set(param, fp32 full tensor)`` for DeepSpeed's optimizer wrappers: ZeRO 1-3 and the bf16
     optimizer link each parameter to its fp32 partition (``deepspeed.utils.safe_set_full_fp32_param``);
     without ZeRO the unfused wrapper keeps per-parameter fp32 copies beside the module's."""
     from deepspeed.utils import safe_set_full_fp32_param
-    by_param = {}
-    for low, high in zip(getattr(optimizer, "fp16_groups", []) or [], getattr(optimizer, "fp32_groups", []) or []):
-        if isinstance(low, (list, tuple)) and isinstance(high, (list, tuple)):
-            by_param.update({id(p): m for p, m in zip(low, high) if m.shape == p.shape})
+    by_param = _unfused_masters(optimizer)
 
     def set_master(p: torch.nn.Parameter, value: torch.Tensor) -> bool:
         if hasattr(p, "ds_id") or hasattr(p, "_hp_mapping"):
@@ -73,10 +79,12 @@ def masters_from_checkpoint(module: torch.nn.Module, optimizer, source_dir: str 
     from safetensors import safe_open
     files = sorted(glob.glob(os.path.join(source_dir, "*.safetensors")))
     handles = [safe_open(f, framework="pt") for f in files]
+    from vcppo.models.value_model import HEAD_FILE, HEAD_KEYS
     where = {}
-    for h in handles:
+    for f, h in zip(files, handles):
+        head = os.path.basename(f) == HEAD_FILE  # a value model's heads, saved beside its backbone
         for key in h.keys():
-            where.setdefault(canonical_name(key), (h, key))
+            where.setdefault(canonical_name(HEAD_KEYS.get(key, key) if head else key), (h, key))
     set_master = _setter(optimizer)
     n = 0
     for name, p in module.named_parameters():
@@ -90,3 +98,22 @@ def masters_from_checkpoint(module: torch.nn.Module, optimizer, source_dir: str 
         if tuple(value.shape) == _full_shape(p) and set_master(p, value):
             n += 1
     return n
+
+
+def full_masters(module: torch.nn.Module, optimizer) -> dict[str, torch.Tensor]:
+    """{parameter name: its whole fp32 master on the CPU} of every trainable parameter that has one
+    (collective under ZeRO-3: every rank calls it, in the same order). Exports that a later run
+    trains on (the value-pretraining cache) write these, so that run's masters continue where
+    these stopped instead of from their bf16 rounding."""
+    from deepspeed.utils import safe_get_full_fp32_param
+    by_param = _unfused_masters(optimizer)
+    out = {}
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        m = by_param.get(id(p))
+        if m is None and (hasattr(p, "ds_id") or hasattr(p, "_hp_mapping")):
+            m = safe_get_full_fp32_param(p)
+        if m is not None:
+            out[name] = m.detach().float().cpu().clone()
+    return out

@@ -27,6 +27,9 @@ from torch import nn
 
 MARKER = "vcppo_value_model.json"
 HEAD_FILE = "value_head.safetensors"
+# the head file's keys -> the ValueModel's parameter names
+HEAD_KEYS = {"weight": "value_head.weight", "bias": "value_head.bias",
+             "confidence.weight": "confidence_head.weight", "confidence.bias": "confidence_head.bias"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                     "merges.txt", "chat_template.jinja", "added_tokens.json")
 
