@@ -1,6 +1,6 @@
 """`vcppo bench precision`: how far the same AdamW steps move the policy, by the trainer's precision.
 
-    vcppo bench precision [--model DIR | --size small] [--data FILE] [--prompts 16] [--n 4]
+    vcppo bench precision [--model DIR | --size small] [--data FILE [--answer-field F]] [--prompts 16] [--n 4]
                           [--max-tokens 96] [--lr 5e-6] [--epochs 3] [--json PATH]
 
 One batch of ``--prompts`` x ``--n`` responses, sampled at temperature 1 by the fp32 model, gets fixed
@@ -37,6 +37,8 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--model", default=None, help="HF model dir (default: a random model of --size)")
     ap.add_argument("--size", default="small", help="factory size when --model is not given")
     ap.add_argument("--data", default=None, help="prompts from this file instead of random token ids")
+    ap.add_argument("--answer-field", default="answer", help="the answer column of --data (verl's files: "
+                    "reward_model.ground_truth); only read to load the prompts")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--n", type=int, default=4, help="responses per prompt")
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -56,7 +58,8 @@ def _batch(args, model):
     g = torch.Generator().manual_seed(0)
     if args.data:
         from vcppo.data.dataset import load_prompts
-        rows = load_prompts(args.data, tok, max_prompt_tokens=None, shuffle_seed=None, limit=args.prompts).rows()
+        rows = load_prompts(args.data, tok, answer_field=args.answer_field, max_prompt_tokens=None, shuffle_seed=None,
+                            limit=args.prompts).rows()
         prompts = [list(r["prompt_ids"]) for r in rows]
     else:
         prompts = [torch.randint(5, min(model.config.vocab_size, 80), (24,), generator=g).tolist()

@@ -234,8 +234,8 @@ class RemoteCritic:
         """Restored on the critic's own ranks (with their RNG states)."""
         self._call("load_checkpoint", str(directory), universal=universal)
 
-    def export(self, directory: str) -> None:
-        self._call("export", directory)
+    def export(self, directory: str, masters: bool = False) -> None:
+        self._call("export", directory, masters=masters)
 
     def check_finite_weights(self, what: str) -> None:
         self._call("check_finite_weights", what)
