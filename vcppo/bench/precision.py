@@ -81,18 +81,19 @@ def _batch(args, model):
 
 
 def _logprobs(model, batch, autocast: bool = False) -> torch.Tensor:
+    """(B, R) fp32 logprobs of the batch's responses from a plain HF model's full logits."""
+    from vcppo.engines.actor import response_logprobs
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with ctx:
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                        position_ids=batch.position_ids).logits
-    P = batch.prompt_len
-    return torch.log_softmax(logits.float()[:, P - 1:-1], -1).gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
+    return response_logprobs(logits[:, batch.prompt_len - 1:-1], batch.responses)[0]
 
 
 def _surrogate(logprobs, old, adv, mask) -> torch.Tensor:
-    ratio = torch.exp(logprobs - old)
-    per = -torch.min(ratio * adv[:, None], ratio.clamp(0.8, 1.2) * adv[:, None])
-    return (per * mask).sum() / mask.sum()
+    """PPO's clipped surrogate (clip 0.2), token mean: the loss every trainer here steps on."""
+    from vcppo.algos.losses import policy_loss
+    return policy_loss(logprobs, old, adv[:, None] * mask, mask)[0]
 
 
 def _trainer(variant: str, args, source: str, info):
@@ -157,7 +158,6 @@ def measure(args) -> dict:
         model.to(torch.bfloat16).save_pretrained(tmp)  # the bf16 checkpoint copy (tokenizer from --model)
         from transformers import AutoTokenizer
         AutoTokenizer.from_pretrained(args.model).save_pretrained(tmp)
-        model.to(torch.float32)
         reference = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
         for variant in args.variants.split(","):
             results["variants"][variant] = run_variant(variant, args, batch, adv, start, reference, info, tmp)

@@ -4,12 +4,11 @@ DeepSpeed makes a half-precision module's fp32 master copy from the module's hal
 so every master starts exactly on the bf16 grid. The forward runs round-to-nearest(master): an
 element's bf16 weight stays where it was until its master has moved half a bf16 step (2^-9 of its
 magnitude), and AdamW moves a master by about the lr a step, so at lr 5e-6 a weight of 0.05 needs
-~24 same-signed steps before the policy sees any change. On SmolLM2-135M (fp32 checkpoint) four such
-steps moved the PPO surrogate 0.0004 where fp32 training, or bf16 autocast over fp32 weights, moved
-it 0.0100 (docs/performance.md, "Does bf16 train as far as fp32?").
+~24 same-signed steps before the policy sees any change, and most steps are lost (measured with
+`vcppo bench precision`: docs/performance.md, "Does bf16 train as far as fp32?").
 
-Masters set from the checkpoint's fp32 values sit off the grid: the bf16 weights are the same
-round-to-nearest as before (nothing changes at step 0), and every later rounding is unbiased, so
+Masters set from the checkpoint's fp32 values sit off the grid: the bf16 weights already are their
+rounding (nothing changes at step 0), and every later rounding is unbiased, so
 the bf16 module follows its masters as autocast's casts follow fp32 weights. A checkpoint stored in
 bf16 has no more precision to give; its tensors are left as they are.
 """
