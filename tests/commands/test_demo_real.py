@@ -37,18 +37,22 @@ def test_real_pipeline_stages_and_a_second_call_reruns_nothing(tmp_path, monkeyp
     monkeypatch.setattr(demo, "_run", _fake_run(calls, run_dir))
     figures = demo.real_pipeline(cfg, "C.yaml", [])
     stages = [s for s, _ in calls]
-    assert stages == ["model", "data", "data-heldout", "eval-base-test", "eval-base-heldout", "train",
-                      "eval-rl-test", "eval-rl-heldout"]
+    digits, words = "heldout-arith-3-2", "heldout-arith_words-2-3"
+    assert stages == ["model", "data", f"data-{digits}", f"data-{words}", "eval-base-test", f"eval-base-{digits}",
+                      f"eval-base-{words}", "train", "eval-rl-test", f"eval-rl-{digits}", f"eval-rl-{words}"]
     args = dict(calls)
     assert args["model"] == ["model", "fetch", "smollm2-135m-instruct", "--out", f"{tmp_path}/w/smollm2"]
     assert args["data"][:8] == ["data", "make", "--task", "arith", "--difficulty", "2", "--operands", "2"]
-    assert args["data-heldout"][2:8] == ["--task", "arith_words", "--difficulty", "2", "--operands", "3"]
-    assert f"eval.model_path={run_dir}/final/actor" in args["eval-rl-heldout"]
-    assert f"eval.data_files={tmp_path}/w/data/heldout.parquet" in args["eval-rl-heldout"]
-    assert set(figures) == {"base", "rl"} and set(figures["rl"]) == {"test", "heldout"}
+    assert args[f"data-{digits}"][2:8] == ["--task", "arith", "--difficulty", "3", "--operands", "2"]
+    assert args[f"data-{words}"][2:8] == ["--task", "arith_words", "--difficulty", "2", "--operands", "3"]
+    assert args[f"data-{words}"][8:] == ["--split", "test", "--n", "128", "--format", "verl", "--out",
+                                         f"{tmp_path}/w/data/{words}.parquet"]
+    assert f"eval.model_path={run_dir}/final/actor" in args[f"eval-rl-{words}"]
+    assert f"eval.data_files={tmp_path}/w/data/{words}.parquet" in args[f"eval-rl-{words}"]
+    assert set(figures) == {"base", "rl"} and set(figures["rl"]) == {"test", digits, words}
     # everything written: a second call only reads (data files exist as the real stage would leave them)
     (tmp_path / "w" / "data").mkdir(parents=True)
-    for name in ("train", "heldout"):
+    for name in ("train", digits, words):
         (tmp_path / "w" / "data" / f"{name}.parquet").write_text("")
     calls.clear()
     demo.real_pipeline(cfg, "C.yaml", [])

@@ -50,7 +50,8 @@ def _data_args(task: str, difficulty: int | None, operands: int | None) -> list[
 
 
 def heldout_spec(value: str) -> tuple[str, int, int]:
-    """``demo.heldout`` ('TASK:DIFFICULTY:OPERANDS') as its three parts; a malformed value is one line."""
+    """One ``demo.heldout`` entry ('TASK:DIFFICULTY:OPERANDS') as its three parts; a malformed value is one
+    line."""
     parts = value.split(":")
     if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
         raise SystemExit(f"demo.heldout: expected 'TASK:DIFFICULTY:OPERANDS' (e.g. arith_words:3:3), got {value!r}")
@@ -66,9 +67,10 @@ def _evaluate(stage: str, config: str, model: Path, data: Path, out: Path, log: 
 
 def real_pipeline(cfg, config: str, log: list) -> dict:
     """A pretrained model (``demo.fetch``), trained as it is: fetch, data (+ held-out split), eval, RL,
-    eval. Returns ``{"base" | "rl": {"test" | "heldout": metrics}}``."""
+    eval. Returns ``{"base" | "rl": {split: metrics}}``, the splits ``test`` and one ``heldout-TASK-D-O``
+    per ``demo.heldout`` entry."""
     d = cfg.demo
-    heldout = heldout_spec(d.heldout) if d.heldout else None  # a malformed value stops before any stage
+    heldout = [heldout_spec(value) for value in d.heldout]  # a malformed value stops before any stage
     model, data_dir, run_dir = Path(cfg.model.policy_path), Path(cfg.data.train_files).parent, run_dir_of(cfg)
     if not (model / "config.json").exists():
         _run("model", ["model", "fetch", d.fetch, "--out", str(model)], log)
@@ -76,11 +78,12 @@ def real_pipeline(cfg, config: str, log: list) -> dict:
         _run("data", ["data", "make", *_data_args(d.task, d.difficulty, d.operands), "--n", str(d.train_rows),
                       "--n-eval", str(cfg.eval.max_prompts), "--format", "verl", "--out", str(data_dir)], log)
     files = {"test": Path(cfg.eval.data_files)}
-    if heldout:
-        files["heldout"] = data_dir / "heldout.parquet"
-        if not files["heldout"].exists():
-            _run("data-heldout", ["data", "make", *_data_args(*heldout), "--split", "test", "--n",
-                                  str(cfg.eval.max_prompts), "--format", "verl", "--out", str(files["heldout"])], log)
+    for spec in heldout:
+        name = "heldout-" + "-".join(map(str, spec))
+        files[name] = data_dir / f"{name}.parquet"
+        if not files[name].exists():
+            _run(f"data-{name}", ["data", "make", *_data_args(*spec), "--split", "test", "--n",
+                                  str(cfg.eval.max_prompts), "--format", "verl", "--out", str(files[name])], log)
     out = {"base": {name: _evaluate(f"eval-base-{name}", config, model, f, run_dir / f"{name}_base.json", log)
                     for name, f in files.items()}}
     if not (run_dir / "final_metrics.json").exists():

@@ -91,6 +91,6 @@ class DemoConfig:
     operands: Optional[int] = _f(None, "`vcppo data make --operands` of the data stage (null: the task's default).",
                                  resume="free")
     train_rows: int = _f(20000, "Rows of the train split the data stage writes.", low=1, resume="free")
-    heldout: Optional[str] = _f(None, "A held-out harder test split the run never trains on, evaluated before and "
-                                "after RL: 'TASK:DIFFICULTY:OPERANDS' (e.g. arith_words:3:3); null: none.",
-                                resume="free")
+    heldout: List[str] = _f([], "Held-out harder test splits the run never trains on, each evaluated before and "
+                            "after RL: 'TASK:DIFFICULTY:OPERANDS' (e.g. [arith:3:2, arith_words:2:3]); []: none.",
+                            resume="free")
