@@ -34,8 +34,6 @@ import threading
 import time
 from pathlib import Path
 
-# The libraries a `vcppo` command imports before its first line of work.
-WARM_LIBRARIES = ("torch", "transformers", "datasets", "deepspeed", "vllm.entrypoints.llm")
 # What a launcher sets per rank; read by vcppo.runtime.dist when the group is set up, never at import.
 LAUNCH_KEYS = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
 
@@ -47,6 +45,7 @@ def _warm_up() -> None:
     import pkgutil
 
     from vcppo import cli
+    from vcppo.sandbox.lifeline import WARM_LIBRARIES
     for name in (*WARM_LIBRARIES, *(module for module, _ in cli.COMMANDS.values())):
         importlib.import_module(name)
     for package in ("vcppo.engines", "vcppo.driver", "vcppo.commands"):
@@ -70,34 +69,8 @@ def _run_command(request: dict) -> None:
     # What `python -m` puts first; the repository stays next (the server's own first entry), as
     # PYTHONPATH puts it for a fresh process that runs a test module such as tests/kill_at.py.
     sys.path.insert(0, request["cwd"])
-    import atexit
-    import runpy
-    import traceback
-    sys.argv = [request["module"], *request["argv"]]
-    try:
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as end:
-        code = _exit_code(end.code)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    # The interpreter's own ending, less its teardown of every module (seconds with vLLM imported,
-    # and nothing a command relies on: its exit handlers run, its streams are flushed).
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
-
-
-def _exit_code(code) -> int:
-    """SystemExit's code as the interpreter turns it into a status (None: 0; text: printed, 1)."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
+    from vcppo.sandbox.lifeline import run_module_here
+    run_module_here(request["module"], request["argv"])
 
 
 def _wait(pid: int, timeout: float | None) -> dict:

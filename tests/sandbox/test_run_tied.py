@@ -1,4 +1,4 @@
-"""`vcppo sweep` (and `vcppo demo`, through the same call) start their runs so that a run dies with them,
+"""`vcppo sweep` (and `vcppo demo`, through the same calls) start their runs so that a run dies with them,
 however they end: SIGKILL of the sweep leaves no run behind."""
 import os
 import signal
@@ -56,3 +56,52 @@ def test_run_tied_returns_the_exit_code_and_names_a_missing_program():
         assert "no-such-program-here" in str(e)
     else:
         raise AssertionError("a missing program ran")
+
+
+PARENT = """import sys, threading
+sys.path.insert(0, {repo!r})
+import tests.sandbox.warm_marker
+from vcppo.sandbox.lifeline import run_command_tied
+if {threaded}:  # a second thread: a fork is not safe, the command starts fresh
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+print("parent got", run_command_tied(["5", {out!r}, {sleep!r}], module="tests.sandbox.warm_probe"), flush=True)
+"""
+REPO = str(Path(__file__).resolve().parents[2])
+
+
+def _parent(tmp_path, threaded: bool, sleep: float = 0.0) -> subprocess.Popen:
+    code = PARENT.format(repo=REPO, threaded=threaded, out=str(tmp_path / "probe.txt"), sleep=str(sleep))
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def test_a_command_runs_as_a_warm_fork_where_safe_and_fresh_beside_a_thread(tmp_path):
+    for threaded, start in ((False, "warm"), (True, "fresh")):
+        parent = _parent(tmp_path, threaded)
+        out, _ = parent.communicate(timeout=120)
+        # the command's own output, then its exit code handed back
+        assert out.splitlines() == ["probe done", "parent got 5"], out
+        assert (tmp_path / "probe.txt").read_text().split()[0] == start
+
+
+def test_a_killed_parent_takes_its_forked_command_with_it(tmp_path):
+    parent = _parent(tmp_path, threaded=False, sleep=300)
+    child = None
+    try:
+        text = ""
+        deadline = time.time() + 60
+        while not text.endswith("\n") and time.time() < deadline:
+            time.sleep(0.1)
+            text = (tmp_path / "probe.txt").read_text() if (tmp_path / "probe.txt").exists() else ""
+        start, child = text.split()[0], int(text.split()[1])
+        assert start == "warm" and _alive(child)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 10
+        while _alive(child) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child), "the forked command outlived its parent"
+    finally:
+        parent.kill()
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)

@@ -9,7 +9,8 @@ reward_model``, e.g. ``vcppo demo model.critic_init=reward_model``, the paper's 
 
 The config (default: the shipped ``demo`` preset) is resolved once and written to
 ``<demo.workdir>/demo_config.yaml``; every stage runs as its own process (a clean vLLM / DeepSpeed
-lifetime each) from that one file, so ``vcppo demo trainer.total_steps=10`` changes the run
+lifetime each; on a CPU host a fork of the demo's process, which imports the libraries once for all
+stages) from that one file, so ``vcppo demo trainer.total_steps=10`` changes the run
 exactly as ``vcppo train ... trainer.total_steps=10`` would. A stage is skipped when its output
 already exists, so an interrupted demo continues where it stopped (training itself resumes from
 its last checkpoint). Sizes default to what fits ~20 minutes on a 2-core CPU.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,17 +27,16 @@ from vcppo.config.load import save_config
 from vcppo.preflight import load_command_config
 from vcppo.driver.phases import run_dir_of
 from vcppo.commands.sft import target_shortfall
-from vcppo.sandbox.lifeline import run_tied
+from vcppo.sandbox.lifeline import run_command_tied, warm_up
 from vcppo.tracking import machine_info
 
 
 def _run(stage: str, args: list[str], log: list) -> None:
-    cmd = [sys.executable, "-m", "vcppo.cli", *args]
     print(f"\n=== [{stage}] vcppo {' '.join(args)}", flush=True)
     t0 = time.time()
-    rc = run_tied(cmd)  # the stage dies with the demo, however the demo ends
+    rc = run_command_tied(args)  # the stage dies with the demo, however the demo ends
     if rc != 0:
-        raise subprocess.CalledProcessError(rc, cmd)
+        raise subprocess.CalledProcessError(rc, ["vcppo", *args])
     log.append({"stage": stage, "seconds": round(time.time() - t0, 1), "command": "vcppo " + " ".join(args)})
 
 
@@ -114,6 +113,8 @@ def main(argv: list[str]) -> int:
     cfg = cpu_dtype(load_command_config(argv, "demo", default_config="demo"))
     d, w = cfg.demo, Path(cfg.demo.workdir)
     config = str(save_config(cfg, w, name="demo_config.yaml"))
+    if not (run_dir_of(cfg) / "final_metrics.json").exists():
+        warm_up()  # several stages ahead: import once here, not once per stage
     if d.fetch:
         return _real_main(cfg, config)
     data_dir, init = Path(cfg.data.train_files).parent, Path(cfg.sft.init_model)

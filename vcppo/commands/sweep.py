@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from vcppo.errors import ConfigError
-from vcppo.sandbox.lifeline import run_tied
+from vcppo.sandbox.lifeline import run_command_tied, run_tied, warm_up
 from vcppo.sweep import collect, expand, launch_command, load_sweep, shipped_sweeps, with_overrides
 
 
@@ -34,8 +34,12 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"vcppo sweep: {path}: {e}", file=sys.stderr)
         return 2
-    launcher = args.launcher or sweep.get("launcher") or f"{shlex.quote(sys.executable)} -m vcppo.cli"
+    default = f"{shlex.quote(sys.executable)} -m vcppo.cli"
+    launcher = args.launcher or sweep.get("launcher") or default
     out_root = Path(sweep.get("output_root", f"runs/{sweep.get('name', 'sweep')}"))
+    pending = [r for r in runs if not (Path(r["run_dir"]) / "final_metrics.json").exists()]
+    if launcher == default and len(pending) > 1 and not (args.dry_run or args.collect_only):
+        warm_up()  # several runs ahead, each a fork of this process: import once here
     failed = []
     for i, r in enumerate(runs, 1):
         cmd = launch_command(r, launcher)
@@ -48,7 +52,8 @@ def main(argv: list[str]) -> int:
             print(f"[sweep {i}/{len(runs)}] {r['name']}: finished, skipped", flush=True)
             continue
         print(f"[sweep {i}/{len(runs)}] {r['name']}: {shlex.join(cmd)}", flush=True)
-        rc = run_tied(cmd)  # the run dies with the sweep, however the sweep ends
+        # the run dies with the sweep, however the sweep ends
+        rc = run_command_tied(cmd[len(shlex.split(default)):]) if launcher == default else run_tied(cmd)
         if rc != 0:
             failed.append(r["name"])
             print(f"[sweep] {r['name']} failed with exit code {rc}", file=sys.stderr)

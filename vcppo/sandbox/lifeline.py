@@ -41,12 +41,13 @@ os.execv(sys.argv[6], sys.argv[6:])
 """
 
 
-def die_with_parent() -> bool:
+def die_with_parent(parent: int | None = None) -> bool:
     """Have the kernel SIGKILL this process when its parent ends; exit at once if the parent already
-    ended (the process was adopted before the call). False where ``prctl`` is missing."""
+    ended (the process was adopted before the call; ``parent``: the pid it had, by default the one it
+    has now). False where ``prctl`` is missing."""
     if not sys.platform.startswith("linux"):
         return False
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         return False
     if os.getppid() != parent:
@@ -71,6 +72,85 @@ def run_tied(argv: list[str]) -> int:
     names it."""
     program = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0])
     return subprocess.run(limited([program, *argv[1:]]) if program else argv).returncode
+
+
+# The libraries a `vcppo` command imports before its first line of work: a parent that starts several
+# commands imports them once (:func:`warm_up`) and each command forked from it starts past them.
+WARM_LIBRARIES = ("torch", "transformers", "datasets", "deepspeed", "vllm.entrypoints.llm")
+
+
+def warm_up() -> None:
+    """Import :data:`WARM_LIBRARIES` here, where :func:`run_command_tied` can fork them (a no-op where it
+    cannot: a fresh interpreter imports them itself)."""
+    import importlib
+    if fork_is_safe():
+        for name in WARM_LIBRARIES:
+            importlib.import_module(name)
+
+
+def fork_is_safe() -> bool:
+    """Whether a fork of this process can run a command: Linux, one thread (a fork copies no other
+    thread, and a lock one of them held stays held), and no usable CUDA (a CUDA context does not
+    survive a fork)."""
+    import threading
+    if not sys.platform.startswith("linux") or threading.active_count() > 1:
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_available()
+
+
+def run_module_here(module: str, argv: list[str]) -> None:
+    """Become ``python -m MODULE ARGV`` in this (forked) process and end it as the interpreter would end
+    that program: its exit code, its exit handlers run, its streams flushed; never returns. The
+    interpreter's teardown of every module is skipped (seconds with vLLM imported, and nothing a
+    command relies on)."""
+    import atexit
+    import runpy
+    import traceback
+    sys.argv = [module, *argv]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as end:
+        code = exit_code(end.code)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+def exit_code(code) -> int:
+    """SystemExit's code as the interpreter turns it into a status (None: 0; text: printed, 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def run_command_tied(args: list[str], module: str = "vcppo.cli") -> int:
+    """``python -m MODULE ARGS`` (by default ``vcppo ARGS``) run to its end as a child that dies with this
+    process (as :func:`run_tied`); its exit code. Where :func:`fork_is_safe`, the child is a fork of this
+    interpreter that runs ``module`` as ``__main__``, so it starts past whatever this process imported
+    (:func:`warm_up`); else, or where the fork fails, a fresh interpreter."""
+    fresh = [sys.executable, "-m", module, *map(str, args)]
+    if not fork_is_safe():
+        return run_tied(fresh)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:  # ENOMEM / EAGAIN: a fresh process asks for less
+        return run_tied(fresh)
+    if pid == 0:
+        die_with_parent(parent)
+        run_module_here(module, list(map(str, args)))
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def _imported_by_fork_server() -> bool:
