@@ -45,8 +45,11 @@ def _warm_up() -> None:
     import pkgutil
 
     from vcppo import cli
-    from vcppo.sandbox.lifeline import WARM_LIBRARIES
-    for name in (*WARM_LIBRARIES, *(module for module, _ in cli.COMMANDS.values())):
+    from vcppo.sandbox.lifeline import CPU_WARM_LIBRARIES, WARM_LIBRARIES
+    # CPU or CUDA from DS_ACCELERATOR (tests/conftest.py): asking torch would start CUDA here, in the
+    # process every command is forked from
+    on_cpu = CPU_WARM_LIBRARIES if os.environ.get("DS_ACCELERATOR") == "cpu" else ()
+    for name in (*WARM_LIBRARIES, *on_cpu, *(module for module, _ in cli.COMMANDS.values())):
         importlib.import_module(name)
     for package in ("vcppo.engines", "vcppo.driver", "vcppo.commands"):
         for module in pkgutil.iter_modules(importlib.import_module(package).__path__):

@@ -1,38 +1,19 @@
 """Actor + critic train_step with 2 ranks (gloo) == 1 rank on the same global batch, and so are a
 reward model's scores; vLLM in the same 2-rank processes samples, takes the synced weights, and tears
-down cleanly. The first case runs under the deepspeed launcher; the others start their ranks by hand,
-as a launcher would (tests/conftest.py)."""
+down cleanly. The ranks are started by hand, as a launcher would (tests/conftest.py); the deepspeed
+launcher itself runs `vcppo train` in tests/launch/test_launch.py."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tests.conftest import ENV, run_ranks
-from vcppo.runtime.launch_env import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-VENV_BIN = os.path.dirname(sys.executable)
-
-
-def _env():
-    env = dict(os.environ)
-    env.update(PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""), DS_ACCELERATOR="cpu",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
-
-
-def _run(cmd, timeout=400):
-    p = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
-    return p
 
 
 def cpu_worker(module, *args, world_size=2):
@@ -52,13 +33,6 @@ def _by_hand(model_dir, out, *extra, world_size=2):
 def one_rank(tiny_model_dir, tmp_path_factory):
     """The reference: the whole global batch on one rank, one sequence per micro-batch, padded."""
     return _by_hand(tiny_model_dir, str(tmp_path_factory.mktemp("w1")), world_size=1)
-
-
-def _two_ranks(model_dir, out, *extra):
-    deepspeed = os.path.join(VENV_BIN, "deepspeed")
-    _run([deepspeed, "--num_gpus", "2", "--master_port", str(free_port()), os.path.join(HERE, "dist_worker.py"),
-          "--model", model_dir, "--out", out, *extra])
-    return out
 
 
 def _assert_same_step(out1, out2, weight_atol=1e-5):
@@ -84,7 +58,7 @@ def _assert_same_step(out1, out2, weight_atol=1e-5):
 
 
 def test_two_ranks_match_one_rank(tiny_model_dir, one_rank, tmp_path):
-    r2 = _assert_same_step(one_rank, _two_ranks(tiny_model_dir, str(tmp_path / "w2"), "--vllm"))
+    r2 = _assert_same_step(one_rank, _by_hand(tiny_model_dir, str(tmp_path / "w2"), "--vllm"))
     # vLLM on each rank took the synced (updated) weights
     assert max(r2["vllm_vs_actor_maxdiff_per_rank"]) < 1e-4
     # one rollout group of 2 ranks (tensor_parallel_size 2): identical requests give identical
