@@ -47,7 +47,9 @@ test-faults: install
 # engine), two ranks skipping a non-finite step together, a killed rollout / critic / training rank or SP
 # run resuming, the hostfile launcher, the mismatch and LoRA benches,
 # the rollout bench's compiled vLLM and the step bench's TRL run beside ours, the kill -9 during
-# checkpoint writes at five more offsets, the real `vcppo eval` of a `model make` dir on a verl file.
+# checkpoint writes at five more offsets, the real `vcppo eval` of a `model make` dir on a verl file, SP on two
+# ranks with a token budget, the full-logits path and checkpointing (make test: SP with LoRA), `vcppo eval` by
+# hub id (make test: `vcppo train` by hub id, the same resolver).
 test-extended: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m extended $(PYTEST_ARGS)
 

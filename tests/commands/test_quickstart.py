@@ -97,13 +97,22 @@ def test_the_readme_first_run_block_runs_offline_by_model_id(tiny_artifacts, tmp
     assert "2 samples per prompt for pass@k" in evaluated
 
 
-def test_eval_and_plan_read_the_model_by_id(tiny_artifacts, tmp_path):
+@pytest.mark.extended
+def test_eval_reads_the_model_by_id(tiny_artifacts, tmp_path):
+    """`vcppo eval MODEL_ID`: the same resolver as the first-run block's `vcppo train ...
+    model.policy_path=MODEL_ID` (above, in `make test`), through eval's own key."""
     hf_home = tmp_path / "hf"
     warm_cache(hf_home, tiny_artifacts / "tiny", tmp_path)
     env = dict(ENV, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=REPO)
     out = run(["eval", MODEL, "--benchmark", "gsm8k", "eval.n_samples=0", *CPU_SIZES["eval"][2:]], tmp_path, env)
     snapshot = next((hf_home / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots").iterdir())
     assert f"eval.model_path={MODEL} -> {snapshot}" in out and re.search(r"\| all \| 4 \|", out), out[-2000:]
+
+
+def test_plan_reads_the_model_by_id_and_names_a_missing_one(tiny_artifacts, tmp_path):
+    hf_home = tmp_path / "hf"
+    warm_cache(hf_home, tiny_artifacts / "tiny", tmp_path)
+    env = dict(ENV, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=REPO)
     out = run(["plan", "gsm8k_ppo", "--gpus-per-node", "1"], tmp_path, env)
     assert "Verdict: fits as configured" in out and ", 0.5 M params" in out  # the cached (tiny) config.json
     res = subprocess.run([sys.executable, "-m", "vcppo.cli", "plan", "gsm8k_ppo", "model.policy_path=Qwen/Missing"],

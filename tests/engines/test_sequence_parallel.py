@@ -121,10 +121,13 @@ class TestEquality:
         assert got["attention"][0].startswith("vcppo_ulysses_")
         _assert_same(one_rank, got)
 
+    @pytest.mark.extended
     def test_sp2_packed_token_budget_full_logits_checkpointing(self, untied_model_dir, tmp_path):
         """Packed, a 15-token budget per SP group (sequences of 2..13 tokens, odd lengths), the
         full-logits path, gradient checkpointing (the all-to-all recomputed in the backward), an
-        untied head and one KV head per rank."""
+        untied head and one KV head per rank. `make test` keeps SP on 2 ranks against one rank in
+        test_sp2_with_lora_matches_one_rank (packed rows, as SP always runs) and a whole SP run in
+        tests/engines/test_sequence_parallel_e2e.py."""
         extra = ("--packed", "--budget", "15", "--chunk", "0", "--checkpointing")
         ref = _run(untied_model_dir, str(tmp_path / "ref"), *extra, world_size=1)
         _assert_same(ref, _run(untied_model_dir, str(tmp_path / "sp2"), "--sp", "2", *extra, world_size=2))
