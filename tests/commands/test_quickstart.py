@@ -60,6 +60,17 @@ def warm_cache(hf_home: Path, tiny: Path, tmp: Path) -> None:
                      repo_type="dataset")
 
 
+def offline_hub(tiny_artifacts: Path, tmp_path: Path) -> tuple[Path, dict]:
+    """HF_HOME with the warm cache, and the tests' environment reading it offline."""
+    hf_home = tmp_path / "hf"
+    warm_cache(hf_home, tiny_artifacts / "tiny", tmp_path)
+    return hf_home, dict(ENV, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=REPO)
+
+
+def model_snapshot(hf_home: Path) -> Path:
+    return next((hf_home / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots").iterdir())
+
+
 def run(argv: list[str], cwd: Path, env: dict) -> str:
     res = subprocess.run([sys.executable, "-m", "vcppo.cli", *argv], cwd=cwd, env=env, capture_output=True,
                          text=True, timeout=900)
@@ -68,10 +79,9 @@ def run(argv: list[str], cwd: Path, env: dict) -> str:
 
 
 def test_the_readme_first_run_block_runs_offline_by_model_id(tiny_artifacts, tmp_path):
-    hf_home, work = tmp_path / "hf", tmp_path / "work"
+    work = tmp_path / "work"
     work.mkdir()
-    warm_cache(hf_home, tiny_artifacts / "tiny", tmp_path)
-    env = dict(ENV, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=REPO)
+    hf_home, env = offline_hub(tiny_artifacts, tmp_path)
     lines = readme_block()
     assert [a[:2] for a in lines] == [["vcppo", "data"]] * 2 + [["vcppo", "train"], ["vcppo", "eval"]]
     outputs = [run(argv[1:] + CPU_SIZES.get(argv[1], []), work, env) for argv in lines]
@@ -83,7 +93,7 @@ def test_the_readme_first_run_block_runs_offline_by_model_id(tiny_artifacts, tmp
     assert len(pd.read_parquet(work / "data" / "gsm8k" / "test.parquet")) == 4  # main's test split, not socratic's
 
     run_dir = work / "runs" / "gsm8k_ppo-seed0"
-    snapshot = next((hf_home / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots").iterdir())
+    snapshot = model_snapshot(hf_home)
     history = [json.loads(line) for line in (run_dir / "config_history.jsonl").read_text().splitlines()]
     assert history[0]["models"]["model.policy_path"] == f"{MODEL}@{snapshot.name}"
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -101,18 +111,14 @@ def test_the_readme_first_run_block_runs_offline_by_model_id(tiny_artifacts, tmp
 def test_eval_reads_the_model_by_id(tiny_artifacts, tmp_path):
     """`vcppo eval MODEL_ID`: the same resolver as the first-run block's `vcppo train ...
     model.policy_path=MODEL_ID` (above, in `make test`), through eval's own key."""
-    hf_home = tmp_path / "hf"
-    warm_cache(hf_home, tiny_artifacts / "tiny", tmp_path)
-    env = dict(ENV, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=REPO)
+    hf_home, env = offline_hub(tiny_artifacts, tmp_path)
     out = run(["eval", MODEL, "--benchmark", "gsm8k", "eval.n_samples=0", *CPU_SIZES["eval"][2:]], tmp_path, env)
-    snapshot = next((hf_home / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots").iterdir())
+    snapshot = model_snapshot(hf_home)
     assert f"eval.model_path={MODEL} -> {snapshot}" in out and re.search(r"\| all \| 4 \|", out), out[-2000:]
 
 
 def test_plan_reads_the_model_by_id_and_names_a_missing_one(tiny_artifacts, tmp_path):
-    hf_home = tmp_path / "hf"
-    warm_cache(hf_home, tiny_artifacts / "tiny", tmp_path)
-    env = dict(ENV, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=REPO)
+    _, env = offline_hub(tiny_artifacts, tmp_path)
     out = run(["plan", "gsm8k_ppo", "--gpus-per-node", "1"], tmp_path, env)
     assert "Verdict: fits as configured" in out and ", 0.5 M params" in out  # the cached (tiny) config.json
     res = subprocess.run([sys.executable, "-m", "vcppo.cli", "plan", "gsm8k_ppo", "model.policy_path=Qwen/Missing"],

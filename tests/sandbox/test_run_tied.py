@@ -18,13 +18,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait_for(path: Path, timeout: float = 60.0) -> int:
+def _written(path: Path, timeout: float = 60.0) -> str:
+    """The line a child writes to ``path`` (whole: up to its newline), once it is there."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if path.exists() and path.read_text().strip():
-            return int(path.read_text())
+        text = path.read_text() if path.exists() else ""
+        if text.endswith("\n"):
+            return text
         time.sleep(0.1)
     raise AssertionError(f"{path} never written")
+
+
+def _kill_parent_and_expect_gone(parent: subprocess.Popen, child: int, what: str) -> None:
+    """SIGKILL ``parent``; ``child`` must be gone within 10 s."""
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 10
+    while _alive(child) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), what
 
 
 def test_a_sweep_killed_takes_its_run_with_it(tmp_path):
@@ -34,14 +46,9 @@ def test_a_sweep_killed_takes_its_run_with_it(tmp_path):
                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = None
     try:
-        run = _wait_for(pidfile)
+        run = int(_written(pidfile))
         assert _alive(run)
-        os.kill(sweep.pid, signal.SIGKILL)
-        sweep.wait()
-        deadline = time.time() + 10
-        while _alive(run) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not _alive(run), "the sweep's run outlived the sweep"
+        _kill_parent_and_expect_gone(sweep, run, "the sweep's run outlived the sweep")
     finally:
         sweep.kill()
         if run is not None and _alive(run):
@@ -88,19 +95,10 @@ def test_a_killed_parent_takes_its_forked_command_with_it(tmp_path):
     parent = _parent(tmp_path, threaded=False, sleep=300)
     child = None
     try:
-        text = ""
-        deadline = time.time() + 60
-        while not text.endswith("\n") and time.time() < deadline:
-            time.sleep(0.1)
-            text = (tmp_path / "probe.txt").read_text() if (tmp_path / "probe.txt").exists() else ""
-        start, child = text.split()[0], int(text.split()[1])
+        start, pid = _written(tmp_path / "probe.txt").split()
+        child = int(pid)
         assert start == "warm" and _alive(child)
-        os.kill(parent.pid, signal.SIGKILL)
-        parent.wait()
-        deadline = time.time() + 10
-        while _alive(child) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not _alive(child), "the forked command outlived its parent"
+        _kill_parent_and_expect_gone(parent, child, "the forked command outlived its parent")
     finally:
         parent.kill()
         if child is not None and _alive(child):
