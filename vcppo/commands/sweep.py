@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
             continue
         print(f"[sweep {i}/{len(runs)}] {r['name']}: {shlex.join(cmd)}", flush=True)
         # the run dies with the sweep, however the sweep ends
-        rc = run_command_tied(cmd[len(shlex.split(default)):]) if launcher == default else run_tied(cmd)
+        rc = run_command_tied(launch_command(r, "")) if launcher == default else run_tied(cmd)
         if rc != 0:
             failed.append(r["name"])
             print(f"[sweep] {r['name']} failed with exit code {rc}", file=sys.stderr)
