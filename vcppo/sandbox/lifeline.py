@@ -77,8 +77,8 @@ def run_tied(argv: list[str]) -> int:
 # The libraries a `vcppo` command imports before its first line of work: a parent that starts several
 # commands imports them once (:func:`warm_up`) and each command forked from it starts past them.
 WARM_LIBRARIES = ("torch", "transformers", "datasets", "deepspeed", "vllm.entrypoints.llm")
-# vLLM's CPU worker: with the model runner, layers and kernels it pulls in, ~1,000 more modules that a
-# CPU engine imports as it starts (~0.7 s a command).
+# vLLM's CPU worker: with the model runner, layers and kernels it pulls in, the ~1,000 more modules a
+# CPU engine imports as it starts.
 CPU_WARM_LIBRARIES = ("vllm.v1.worker.cpu_worker",)
 
 
